@@ -1,0 +1,308 @@
+// Package verbs is rdmacp's RDMA verbs layer: the capabilities of an RDMA
+// transport, with no policy. It is shaped after libibverbs and librdmacm:
+// devices, protection domains, memory regions and windows, completion
+// queues, reliable-connected queue pairs and a connection manager.
+//
+// Providers implement the interfaces here; the initiator and target decide
+// how to use them (striping, windows in flight, retries, verification).
+//
+// Setup is typestate: a PendingQP can only post receives; it becomes a QP,
+// which can post sends and RDMA READs, once it is connected.
+package verbs
+
+import (
+	"context"
+	"time"
+)
+
+// Provider is one transport implementation, such as the pure-Go software
+// iWARP provider or libibverbs.
+type Provider interface {
+	// Name is the transport name users type: "iwarp-soft", "ibverbs".
+	Name() string
+	// Devices lists what this provider can open on this host. An empty
+	// list with a nil error means the provider works but has no device.
+	Devices(ctx context.Context) ([]DeviceInfo, error)
+	// Open opens a device. A zero DeviceConfig picks the provider's default.
+	Open(ctx context.Context, cfg DeviceConfig) (Device, error)
+}
+
+// DeviceInfo describes a device a provider can open.
+type DeviceInfo struct {
+	Name   string // e.g. "mlx5_0", "rxe0", "soft"
+	Active bool   // at least one port is usable
+	Detail string // one line for humans: transport, port state, GID
+}
+
+// DeviceConfig selects a device. The field names follow perftest.
+type DeviceConfig struct {
+	Name     string // -d; empty means the first active device
+	Port     int    // -i; 0 means the first active port
+	GIDIndex int    // -x / --gid-index; -1 means choose automatically
+}
+
+// AddrMode says how a provider's endpoints are addressed.
+type AddrMode int
+
+const (
+	// AddrIP: endpoints are IP host:port pairs, as with rdma_cm and iWARP.
+	AddrIP AddrMode = iota + 1
+)
+
+// Caps are a device's limits, reported without policy.
+type Caps struct {
+	MaxReadsPerQP  int    // outstanding RDMA READs per QP, either direction (IRD/ORD)
+	MaxMsgSize     uint64 // largest single message or READ in bytes
+	MaxQPWR        int    // largest send or receive queue
+	MaxCQE         int    // largest completion queue
+	MaxPrivateData int    // bytes of private data in a connection request or reply
+	MemoryWindows  bool   // type-2 memory windows are available
+	Addressing     AddrMode
+}
+
+// Device is an opened RDMA device.
+type Device interface {
+	Provider() string
+	Name() string
+	Caps() Caps
+	AllocPD() (PD, error)
+	// CreateCQ makes a completion queue holding at least size entries.
+	CreateCQ(size int) (CQ, error)
+	// Listen starts accepting connections on addr ("host:port").
+	Listen(ctx context.Context, addr string) (Listener, error)
+	// PrepareDial resolves addr and makes a QP that will connect to it.
+	PrepareDial(ctx context.Context, pd PD, addr string, cfg QPConfig) (PendingQP, error)
+	Close() error
+}
+
+// Access is a set of memory access rights.
+type Access uint32
+
+const (
+	AccessLocalWrite Access = 1 << iota
+	AccessRemoteWrite
+	AccessRemoteRead
+	AccessMWBind
+)
+
+func (a Access) String() string {
+	s := ""
+	for _, f := range []struct {
+		bit  Access
+		name string
+	}{{AccessLocalWrite, "local-write"}, {AccessRemoteWrite, "remote-write"}, {AccessRemoteRead, "remote-read"}, {AccessMWBind, "mw-bind"}} {
+		if a&f.bit != 0 {
+			if s != "" {
+				s += "|"
+			}
+			s += f.name
+		}
+	}
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// PD is a protection domain: memory and QPs of one PD only see each other.
+type PD interface {
+	// RegMR registers buf, which the caller owns and which must not be Go
+	// heap memory (use AllocBuffer or unix.Mmap). buf must stay mapped
+	// until the MR is closed.
+	RegMR(buf []byte, access Access) (MR, error)
+	// AllocMW allocates an unbound type-2 memory window.
+	AllocMW() (MW, error)
+	Close() error
+}
+
+// MR is a registered memory region. Addr is the address remote peers use
+// in READs: the virtual address of the first byte.
+type MR interface {
+	Addr() uint64
+	Len() uint64
+	LKey() uint32
+	RKey() uint32
+	Access() Access
+	// Close deregisters the region; it returns once no operation in
+	// progress still uses the memory.
+	Close() error
+}
+
+// MW is a type-2 memory window: bound to one QP and a sub-range of an MR
+// with a SendWR of OpBindMW, and invalidated with OpLocalInv.
+type MW interface {
+	// RKey is the key of the current binding, 0 while unbound.
+	RKey() uint32
+	Close() error
+}
+
+// CQ is a completion queue shared by any number of QPs.
+type CQ interface {
+	// Poll moves up to len(out) completions into out and returns how
+	// many. It never blocks.
+	Poll(out []Completion) (int, error)
+	// Wait blocks until a completion may be ready to poll, or ctx ends.
+	Wait(ctx context.Context) error
+	Close() error
+}
+
+// QPConfig sizes a reliable-connected QP.
+type QPConfig struct {
+	SendCQ, RecvCQ CQ
+	MaxSendWR      int // send queue depth
+	MaxRecvWR      int // receive queue depth
+	// MaxReadsOut is this side's ORD: READs it may have outstanding.
+	// MaxReadsIn is this side's IRD: peer READs it will serve at once.
+	// Zero means the device maximum. The connection settles on the
+	// smaller of each side's offer; see ConnInfo.
+	MaxReadsOut int
+	MaxReadsIn  int
+}
+
+// ConnParam is what one side offers when connecting or accepting.
+type ConnParam struct {
+	PrivateData []byte
+}
+
+// ConnInfo is what a connection negotiated.
+type ConnInfo struct {
+	ReadsOut    int    // READs this side may have outstanding (ORD)
+	ReadsIn     int    // peer READs this side serves at once (IRD)
+	PrivateData []byte // the peer's private data
+	Local       Endpoint
+	Remote      Endpoint
+	Detail      string // provider specifics, e.g. "mpa v2 crc=on"
+}
+
+// Endpoint names one end of a connection. It is small and serialisable.
+type Endpoint struct {
+	Provider string `json:"provider"`
+	Addr     string `json:"addr"`
+	QPN      uint32 `json:"qpn"`
+}
+
+// Listener accepts connection requests, as an rdma_cm listening id.
+type Listener interface {
+	// Accept waits for the next connection request.
+	Accept(ctx context.Context) (ConnRequest, error)
+	Addr() string
+	Close() error
+}
+
+// ConnRequest is an incoming connection not yet accepted.
+type ConnRequest interface {
+	PrivateData() []byte
+	RemoteAddr() string
+	// Prepare makes the QP that will carry the connection; the request
+	// is accepted by the PendingQP's Connect.
+	Prepare(pd PD, cfg QPConfig) (PendingQP, error)
+	// Reject refuses the connection, sending private data to the peer.
+	Reject(privateData []byte) error
+}
+
+// PendingQP is a QP that is not connected yet: it can take receives so
+// that they are in place before the first message arrives.
+type PendingQP interface {
+	PostRecv(wrs []RecvWR) (int, error)
+	// Connect connects (active side) or accepts (passive side). On
+	// success the PendingQP must not be used again.
+	Connect(ctx context.Context, p ConnParam) (QP, error)
+	Close() error
+}
+
+// QP is a connected reliable-connected queue pair.
+type QP interface {
+	// PostSend posts wrs in order and returns how many it took; on a
+	// short count err says why wrs[n] was refused (like bad_wr).
+	PostSend(wrs []SendWR) (int, error)
+	PostRecv(wrs []RecvWR) (int, error)
+	Info() ConnInfo
+	// Done is closed once the connection is gone: disconnected by
+	// either side or broken. Err then says why.
+	Done() <-chan struct{}
+	Err() error
+	// Disconnect ends the connection; outstanding work requests
+	// complete with StatusWRFlush.
+	Disconnect() error
+	// Close disconnects and frees the QP.
+	Close() error
+}
+
+// Opcode is a work request or completion kind.
+type Opcode uint8
+
+const (
+	OpSend Opcode = iota + 1
+	OpRead
+	OpWrite
+	OpRecv
+	OpBindMW
+	OpLocalInv
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpSend:
+		return "send"
+	case OpRead:
+		return "read"
+	case OpWrite:
+		return "write"
+	case OpRecv:
+		return "recv"
+	case OpBindMW:
+		return "bind-mw"
+	case OpLocalInv:
+		return "local-inv"
+	}
+	return "op?"
+}
+
+// SGE is a local buffer: an address inside an MR and the MR's lkey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// SendWR is a send-queue work request.
+//
+//   - OpSend: send Local.
+//   - OpRead: read Local.Length bytes at RemoteAddr/RKey into Local.
+//   - OpWrite: write Local to RemoteAddr/RKey.
+//   - OpBindMW: bind MW to this QP over [BindAddr, BindAddr+BindLen) of
+//     BindMR with BindAccess; the new key is MW.RKey() on completion.
+//   - OpLocalInv: invalidate the window whose key is RKey.
+type SendWR struct {
+	ID         uint64
+	Op         Opcode
+	Local      SGE
+	RemoteAddr uint64
+	RKey       uint32
+
+	MW         MW
+	BindMR     MR
+	BindAddr   uint64
+	BindLen    uint64
+	BindAccess Access
+}
+
+// RecvWR is a receive-queue work request.
+type RecvWR struct {
+	ID    uint64
+	Local SGE
+}
+
+// Completion reports a finished work request. Completions of one queue
+// arrive in the order their requests were posted.
+type Completion struct {
+	WRID   uint64
+	Status Status
+	Op     Opcode
+	Bytes  uint32 // bytes received, for OpRecv
+	QPN    uint32
+}
+
+// DefaultTimeout bounds connection setup when the caller's context has
+// no deadline.
+const DefaultTimeout = 30 * time.Second
