@@ -1,0 +1,140 @@
+package iwarp
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+type side struct {
+	dev  verbs.Device
+	pd   verbs.PD
+	scq  verbs.CQ
+	rcq  verbs.CQ
+	qp   verbs.QP
+}
+
+func pair(t *testing.T, cfg Config, ord int) (a, b side) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p := New(cfg)
+	mk := func() side {
+		d, err := p.Open(ctx, verbs.DeviceConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pd, _ := d.AllocPD()
+		scq, _ := d.CreateCQ(1024)
+		rcq, _ := d.CreateCQ(1024)
+		return side{dev: d, pd: pd, scq: scq, rcq: rcq}
+	}
+	a, b = mk(), mk()
+	ln, err := b.dev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	errc := make(chan error, 1)
+	go func() {
+		req, err := ln.Accept(ctx)
+		if err != nil {
+			errc <- err
+			return
+		}
+		pq, err := req.Prepare(b.pd, verbs.QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
+		if err != nil {
+			errc <- err
+			return
+		}
+		b.qp, err = pq.Connect(ctx, verbs.ConnParam{PrivateData: []byte("srv")})
+		errc <- err
+	}()
+	pq, err := a.dev.PrepareDial(ctx, a.pd, ln.Addr(), verbs.QPConfig{SendCQ: a.scq, RecvCQ: a.rcq, MaxReadsOut: ord})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.qp, err = pq.Connect(ctx, verbs.ConnParam{PrivateData: []byte("cli")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.qp.Close(); b.qp.Close() })
+	return a, b
+}
+
+func wait(t *testing.T, cq verbs.CQ, n int) []verbs.Completion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out []verbs.Completion
+	buf := make([]verbs.Completion, 64)
+	for len(out) < n {
+		k, err := cq.Poll(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, buf[:k]...)
+		if k == 0 {
+			if err := cq.Wait(ctx); err != nil {
+				t.Fatalf("waiting for %d completions, got %d: %v", n, len(out), err)
+			}
+		}
+	}
+	return out
+}
+
+func buffer(t *testing.T, n int) []byte {
+	b, err := verbs.AllocBuffer(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b.Bytes()
+}
+
+func TestSmokeRead(t *testing.T) {
+	for _, cfg := range []Config{{}, {NoCRC: true, NoPeerToPeer: true}} {
+		a, b := pair(t, cfg, 8)
+		if string(a.qp.Info().PrivateData) != "srv" || string(b.qp.Info().PrivateData) != "cli" {
+			t.Fatalf("private data: %q %q", a.qp.Info().PrivateData, b.qp.Info().PrivateData)
+		}
+		src := buffer(t, 3<<20)
+		for i := range src {
+			src[i] = byte(rand.Uint32())
+		}
+		dst := buffer(t, 3<<20)
+		smr, err := b.pd.RegMR(src, verbs.AccessRemoteRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dmr, _ := a.pd.RegMR(dst, verbs.AccessLocalWrite)
+		var wrs []verbs.SendWR
+		const n = 24
+		sz := uint32(len(src) / n)
+		for i := range n {
+			off := uint64(i) * uint64(sz)
+			wrs = append(wrs, verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Local: verbs.SGE{Addr: dmr.Addr() + off, Length: sz, LKey: dmr.LKey()}, RemoteAddr: smr.Addr() + off, RKey: smr.RKey()})
+		}
+		if k, err := a.qp.PostSend(wrs); k != n || err != nil {
+			t.Fatal(k, err)
+		}
+		cs := wait(t, a.scq, n)
+		for i, c := range cs {
+			if c.Status != verbs.StatusSuccess || c.WRID != uint64(i) {
+				t.Fatalf("completion %d: %+v", i, c)
+			}
+		}
+		if !bytes.Equal(src, dst) {
+			t.Fatal("data differs")
+		}
+		t.Log(a.qp.Info().Detail)
+	}
+}
+

@@ -1,0 +1,423 @@
+package iwarp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Name is the transport name of this provider.
+const Name = "iwarp-soft"
+
+// DeviceName is the name of the one device the provider has.
+const DeviceName = "iwsoft0"
+
+// Config tunes the provider. The zero value is ready to use.
+type Config struct {
+	// NoCRC stops this side asking for MPA CRC32c. CRC is still used
+	// when the peer asks for it, as RFC 5044 requires.
+	NoCRC bool
+	// NoPeerToPeer stops the active side asking for RFC 6581
+	// peer-to-peer mode with a ready-to-receive message.
+	NoPeerToPeer bool
+	// MaxReads is the IRD/ORD limit per QP; 0 means 128.
+	MaxReads int
+	// SetupTimeout bounds MPA negotiation when the context has no
+	// deadline; 0 means verbs.DefaultTimeout.
+	SetupTimeout time.Duration
+}
+
+type provider struct{ cfg Config }
+
+// New returns the software iWARP provider.
+func New(cfg Config) verbs.Provider {
+	if cfg.MaxReads <= 0 {
+		cfg.MaxReads = 128
+	}
+	if cfg.MaxReads > irdOrdMask {
+		cfg.MaxReads = irdOrdMask
+	}
+	if cfg.SetupTimeout <= 0 {
+		cfg.SetupTimeout = verbs.DefaultTimeout
+	}
+	return &provider{cfg: cfg}
+}
+
+func (p *provider) Name() string { return Name }
+
+func (p *provider) Devices(ctx context.Context) ([]verbs.DeviceInfo, error) {
+	return []verbs.DeviceInfo{{Name: DeviceName, Active: true, Detail: "pure-Go iWARP over TCP (MPA v2, DDP, RDMAP)"}}, nil
+}
+
+func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Device, error) {
+	if cfg.Name != "" && cfg.Name != DeviceName {
+		return nil, &verbs.OpError{Op: "open", Provider: Name, Err: fmt.Errorf("%w: %q (this provider has only %q)", verbs.ErrNoDevice, cfg.Name, DeviceName)}
+	}
+	return &device{cfg: p.cfg, regions: map[uint32]region{}, used: map[uint32]struct{}{}}, nil
+}
+
+type device struct {
+	cfg Config
+
+	mu      sync.RWMutex
+	regions map[uint32]region   // live STags
+	used    map[uint32]struct{} // every STag ever handed out
+	closed  bool
+
+	qpn atomic.Uint32
+}
+
+// region is what an STag names: an MR or a bound MW.
+type region interface{ isRegion() }
+
+func (d *device) Provider() string { return Name }
+func (d *device) Name() string     { return DeviceName }
+
+func (d *device) Caps() verbs.Caps {
+	return verbs.Caps{
+		MaxReadsPerQP:  d.cfg.MaxReads,
+		MaxMsgSize:     1 << 31,
+		MaxQPWR:        1 << 16,
+		MaxCQE:         1 << 20,
+		MaxPrivateData: mpaMaxPrivate - 4,
+		MemoryWindows:  true,
+		Addressing:     verbs.AddrIP,
+	}
+}
+
+func (d *device) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	return nil
+}
+
+func opErr(op string, err error) error { return &verbs.OpError{Op: op, Provider: Name, Err: err} }
+
+// newSTag returns a random STag never used before on this device and
+// maps it to r. Random keys make one session's keys unguessable to another.
+func (d *device) newSTag(r region) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		s := rand.Uint32()
+		if _, dup := d.used[s]; s == 0 || dup {
+			continue
+		}
+		d.used[s] = struct{}{}
+		d.regions[s] = r
+		return s
+	}
+}
+
+func (d *device) dropSTag(s uint32) {
+	d.mu.Lock()
+	delete(d.regions, s)
+	d.mu.Unlock()
+}
+
+func (d *device) lookup(s uint32) region {
+	d.mu.RLock()
+	r := d.regions[s]
+	d.mu.RUnlock()
+	return r
+}
+
+func (d *device) AllocPD() (verbs.PD, error) {
+	d.mu.RLock()
+	closed := d.closed
+	d.mu.RUnlock()
+	if closed {
+		return nil, opErr("alloc_pd", verbs.ErrClosed)
+	}
+	return &pd{dev: d}, nil
+}
+
+type pd struct {
+	dev *device
+}
+
+func (p *pd) Close() error { return nil }
+
+func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
+	if len(buf) == 0 {
+		return nil, opErr("reg_mr", fmt.Errorf("%w: empty buffer", verbs.ErrInvalid))
+	}
+	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access, valid: true}
+	m.stag = p.dev.newSTag(m)
+	return m, nil
+}
+
+func (p *pd) AllocMW() (verbs.MW, error) {
+	return &mw{pd: p}, nil
+}
+
+// mr is a registered region. use guards the memory: readers and writers
+// of buf hold it shared; Close takes it exclusively, so once Close returns
+// nothing touches buf.
+type mr struct {
+	pd     *pd
+	buf    []byte
+	addr   uint64
+	access verbs.Access
+	stag   uint32
+
+	use   sync.RWMutex
+	valid bool // under use
+}
+
+func (*mr) isRegion() {}
+
+func (m *mr) Addr() uint64         { return m.addr }
+func (m *mr) Len() uint64          { return uint64(len(m.buf)) }
+func (m *mr) LKey() uint32         { return m.stag }
+func (m *mr) RKey() uint32         { return m.stag }
+func (m *mr) Access() verbs.Access { return m.access }
+
+func (m *mr) Close() error {
+	m.pd.dev.dropSTag(m.stag)
+	m.use.Lock()
+	m.valid = false
+	m.use.Unlock()
+	return nil
+}
+
+// span returns buf's bytes [addr, addr+n) if they lie inside the region.
+func (m *mr) span(addr uint64, n uint64) ([]byte, bool) {
+	if addr < m.addr {
+		return nil, false
+	}
+	off := addr - m.addr
+	if off > uint64(len(m.buf)) || n > uint64(len(m.buf))-off {
+		return nil, false
+	}
+	return m.buf[off : off+n], true
+}
+
+// mw is a type-2 memory window.
+type mw struct {
+	pd *pd
+
+	mu     sync.Mutex
+	stag   uint32 // 0 when unbound
+	mr     *mr
+	qp     *qp
+	addr   uint64
+	len    uint64
+	access verbs.Access
+	closed bool
+}
+
+func (*mw) isRegion() {}
+
+func (w *mw) RKey() uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stag
+}
+
+func (w *mw) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stag != 0 {
+		w.pd.dev.dropSTag(w.stag)
+		w.stag = 0
+	}
+	w.closed = true
+	return nil
+}
+
+// bind binds w to q over [addr, addr+n) of m.
+func (w *mw) bind(q *qp, m *mr, addr, n uint64, access verbs.Access) verbs.Status {
+	if m.pd != w.pd || q.pd != w.pd || m.access&verbs.AccessMWBind == 0 {
+		return verbs.StatusMWBind
+	}
+	if access&verbs.AccessRemoteWrite != 0 && m.access&verbs.AccessLocalWrite == 0 {
+		return verbs.StatusMWBind
+	}
+	if _, ok := m.span(addr, n); !ok {
+		return verbs.StatusMWBind
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return verbs.StatusMWBind
+	}
+	if w.stag != 0 {
+		w.pd.dev.dropSTag(w.stag)
+	}
+	w.mr, w.qp, w.addr, w.len, w.access = m, q, addr, n, access
+	w.stag = w.pd.dev.newSTag(w)
+	return verbs.StatusSuccess
+}
+
+// invalidate unbinds the window whose current key is stag.
+func (w *mw) invalidate(stag uint32) verbs.Status {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stag == 0 || w.stag != stag {
+		return verbs.StatusMWBind
+	}
+	w.pd.dev.dropSTag(w.stag)
+	w.stag = 0
+	w.mr = nil
+	w.qp = nil
+	return verbs.StatusSuccess
+}
+
+// resolve finds the memory a remote access names, checking the STag's
+// protection domain, QP binding, bounds and rights. On success the
+// returned MR is held shared (use.RLock) and the caller must release it.
+func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Access) (*mr, []byte, *termError) {
+	r := d.lookup(stag)
+	var m *mr
+	switch r := r.(type) {
+	case *mr:
+		if r.pd != q.pd {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapSTagNotAssoc, msg: fmt.Sprintf("STag %#x belongs to another protection domain", stag)}
+		}
+		if r.access&need != need {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapAccessRights, msg: fmt.Sprintf("STag %#x allows %v, not %v", stag, r.access, need)}
+		}
+		m = r
+	case *mw:
+		r.mu.Lock()
+		wm, wq, wa, wl, acc, live := r.mr, r.qp, r.addr, r.len, r.access, r.stag == stag
+		r.mu.Unlock()
+		if !live || wm == nil {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag, msg: fmt.Sprintf("STag %#x is not bound", stag)}
+		}
+		if wq != q {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapSTagNotAssoc, msg: fmt.Sprintf("window %#x is bound to another QP", stag)}
+		}
+		if acc&need != need {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapAccessRights, msg: fmt.Sprintf("window %#x allows %v, not %v", stag, acc, need)}
+		}
+		if to < wa || to-wa > wl || n > wl-(to-wa) {
+			return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapBaseBounds, msg: fmt.Sprintf("%d bytes at %#x outside window %#x", n, to, stag)}
+		}
+		m = wm
+	default:
+		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag, msg: fmt.Sprintf("unknown STag %#x", stag)}
+	}
+	if to+n < to {
+		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapTOWrap, msg: "tagged offset wraps"}
+	}
+	m.use.RLock()
+	if !m.valid {
+		m.use.RUnlock()
+		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered", stag)}
+	}
+	b, ok := m.span(to, n)
+	if !ok {
+		m.use.RUnlock()
+		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapBaseBounds, msg: fmt.Sprintf("%d bytes at %#x outside region %#x", n, to, stag)}
+	}
+	return m, b, nil
+}
+
+// local finds the local memory an SGE names, held shared on success.
+func (d *device) local(q *qp, s verbs.SGE, need verbs.Access) (*mr, []byte, bool) {
+	m, ok := d.lookup(s.LKey).(*mr)
+	if !ok || m.pd != q.pd || m.access&need != need {
+		return nil, nil, false
+	}
+	m.use.RLock()
+	if !m.valid {
+		m.use.RUnlock()
+		return nil, nil, false
+	}
+	b, ok := m.span(s.Addr, uint64(s.Length))
+	if !ok {
+		m.use.RUnlock()
+		return nil, nil, false
+	}
+	return m, b, true
+}
+
+// cq is a completion queue.
+type cq struct {
+	size int
+
+	mu      sync.Mutex
+	q       []verbs.Completion
+	head    int
+	overrun bool
+	closed  bool
+	notify  chan struct{}
+}
+
+func (d *device) CreateCQ(size int) (verbs.CQ, error) {
+	if size <= 0 || size > d.Caps().MaxCQE {
+		return nil, opErr("create_cq", fmt.Errorf("%w: size %d", verbs.ErrInvalid, size))
+	}
+	return &cq{size: size, notify: make(chan struct{}, 1)}, nil
+}
+
+func (c *cq) push(cs ...verbs.Completion) {
+	if len(cs) == 0 {
+		return
+	}
+	c.mu.Lock()
+	if len(c.q)-c.head+len(cs) > c.size {
+		c.overrun = true
+	}
+	c.q = append(c.q, cs...)
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (c *cq) Poll(out []verbs.Completion) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, opErr("poll_cq", verbs.ErrClosed)
+	}
+	if c.overrun {
+		return 0, opErr("poll_cq", verbs.ErrCQOverrun)
+	}
+	n := copy(out, c.q[c.head:])
+	c.head += n
+	if c.head == len(c.q) {
+		c.q = c.q[:0]
+		c.head = 0
+	} else if c.head > 4096 && c.head > len(c.q)/2 {
+		c.q = append(c.q[:0], c.q[c.head:]...)
+		c.head = 0
+	}
+	return n, nil
+}
+
+func (c *cq) Wait(ctx context.Context) error {
+	c.mu.Lock()
+	ready := c.head < len(c.q) || c.closed || c.overrun
+	c.mu.Unlock()
+	if ready {
+		return nil
+	}
+	select {
+	case <-c.notify:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *cq) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}

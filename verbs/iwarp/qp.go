@@ -1,0 +1,917 @@
+package iwarp
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// A connected QP runs two goroutines: the reader parses FPDUs, places
+// tagged data straight into registered memory and queues peer READ
+// requests; the writer sends this side's requests and the READ responses,
+// straight from registered memory with vectored writes. The application
+// is never called on the data path.
+
+// swr is a send-queue entry.
+type swr struct {
+	wr       verbs.SendWR
+	status   verbs.Status
+	done     bool
+	internal bool // an RTR READ: no completion
+	placed   uint64
+}
+
+// rwr is a receive-queue entry.
+type rwr struct {
+	wr verbs.RecvWR
+}
+
+// inRead is a peer READ request waiting for its response.
+type inRead struct {
+	req readReq
+	msn uint32
+}
+
+type qp struct {
+	dev    *device
+	pd     *pd
+	sendCQ *cq
+	recvCQ *cq
+	qpn    uint32
+	conn   net.Conn
+	crc    bool
+	info   verbs.ConnInfo
+
+	maxSend, maxRecv int
+
+	mu      sync.Mutex
+	sq      []*swr // posted, not yet completed, in order
+	next    int    // sq[next:] are not yet handed to the writer
+	reads   []*swr // READs sent, awaiting their responses, in order
+	rq      []rwr
+	irq     []inRead
+	gated   bool // passive p2p side: send nothing before the RTR arrives
+	rtr     uint8
+	sendMSN uint32
+	readMSN uint32
+	dead    bool
+	err     error
+	half    bool // Disconnect was called: half-close, let the peer finish
+
+	// Reader-only state.
+	recvMSN, recvMO uint32
+	readReqMSN      uint32
+
+	wake     chan struct{}
+	done     chan struct{}
+	teardown sync.Once
+	wg       sync.WaitGroup
+}
+
+func newQP(p *pendingQP, c net.Conn, crc bool, ord, ird int, peerPrivate []byte) *qp {
+	q := &qp{
+		dev: p.dev, pd: p.pd, sendCQ: p.sendCQ, recvCQ: p.recvCQ,
+		qpn: p.dev.qpn.Add(1), conn: c, crc: crc,
+		maxSend: p.cfg.MaxSendWR, maxRecv: p.cfg.MaxRecvWR,
+		rq:      p.recvs,
+		sendMSN: 1, readMSN: 1, recvMSN: 1, readReqMSN: 1,
+		wake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	q.info = verbs.ConnInfo{
+		ReadsOut: ord, ReadsIn: ird, PrivateData: peerPrivate,
+		Local:  verbs.Endpoint{Provider: Name, Addr: c.LocalAddr().String(), QPN: q.qpn},
+		Remote: verbs.Endpoint{Provider: Name, Addr: c.RemoteAddr().String()},
+	}
+	return q
+}
+
+// start runs the engine. An active side that negotiated p2p sends its RTR
+// first; a passive one waits for it.
+func (q *qp) start(rtr uint8, gated bool) {
+	q.gated = gated
+	if rtr == rtrKindWrite {
+		q.sq = append(q.sq, &swr{wr: verbs.SendWR{Op: verbs.OpWrite, RKey: 1}, internal: true})
+	} else if rtr == rtrKindRead {
+		q.sq = append(q.sq, &swr{wr: verbs.SendWR{Op: verbs.OpRead, RKey: 1}, internal: true})
+	}
+	q.wg.Add(2)
+	go q.reader()
+	go q.writer()
+	q.kick()
+}
+
+func (q *qp) kick() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *qp) Info() verbs.ConnInfo  { return q.info }
+func (q *qp) Done() <-chan struct{} { return q.done }
+
+func (q *qp) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+func (q *qp) Disconnect() error {
+	q.mu.Lock()
+	q.half = !q.dead
+	q.failLocked(verbs.ErrDisconnected, nil, 0)
+	q.mu.Unlock()
+	q.close()
+	return nil
+}
+
+func (q *qp) Close() error {
+	q.Disconnect()
+	q.wg.Wait()
+	return nil
+}
+
+// fail moves the QP to the error state: culprit (if any) completes with
+// status, every other outstanding request with StatusWRFlush.
+func (q *qp) fail(err error, culprit *swr, status verbs.Status) {
+	q.mu.Lock()
+	q.failLocked(err, culprit, status)
+	q.mu.Unlock()
+	q.close()
+}
+
+func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
+	if q.dead {
+		return
+	}
+	q.dead = true
+	q.err = err
+	for _, s := range q.sq {
+		if s.done {
+			continue
+		}
+		s.done = true
+		s.status = verbs.StatusWRFlush
+		if s == culprit {
+			s.status = status
+		}
+	}
+	q.flushSQLocked()
+	cs := make([]verbs.Completion, 0, len(q.rq))
+	for _, r := range q.rq {
+		cs = append(cs, verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusWRFlush, Op: verbs.OpRecv, QPN: q.qpn})
+	}
+	q.rq = nil
+	q.recvCQ.push(cs...)
+	q.reads = nil
+	q.irq = nil
+}
+
+// close ends the connection once the QP is dead. A disconnect half-closes
+// first so that what was sent still arrives; the reader drains until the
+// peer closes too, or a second passes.
+func (q *qp) close() {
+	q.mu.Lock()
+	half := q.half
+	q.mu.Unlock()
+	q.teardown.Do(func() {
+		close(q.done)
+		if tc, ok := q.conn.(*net.TCPConn); ok && half {
+			tc.CloseWrite()
+			time.AfterFunc(time.Second, func() { q.conn.Close() })
+		} else {
+			q.conn.Close()
+		}
+	})
+}
+
+// flushSQLocked delivers, in order, the completions at the head of the SQ.
+func (q *qp) flushSQLocked() {
+	n := 0
+	var cs []verbs.Completion
+	for n < len(q.sq) && q.sq[n].done {
+		s := q.sq[n]
+		if !s.internal {
+			cs = append(cs, verbs.Completion{WRID: s.wr.ID, Status: s.status, Op: s.wr.Op, QPN: q.qpn})
+		}
+		q.sq[n] = nil
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	q.sq = q.sq[n:]
+	q.next -= n
+	if q.next < 0 {
+		q.next = 0
+	}
+	q.sendCQ.push(cs...)
+}
+
+func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
+	q.mu.Lock()
+	defer q.close2()
+	defer q.mu.Unlock()
+	if q.dead {
+		cs := make([]verbs.Completion, len(wrs))
+		for i, wr := range wrs {
+			cs[i] = verbs.Completion{WRID: wr.ID, Status: verbs.StatusWRFlush, Op: wr.Op, QPN: q.qpn}
+		}
+		q.sendCQ.push(cs...)
+		return len(wrs), nil
+	}
+	for i, wr := range wrs {
+		if len(q.sq) >= q.maxSend {
+			return i, opErr("post_send", verbs.ErrQueueFull)
+		}
+		s := &swr{wr: wr}
+		switch wr.Op {
+		case verbs.OpSend, verbs.OpWrite:
+			if uint64(wr.Local.Length) > q.dev.Caps().MaxMsgSize {
+				return i, opErr("post_send", fmt.Errorf("%w: %d bytes over the message limit", verbs.ErrInvalid, wr.Local.Length))
+			}
+		case verbs.OpRead:
+			if wr.Local.Length == 0 || uint64(wr.Local.Length) > q.dev.Caps().MaxMsgSize {
+				return i, opErr("post_send", fmt.Errorf("%w: READ of %d bytes", verbs.ErrInvalid, wr.Local.Length))
+			}
+		case verbs.OpBindMW:
+			w, ok := wr.MW.(*mw)
+			m, ok2 := wr.BindMR.(*mr)
+			s.done = true
+			s.status = verbs.StatusMWBind
+			if ok && ok2 {
+				s.status = w.bind(q, m, wr.BindAddr, wr.BindLen, wr.BindAccess)
+			}
+		case verbs.OpLocalInv:
+			s.done = true
+			s.status = verbs.StatusMWBind
+			if w, ok := q.dev.lookup(wr.RKey).(*mw); ok && w.pd == q.pd {
+				s.status = w.invalidate(wr.RKey)
+			}
+		default:
+			return i, opErr("post_send", fmt.Errorf("%w: opcode %v on the send queue", verbs.ErrInvalid, wr.Op))
+		}
+		q.sq = append(q.sq, s)
+		if s.done && s.status != verbs.StatusSuccess {
+			q.failLocked(fmt.Errorf("%v: %w", wr.Op, s.status), s, s.status)
+			return i + 1, nil
+		}
+	}
+	q.flushSQLocked()
+	q.kick()
+	return len(wrs), nil
+}
+
+// close2 tears the connection down if a post just failed the QP.
+func (q *qp) close2() {
+	q.mu.Lock()
+	dead := q.dead
+	q.mu.Unlock()
+	if dead {
+		q.close()
+	}
+}
+
+func (d *device) checkRecv(p *pd, wr verbs.RecvWR) (rwr, error) {
+	if wr.Local.Length == 0 {
+		return rwr{wr: wr}, nil
+	}
+	m, ok := d.lookup(wr.Local.LKey).(*mr)
+	if !ok || m.pd != p || m.access&verbs.AccessLocalWrite == 0 {
+		return rwr{}, opErr("post_recv", fmt.Errorf("%w: lkey %#x is not writable local memory of this PD", verbs.ErrInvalid, wr.Local.LKey))
+	}
+	if _, ok := m.span(wr.Local.Addr, uint64(wr.Local.Length)); !ok {
+		return rwr{}, opErr("post_recv", fmt.Errorf("%w: buffer outside its MR", verbs.ErrInvalid))
+	}
+	return rwr{wr: wr}, nil
+}
+
+func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		cs := make([]verbs.Completion, len(wrs))
+		for i, wr := range wrs {
+			cs[i] = verbs.Completion{WRID: wr.ID, Status: verbs.StatusWRFlush, Op: verbs.OpRecv, QPN: q.qpn}
+		}
+		q.recvCQ.push(cs...)
+		return len(wrs), nil
+	}
+	for i, wr := range wrs {
+		if len(q.rq) >= q.maxRecv {
+			return i, opErr("post_recv", verbs.ErrQueueFull)
+		}
+		r, err := q.dev.checkRecv(q.pd, wr)
+		if err != nil {
+			return i, err
+		}
+		q.rq = append(q.rq, r)
+	}
+	return len(wrs), nil
+}
+
+// ---- writer ----
+
+// fpdus accumulates FPDUs for one vectored write.
+type fpdus struct {
+	crc     bool
+	bufs    net.Buffers
+	scratch []byte
+	held    []*mr // regions to release after the write
+	bytes   int
+}
+
+const (
+	flushFPDUs = 256     // FPDUs per write
+	flushBytes = 8 << 20 // payload bytes per write
+	hdrRoom    = mpaLenLen + untaggedHdrLen + readReqLen + termCtrlLen
+	trailRoom  = 3 + crcLen
+)
+
+func (f *fpdus) full() bool { return len(f.bufs) >= 3*flushFPDUs || f.bytes >= flushBytes }
+
+// add appends one FPDU: header h, optional body (part of the ULPDU
+// header area, e.g. a read request), and payload.
+func (f *fpdus) add(h *header, body []byte, payload []byte) {
+	if cap(f.scratch)-len(f.scratch) < hdrRoom+trailRoom {
+		f.scratch = make([]byte, 0, 3*flushFPDUs*(hdrRoom+trailRoom)/2)
+	}
+	start := len(f.scratch)
+	hb := f.scratch[start : start+hdrRoom]
+	n := h.put(hb, len(body)+len(payload))
+	n += copy(hb[n:], body)
+	hb = hb[:n]
+	ulpdu := n - mpaLenLen + len(payload)
+	pad := padLen(ulpdu)
+	tb := f.scratch[start+n : start+n+pad+crcLen]
+	for i := range pad {
+		tb[i] = 0
+	}
+	var sum uint32
+	if f.crc {
+		sum = crc32.Update(0, castagnoli, hb)
+		sum = crc32.Update(sum, castagnoli, payload)
+		sum = crc32.Update(sum, castagnoli, tb[:pad])
+	}
+	tb[pad], tb[pad+1], tb[pad+2], tb[pad+3] = byte(sum>>24), byte(sum>>16), byte(sum>>8), byte(sum)
+	f.scratch = f.scratch[:start+n+pad+crcLen]
+	if len(payload) > 0 {
+		f.bufs = append(f.bufs, hb, payload, tb)
+	} else {
+		f.bufs = append(f.bufs, f.scratch[start:start+n+pad+crcLen])
+	}
+	f.bytes += len(payload)
+}
+
+func (f *fpdus) write(c net.Conn) error {
+	var err error
+	if len(f.bufs) > 0 {
+		b := f.bufs
+		_, err = b.WriteTo(c)
+	}
+	for _, m := range f.held {
+		m.use.RUnlock()
+	}
+	clear(f.bufs)
+	f.bufs = f.bufs[:0]
+	f.held = f.held[:0]
+	f.scratch = f.scratch[:0]
+	f.bytes = 0
+	return err
+}
+
+// message emits one message as a run of FPDUs. tag makes each segment's
+// header given the offset in the message and whether it is the last.
+func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) header) error {
+	off := 0
+	for {
+		n := min(len(data)-off, maxPayload)
+		last := off+n == len(data)
+		h := tag(off, last)
+		f.add(&h, nil, data[off:off+n])
+		off += n
+		if last {
+			return nil
+		}
+		if f.full() {
+			if err := f.write(c); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (q *qp) writer() {
+	defer q.wg.Done()
+	f := &fpdus{crc: q.crc}
+	for {
+		select {
+		case <-q.wake:
+		case <-q.done:
+			return
+		}
+		for {
+			q.mu.Lock()
+			if q.dead {
+				q.mu.Unlock()
+				return
+			}
+			var work []*swr
+			var resp []inRead
+			if !q.gated {
+				resp = q.irq
+				q.irq = nil
+				for q.next < len(q.sq) {
+					s := q.sq[q.next]
+					if s.done {
+						q.next++
+						continue
+					}
+					if s.wr.Op == verbs.OpRead {
+						if len(q.reads) >= q.info.ReadsOut && !s.internal {
+							break
+						}
+						q.reads = append(q.reads, s)
+					}
+					work = append(work, s)
+					q.next++
+				}
+			}
+			q.mu.Unlock()
+			if len(work) == 0 && len(resp) == 0 {
+				break
+			}
+			if err := q.send(f, resp, work); err != nil {
+				var te *termError
+				if errors.As(err, &te) {
+					q.terminate(f, te)
+				}
+				q.fail(err, nil, 0)
+				return
+			}
+		}
+	}
+}
+
+// send writes READ responses and this side's requests.
+func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
+	for _, r := range resp {
+		var data []byte
+		if r.req.size > 0 {
+			m, b, te := q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead)
+			if te != nil {
+				if err := f.write(q.conn); err != nil {
+					return err
+				}
+				return te
+			}
+			f.held = append(f.held, m)
+			data = b
+		}
+		sink, to := r.req.sinkSTag, r.req.sinkTO
+		err := f.message(q.conn, data, func(off int, last bool) header {
+			return header{tagged: true, last: last, op: opReadResp, stag: sink, to: to + uint64(off)}
+		})
+		if err != nil {
+			f.write(q.conn)
+			return err
+		}
+		if f.full() {
+			if err := f.write(q.conn); err != nil {
+				return err
+			}
+		}
+	}
+	var sent []*swr
+	for _, s := range work {
+		wr := &s.wr
+		switch wr.Op {
+		case verbs.OpRead:
+			h := header{last: true, op: opReadReq, qn: qnRead, msn: q.readMSN}
+			q.readMSN++
+			var body [readReqLen]byte
+			rr := readReq{sinkSTag: wr.Local.LKey, sinkTO: wr.Local.Addr, size: wr.Local.Length, srcSTag: wr.RKey, srcTO: wr.RemoteAddr}
+			rr.put(body[:])
+			f.add(&h, body[:], nil)
+		case verbs.OpSend, verbs.OpWrite:
+			var data []byte
+			if wr.Local.Length > 0 && !s.internal {
+				m, b, ok := q.dev.local(q, wr.Local, 0)
+				if !ok {
+					f.write(q.conn)
+					q.fail(fmt.Errorf("%v: %w", wr.Op, verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
+					return nil
+				}
+				f.held = append(f.held, m)
+				data = b
+			}
+			if wr.Op == verbs.OpSend {
+				msn := q.sendMSN
+				q.sendMSN++
+				if err := f.message(q.conn, data, func(off int, last bool) header {
+					return header{last: last, op: opSend, qn: qnSend, msn: msn, mo: uint32(off)}
+				}); err != nil {
+					f.write(q.conn)
+					return err
+				}
+			} else {
+				stag, to := wr.RKey, wr.RemoteAddr
+				if err := f.message(q.conn, data, func(off int, last bool) header {
+					return header{tagged: true, last: last, op: opWrite, stag: stag, to: to + uint64(off)}
+				}); err != nil {
+					f.write(q.conn)
+					return err
+				}
+			}
+			sent = append(sent, s)
+		}
+		if f.full() {
+			if err := f.write(q.conn); err != nil {
+				return err
+			}
+		}
+	}
+	if err := f.write(q.conn); err != nil {
+		return err
+	}
+	if len(sent) > 0 {
+		q.mu.Lock()
+		for _, s := range sent {
+			if !s.done {
+				s.done = true
+				s.status = verbs.StatusSuccess
+			}
+		}
+		q.flushSQLocked()
+		q.mu.Unlock()
+	}
+	return nil
+}
+
+// terminate tells the peer why the connection ends (RFC 5040 section 7).
+func (q *qp) terminate(f *fpdus, te *termError) {
+	if te.remote {
+		return
+	}
+	var body [termCtrlLen]byte
+	te.put(body[:])
+	h := header{last: true, op: opTerm, qn: qnTerm, msn: 1}
+	f.add(&h, body[:], nil)
+	q.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	f.write(q.conn)
+}
+
+// ---- reader ----
+
+type frameReader struct {
+	c    io.Reader
+	buf  []byte
+	r, w int
+}
+
+// fill makes at least n bytes available, reading at most n+extra so
+// that payload bytes are not pulled into the buffer (they go straight
+// to registered memory).
+func (fr *frameReader) fill(n, extra int) error {
+	if fr.w-fr.r >= n {
+		return nil
+	}
+	if fr.r > 0 {
+		copy(fr.buf, fr.buf[fr.r:fr.w])
+		fr.w -= fr.r
+		fr.r = 0
+	}
+	for fr.w < n {
+		m, err := fr.c.Read(fr.buf[fr.w:min(n+extra, len(fr.buf))])
+		fr.w += m
+		if err != nil {
+			if fr.w >= n {
+				return nil
+			}
+			if err == io.EOF && fr.w > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func (fr *frameReader) take(n int) []byte {
+	b := fr.buf[fr.r : fr.r+n]
+	fr.r += n
+	return b
+}
+
+// readInto moves the next len(p) stream bytes into p.
+func (fr *frameReader) readInto(p []byte) error {
+	n := copy(p, fr.buf[fr.r:fr.w])
+	fr.r += n
+	if n < len(p) {
+		_, err := io.ReadFull(fr.c, p[n:])
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	return nil
+}
+
+// discard skips n stream bytes.
+func (fr *frameReader) discard(n int) error {
+	for n > 0 {
+		k := min(n, len(fr.buf))
+		if err := fr.fill(k, 0); err != nil {
+			return err
+		}
+		fr.take(k)
+		n -= k
+	}
+	return nil
+}
+
+var errPeerClosed = fmt.Errorf("%w by peer", verbs.ErrDisconnected)
+
+func (q *qp) reader() {
+	defer q.wg.Done()
+	fr := &frameReader{c: q.conn, buf: make([]byte, 2*maxPayload)}
+	err := q.readLoop(fr)
+	q.mu.Lock()
+	dead := q.dead
+	q.mu.Unlock()
+	if dead {
+		// Disconnecting: drain until the peer closes, then let go.
+		io.Copy(io.Discard, q.conn)
+		q.conn.Close()
+		return
+	}
+	var te *termError
+	switch {
+	case errors.As(err, &te) && te.remote:
+		q.fail(te, q.culprit(), termStatus(te))
+	case errors.As(err, &te):
+		f := &fpdus{crc: q.crc}
+		q.terminate(f, te)
+		q.fail(te, nil, 0)
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
+		q.fail(errPeerClosed, nil, 0)
+	default:
+		q.fail(fmt.Errorf("%w: %v", verbs.ErrDisconnected, err), nil, 0)
+	}
+}
+
+// culprit is the request a peer's Terminate most likely answers: the
+// oldest one sent and not yet complete.
+func (q *qp) culprit() *swr {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := 0; i < q.next && i < len(q.sq); i++ {
+		if !q.sq[i].done && !q.sq[i].internal {
+			return q.sq[i]
+		}
+	}
+	return nil
+}
+
+func termStatus(te *termError) verbs.Status {
+	switch {
+	case te.layer == layerRDMAP && te.etype == rdmapRemoteProt:
+		return verbs.StatusRemoteAccess
+	case te.layer == layerDDP && te.etype == ddpTaggedBuf:
+		return verbs.StatusRemoteAccess
+	case te.layer == layerDDP && te.etype == ddpUntaggedBuf:
+		return verbs.StatusRemoteInvalid
+	case te.layer == layerRDMAP && te.etype == rdmapRemoteOp:
+		return verbs.StatusRemoteOp
+	}
+	return verbs.StatusFatal
+}
+
+func (q *qp) readLoop(fr *frameReader) error {
+	for {
+		// MPA length and the DDP/RDMAP control bytes first: they say
+		// how long the header is.
+		if err := fr.fill(mpaLenLen+2, taggedHdrLen-2); err != nil {
+			return err
+		}
+		b := fr.buf[fr.r:]
+		ulpdu := int(b[0])<<8 | int(b[1])
+		hlen := taggedHdrLen
+		if b[2]&ddpTagged == 0 {
+			hlen = untaggedHdrLen
+		}
+		if ulpdu < hlen {
+			return &termError{layer: layerLLP, etype: llpMPA, code: llpFPDUStart, msg: fmt.Sprintf("ULPDU length %d", ulpdu)}
+		}
+		if err := fr.fill(mpaLenLen+hlen, 0); err != nil {
+			return err
+		}
+		hb := fr.take(mpaLenLen + hlen)
+		h, err := parseHeader(hb[mpaLenLen:], ulpdu)
+		if err != nil {
+			return err
+		}
+		var sum uint32
+		if q.crc {
+			sum = crc32.Update(0, castagnoli, hb)
+		}
+		n := ulpdu - hlen
+		if h.tagged {
+			sum, err = q.placeTagged(fr, &h, n, sum)
+		} else {
+			if n > maxPayload+readReqLen {
+				return &termError{layer: layerLLP, etype: llpMPA, code: llpFPDUStart, msg: fmt.Sprintf("untagged segment of %d bytes", n)}
+			}
+			if err := fr.fill(n, 0); err != nil {
+				return err
+			}
+			body := fr.take(n)
+			if q.crc {
+				sum = crc32.Update(sum, castagnoli, body)
+			}
+			err = q.untagged(&h, body)
+		}
+		if err != nil {
+			return err
+		}
+		pad := padLen(ulpdu)
+		if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+			return err
+		}
+		tb := fr.take(pad + crcLen)
+		if q.crc {
+			sum = crc32.Update(sum, castagnoli, tb[:pad])
+			got := uint32(tb[pad])<<24 | uint32(tb[pad+1])<<16 | uint32(tb[pad+2])<<8 | uint32(tb[pad+3])
+			if got != sum {
+				return &termError{layer: layerLLP, etype: llpMPA, code: llpBadCRC, msg: fmt.Sprintf("FPDU CRC %#08x, computed %#08x", got, sum)}
+			}
+		}
+		if q.gated {
+			q.mu.Lock()
+			q.gated = false
+			q.mu.Unlock()
+			q.kick()
+		}
+		if err := q.afterSegment(&h); err != nil {
+			return err
+		}
+	}
+}
+
+// placeTagged lands a Read Response or Write segment of n bytes.
+func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32, error) {
+	if h.op == opWrite {
+		if n == 0 {
+			return sum, nil // zero-length Write: an RTR, never checked
+		}
+		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite)
+		if te != nil {
+			return sum, te
+		}
+		defer m.use.RUnlock()
+		if err := fr.readInto(b); err != nil {
+			return sum, err
+		}
+		if q.crc {
+			sum = crc32.Update(sum, castagnoli, b)
+		}
+		return sum, nil
+	}
+	// Read Response: it answers the oldest outstanding READ.
+	q.mu.Lock()
+	var s *swr
+	if len(q.reads) > 0 {
+		s = q.reads[0]
+	}
+	q.mu.Unlock()
+	if s == nil {
+		return sum, &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapOpcode, msg: "read response with no read outstanding"}
+	}
+	if s.internal {
+		if n != 0 {
+			return sum, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds, msg: "data in the RTR read response"}
+		}
+		return sum, nil
+	}
+	wr := &s.wr
+	if h.stag != wr.Local.LKey || h.to != wr.Local.Addr+s.placed || uint64(n) > uint64(wr.Local.Length)-s.placed {
+		return sum, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds,
+			msg: fmt.Sprintf("read response at STag %#x TO %#x (+%d) does not match the READ's sink", h.stag, h.to, n)}
+	}
+	if n == 0 {
+		return sum, nil
+	}
+	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(n), LKey: h.stag}, verbs.AccessLocalWrite)
+	if !ok {
+		// The sink was deregistered or is not writable: a local error.
+		q.fail(fmt.Errorf("read: %w", verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
+		return sum, verbs.StatusLocalProtect
+	}
+	defer m.use.RUnlock()
+	if err := fr.readInto(b); err != nil {
+		return sum, err
+	}
+	if q.crc {
+		sum = crc32.Update(sum, castagnoli, b)
+	}
+	s.placed += uint64(n)
+	return sum, nil
+}
+
+// afterSegment completes what a verified segment finished.
+func (q *qp) afterSegment(h *header) error {
+	if !h.tagged || h.op != opReadResp || !h.last {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead || len(q.reads) == 0 {
+		return nil
+	}
+	s := q.reads[0]
+	if !s.internal && s.placed != uint64(s.wr.Local.Length) {
+		return &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapUnspecified,
+			msg: fmt.Sprintf("read response of %d bytes for a READ of %d", s.placed, s.wr.Local.Length)}
+	}
+	q.reads = q.reads[1:]
+	s.done = true
+	s.status = verbs.StatusSuccess
+	q.flushSQLocked()
+	q.kick()
+	return nil
+}
+
+// untagged handles a Send, Read Request or Terminate segment.
+func (q *qp) untagged(h *header, body []byte) error {
+	switch h.op {
+	case opReadReq:
+		rr, err := parseReadReq(body)
+		if err != nil {
+			return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTInvalidMO, msg: err.Error()}
+		}
+		if h.msn != q.readReqMSN {
+			return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTInvalidMSN, msg: fmt.Sprintf("read request MSN %d, want %d", h.msn, q.readReqMSN)}
+		}
+		q.readReqMSN++
+		q.mu.Lock()
+		over := len(q.irq) >= q.info.ReadsIn
+		if !over {
+			q.irq = append(q.irq, inRead{req: rr, msn: h.msn})
+		}
+		q.mu.Unlock()
+		if over {
+			return &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapCatStream, msg: fmt.Sprintf("more than the negotiated %d READs outstanding", q.info.ReadsIn)}
+		}
+		q.kick()
+		return nil
+	case opTerm:
+		te, err := parseTerm(body)
+		if err != nil {
+			return err
+		}
+		return te
+	}
+	// Send: in order, by MSN and MO.
+	if h.msn != q.recvMSN || h.mo != q.recvMO {
+		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTInvalidMSN, msg: fmt.Sprintf("send MSN %d MO %d, want %d/%d", h.msn, h.mo, q.recvMSN, q.recvMO)}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return nil
+	}
+	if len(q.rq) == 0 {
+		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTNoBuffer, msg: "send arrived with no receive posted"}
+	}
+	r := q.rq[0]
+	end := uint64(h.mo) + uint64(len(body))
+	if end > uint64(r.wr.Local.Length) {
+		q.rq = q.rq[1:]
+		q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalLength, Op: verbs.OpRecv, QPN: q.qpn})
+		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTTooLong, msg: fmt.Sprintf("message of at least %d bytes for a %d-byte receive", end, r.wr.Local.Length)}
+	}
+	if len(body) > 0 {
+		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite)
+		if !ok {
+			q.rq = q.rq[1:]
+			q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalProtect, Op: verbs.OpRecv, QPN: q.qpn})
+			return &termError{layer: layerRDMAP, etype: rdmapCatastrophic, code: rdmapCatStream, msg: "receive buffer was deregistered"}
+		}
+		copy(b, body)
+		m.use.RUnlock()
+	}
+	q.recvMO = uint32(end)
+	if h.last {
+		q.rq = q.rq[1:]
+		q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(end), QPN: q.qpn})
+		q.recvMSN++
+		q.recvMO = 0
+	}
+	return nil
+}
