@@ -38,9 +38,8 @@ type Cache struct {
 	max     int64
 	workers int
 
-	// hash and now are HashFile and time.Now, replaceable by tests.
+	// hash is HashFile, replaceable by tests.
 	hash func(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, workers int) (Digests, error)
-	now  func() time.Time
 
 	mu      sync.Mutex
 	size    int64
@@ -69,7 +68,6 @@ func NewCache(maxBytes int64, workers int) *Cache {
 		max:     maxBytes,
 		workers: workers,
 		hash:    HashFile,
-		now:     time.Now,
 		lru:     list.New(),
 		entries: make(map[Key]*list.Element),
 		flights: make(map[Key]*flight),
@@ -146,7 +144,7 @@ func (c *Cache) Digests(ctx context.Context, f *os.File, l Layout, alg Algorithm
 	if !fi.Mode().IsRegular() {
 		d, err := c.hash(ctx, f, l, alg, c.workers)
 		if err != nil {
-			return Digests{}, false, fmt.Errorf("chunker: hashing %s: %w", f.Name(), err)
+			return Digests{}, false, fmt.Errorf("hashing %s: %w", f.Name(), err)
 		}
 		return d, false, nil
 	}
@@ -191,7 +189,7 @@ func (c *Cache) Digests(ctx context.Context, f *os.File, l Layout, alg Algorithm
 
 // lead hashes f for flight fl and publishes the result.
 func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k Key, fl *flight) (d Digests, err error) {
-	start := c.now()
+	start := time.Now()
 	defer func() {
 		fl.d, fl.err = d, err
 		c.mu.Lock()
@@ -204,7 +202,7 @@ func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k
 	}()
 	d, err = c.hash(ctx, f, l, alg, c.workers)
 	if err != nil {
-		return Digests{}, fmt.Errorf("chunker: hashing %s: %w", f.Name(), err)
+		return Digests{}, fmt.Errorf("hashing %s: %w", f.Name(), err)
 	}
 	fi, err := f.Stat()
 	if err != nil {

@@ -255,9 +255,7 @@ func TestCacheSingleflight(t *testing.T) {
 	}
 	<-g.started
 	// Let the others pile up behind the leader before releasing it.
-	for c.waiters() < callers-1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return c.waiters() == callers-1 })
 	close(g.release)
 	wg.Wait()
 	close(errs)
@@ -271,6 +269,17 @@ func TestCacheSingleflight(t *testing.T) {
 	}
 	if hashed.Load() != 1 {
 		t.Errorf("%d callers report hashing, want 1", hashed.Load())
+	}
+}
+
+// waitFor polls cond until it holds, failing after five seconds. On
+// failure it releases nothing: the test's goroutines stay blocked.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting")
+		}
 	}
 }
 
@@ -308,9 +317,7 @@ func TestCacheLeaderCancelled(t *testing.T) {
 		}
 		waiterDone <- err
 	}()
-	for c.waiters() < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, func() bool { return c.waiters() == 1 })
 	cancelLeader()
 	if err := <-leaderErr; !errors.Is(err, context.Canceled) {
 		t.Fatalf("leader: err = %v, want context.Canceled", err)

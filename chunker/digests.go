@@ -70,7 +70,8 @@ var maxRead int64 = 4 << 20
 // to workers chunks in flight at once (0 or less means GOMAXPROCS). Each
 // worker owns one buffer of at most min(ChunkSize, 4 MiB) bytes and reads
 // with ReadAt, which is pread for an *os.File. It stops early and returns
-// ctx's error if ctx is done. A file shorter than l.Size is an error.
+// ctx's error if ctx is done. A file shorter than l.Size is an error
+// wrapping ErrChanged. For None it reads nothing.
 func HashFile(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, workers int) (Digests, error) {
 	if err := l.Validate(); err != nil {
 		return Digests{}, err

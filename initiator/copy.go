@@ -1,0 +1,614 @@
+package initiator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Progress is a snapshot of a copy in flight.
+type Progress struct {
+	Path    string
+	Bytes   int64 // verified and written
+	Total   int64
+	Retries int
+}
+
+// GetOptions tune one copy.
+type GetOptions struct {
+	// Progress, if set, is called from the copying goroutine about every
+	// 100 ms and once at the end.
+	Progress func(Progress)
+}
+
+// Result describes a finished copy.
+type Result struct {
+	Source    string
+	Dest      string
+	Bytes     int64
+	Elapsed   time.Duration
+	Chunks    int
+	ChunkSize int64
+	Retries   int // chunks read again after failing their digest
+	Algorithm chunker.Algorithm
+	Digest    string // whole-file digest, e.g. "crc32c:0a1b2c3d"
+}
+
+// DestPath is where a copy of src to dst lands, cp-style: into dst, or
+// into the directory dst names.
+func DestPath(src, dst string) string {
+	if strings.HasSuffix(dst, "/") {
+		return filepath.Join(dst, path.Base(src))
+	}
+	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+		return filepath.Join(dst, path.Base(src))
+	}
+	return dst
+}
+
+// Get copies the remote file src ("EXPORT/path") to the local path dst.
+// The bytes land in a temporary file beside dst, which is renamed to dst
+// only after every chunk has been verified, the target has confirmed the
+// source did not change, and the data is synced. A failed copy leaves
+// nothing at dst.
+func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
+	start := time.Now()
+	dst = DestPath(src, dst)
+	m, err := s.call(ctx, &protocol.Open{Path: src, Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize)})
+	if err != nil {
+		return nil, err
+	}
+	or, ok := m.(*protocol.OpenReply)
+	if !ok {
+		return nil, unexpected(m)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: or.Handle})
+		}
+	}()
+	alg := chunker.Algorithm(or.Algorithm)
+	layout := chunker.Layout{Size: int64(or.Entry.Size), ChunkSize: int64(or.ChunkSize)}
+	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
+		return nil, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
+	}
+
+	tmp, err := createTemp(dst, layout.Size)
+	if err != nil {
+		return nil, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: tmp, src: src, progress: opt.Progress}
+	sums, err := f.run()
+	if err != nil {
+		return nil, err
+	}
+	closed = true
+	m, err = s.call(ctx, &protocol.Close{Handle: or.Handle})
+	if err != nil {
+		return nil, err
+	}
+	if cr, ok := m.(*protocol.CloseReply); !ok || cr.Changed {
+		return nil, fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
+	}
+	local, err := chunker.FileDigest(alg, layout, sums)
+	if err != nil {
+		return nil, err
+	}
+	if !chunker.Equal(local, or.FileDigest) {
+		return nil, fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
+	}
+	if err := finish(tmp, dst, or.Entry); err != nil {
+		return nil, err
+	}
+	keep = true
+	return &Result{
+		Source: src, Dest: dst, Bytes: layout.Size, Elapsed: time.Since(start),
+		Chunks: layout.Chunks(), ChunkSize: layout.ChunkSize, Retries: f.retries,
+		Algorithm: alg, Digest: chunker.FormatDigest(alg, local),
+	}, nil
+}
+
+// createTemp makes the temporary file a copy lands in and reserves its
+// space, so that a full disk shows up before any byte moves.
+func createTemp(dst string, size int64) (*os.File, error) {
+	var r [6]byte
+	rand.Read(r[:])
+	name := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".rdmacp-"+hex.EncodeToString(r[:])+".part")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if size > 0 {
+		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+			err = f.Truncate(size)
+		}
+		if err != nil {
+			f.Close()
+			os.Remove(name)
+			return nil, &fs.PathError{Op: "allocate", Path: dst, Err: err}
+		}
+	}
+	return f, nil
+}
+
+// finish gives the temporary file the source's mode and mtime, syncs it,
+// renames it to dst and syncs the directory.
+func finish(tmp *os.File, dst string, e protocol.Entry) error {
+	if err := tmp.Chmod(fs.FileMode(e.Mode & 0o777)); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return &fs.PathError{Op: "sync", Path: dst, Err: err}
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	mt := time.Unix(0, e.MtimeNs)
+	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(dst)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// fetch is one file's transfer: chunks read into registered staging slots
+// by READs striped over the data QPs, then verified and written out.
+type fetch struct {
+	s        *Session
+	ctx      context.Context
+	handle   uint32
+	layout   chunker.Layout
+	alg      chunker.Algorithm
+	out      *os.File
+	src      string
+	progress func(Progress)
+
+	readSize int
+	stage    *verbs.Buffer
+	mr       verbs.MR
+	slots    []*chunk // by slot index; nil when free
+	free     []int
+	queue    []piece // pieces waiting for a QP
+	inflight []int   // outstanding READs per QP
+	sums     []byte  // local digests, chunk by chunk
+	written  int64
+	retries  int
+}
+
+type chunk struct {
+	idx  int
+	off  int64
+	n    int
+	slot int
+	win  *win
+	left int // pieces outstanding
+	try  int
+}
+
+type piece struct {
+	c   *chunk
+	off int // within the chunk
+	n   int
+}
+
+// win is a mapped window and the digests of the chunks it covers.
+type win struct {
+	w       protocol.Window
+	first   int // first chunk
+	end     int // one past the last chunk
+	digests []byte
+	left    int // chunks not yet written
+}
+
+type verdict struct {
+	c   *chunk
+	ok  bool
+	err error
+}
+
+func (f *fetch) run() (chunker.Digests, error) {
+	n := f.layout.Chunks()
+	dsize := f.alg.Size()
+	f.sums = make([]byte, n*dsize)
+	if n == 0 {
+		return chunker.MakeDigests(f.alg, 0, nil)
+	}
+	if err := f.setup(); err != nil {
+		return chunker.Digests{}, err
+	}
+	defer f.teardown()
+
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	s := f.s
+	wins := make(chan winOrErr, 1)
+	go f.mapWindows(ctx, wins)
+	cqReady := make(chan struct{}, 1)
+	go func() {
+		for s.dataCQ.Wait(ctx) == nil {
+			select {
+			case cqReady <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	jobs := make(chan *chunk, len(f.slots))
+	verdicts := make(chan verdict, len(f.slots))
+	for range 2 {
+		go f.verifier(ctx, jobs, verdicts)
+	}
+
+	var cur *win
+	next, done := 0, 0
+	comps := make([]verbs.Completion, 64)
+	lastProgress := time.Now()
+	for done < n {
+		busy := false
+		// Start chunks while slots are free.
+		for next < n && len(f.free) > 0 {
+			if cur == nil || next >= cur.end {
+				select {
+				case we := <-wins:
+					if we.err != nil {
+						return chunker.Digests{}, we.err
+					}
+					cur = we.w
+				default:
+				}
+				if cur == nil || next >= cur.end {
+					break
+				}
+			}
+			slot := f.free[len(f.free)-1]
+			f.free = f.free[:len(f.free)-1]
+			off, ln := f.layout.Chunk(next)
+			c := &chunk{idx: next, off: off, n: int(ln), slot: slot, win: cur}
+			f.slots[slot] = c
+			f.enqueue(c)
+			next++
+			busy = true
+		}
+		if err := f.post(); err != nil {
+			return chunker.Digests{}, err
+		}
+		k, err := s.dataCQ.Poll(comps)
+		if err != nil {
+			return chunker.Digests{}, err
+		}
+		for _, c := range comps[:k] {
+			if err := f.complete(c, jobs); err != nil {
+				return chunker.Digests{}, err
+			}
+		}
+		busy = busy || k > 0
+		for drained := false; !drained; {
+			select {
+			case v := <-verdicts:
+				if err := f.judge(v, &done); err != nil {
+					return chunker.Digests{}, err
+				}
+				busy = true
+			default:
+				drained = true
+			}
+		}
+		if f.progress != nil && time.Since(lastProgress) > 100*time.Millisecond {
+			lastProgress = time.Now()
+			f.progress(Progress{Path: f.src, Bytes: f.written, Total: f.layout.Size, Retries: f.retries})
+		}
+		if busy || done == n {
+			continue
+		}
+		var winc chan winOrErr
+		if next < n && len(f.free) > 0 && (cur == nil || next >= cur.end) {
+			winc = wins
+		}
+		select {
+		case <-cqReady:
+		case v := <-verdicts:
+			if err := f.judge(v, &done); err != nil {
+				return chunker.Digests{}, err
+			}
+		case we := <-winc:
+			if we.err != nil {
+				return chunker.Digests{}, we.err
+			}
+			cur = we.w
+		case <-ctx.Done():
+			return chunker.Digests{}, ctx.Err()
+		}
+	}
+	if f.progress != nil {
+		f.progress(Progress{Path: f.src, Bytes: f.written, Total: f.layout.Size, Retries: f.retries})
+	}
+	return chunker.MakeDigests(f.alg, n, f.sums)
+}
+
+func (f *fetch) setup() error {
+	s := f.s
+	caps := s.cfg.Device.Caps()
+	cs := int(f.layout.ChunkSize)
+	f.readSize = min(s.cfg.ReadSize, cs, int(min(caps.MaxMsgSize, 1<<30)))
+	inflight := len(s.data) * s.reads * f.readSize
+	slots := min((inflight+cs-1)/cs+2, f.layout.Chunks())
+	var err error
+	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
+		return err
+	}
+	if f.mr, err = s.pd.RegMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return err
+	}
+	f.slots = make([]*chunk, slots)
+	for i := range slots {
+		f.free = append(f.free, slots-1-i)
+	}
+	f.inflight = make([]int, len(s.data))
+	return nil
+}
+
+func (f *fetch) teardown() {
+	// READs may still be in flight on error: the MR's Close waits for
+	// their placement, and the QPs are torn down with the session.
+	if f.mr != nil {
+		f.mr.Close()
+	}
+	if f.stage != nil {
+		f.stage.Free()
+	}
+}
+
+func (f *fetch) enqueue(c *chunk) {
+	c.left = 0
+	for off := 0; off < c.n; off += f.readSize {
+		f.queue = append(f.queue, piece{c: c, off: off, n: min(f.readSize, c.n-off)})
+		c.left++
+	}
+}
+
+// post hands queued pieces to the least busy QPs, a batch per QP.
+func (f *fetch) post() error {
+	s := f.s
+	for len(f.queue) > 0 {
+		q := 0
+		for i, n := range f.inflight {
+			if n < f.inflight[q] {
+				q = i
+			}
+		}
+		room := s.reads - f.inflight[q]
+		if room <= 0 {
+			return nil
+		}
+		// Fill this QP up to its depth, then let the next least busy
+		// one take its turn.
+		k := min(room, len(f.queue))
+		wrs := make([]verbs.SendWR, 0, k)
+		for _, p := range f.queue[:k] {
+			w := p.c.win
+			remote := w.w.Addr + uint64(p.c.off+int64(p.off)) - w.w.Offset
+			wrs = append(wrs, verbs.SendWR{
+				ID: uint64(q)<<48 | uint64(p.c.slot)<<24 | uint64(p.off/f.readSize),
+				Op: verbs.OpRead,
+				Local: verbs.SGE{Addr: f.mr.Addr() + uint64(p.c.slot)*uint64(f.layout.ChunkSize) + uint64(p.off),
+					Length: uint32(p.n), LKey: f.mr.LKey()},
+				RemoteAddr: remote, RKey: w.w.RKeys[q],
+			})
+		}
+		posted, err := s.data[q].PostSend(wrs)
+		f.inflight[q] += posted
+		f.queue = f.queue[posted:]
+		if err != nil {
+			return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
+		}
+	}
+	return nil
+}
+
+// complete accounts for one READ completion.
+func (f *fetch) complete(c verbs.Completion, jobs chan<- *chunk) error {
+	q := int(c.WRID >> 48)
+	slot := int(c.WRID>>24) & 0xffffff
+	if q >= len(f.inflight) || slot >= len(f.slots) || f.slots[slot] == nil {
+		return fmt.Errorf("completion for unknown request %#x", c.WRID)
+	}
+	f.inflight[q]--
+	ch := f.slots[slot]
+	if c.Status != verbs.StatusSuccess {
+		why := ""
+		if err := f.s.data[q].Err(); err != nil {
+			why = ": " + err.Error()
+		}
+		return fmt.Errorf("%w: READ of chunk %d on data QP %d: %v%s", ErrConnect, ch.idx, q, c.Status, why)
+	}
+	ch.left--
+	if ch.left == 0 {
+		jobs <- ch
+	}
+	return nil
+}
+
+// verifier checks chunks against their digests and writes the good ones.
+func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- verdict) {
+	var sum []byte
+	for {
+		var c *chunk
+		select {
+		case c = <-jobs:
+		case <-ctx.Done():
+			return
+		}
+		data := f.stage.Bytes()[c.slot*int(f.layout.ChunkSize):][:c.n]
+		v := verdict{c: c, ok: true}
+		if size := f.alg.Size(); size > 0 {
+			sum = chunker.AppendSum(sum[:0], f.alg, data)
+			i := c.idx - c.win.first
+			v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
+			if v.ok {
+				copy(f.sums[c.idx*size:], sum)
+			}
+		}
+		if v.ok {
+			if _, err := f.out.WriteAt(data, c.off); err != nil {
+				v.err = err
+			}
+		}
+		select {
+		case out <- v:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// judge acts on a verifier's verdict: free the slot, or read again.
+func (f *fetch) judge(v verdict, done *int) error {
+	c := v.c
+	if v.err != nil {
+		if errors.Is(v.err, syscall.ENOSPC) {
+			return fmt.Errorf("writing %s: %w", f.out.Name(), v.err)
+		}
+		return v.err
+	}
+	if !v.ok {
+		c.try++
+		f.retries++
+		if c.try > f.s.cfg.Retries {
+			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest %d times", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, c.try)
+		}
+		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.try)
+		f.enqueue(c)
+		return nil
+	}
+	f.slots[c.slot] = nil
+	f.free = append(f.free, c.slot)
+	f.written += int64(c.n)
+	*done++
+	c.win.left--
+	if c.win.left == 0 {
+		w := c.win
+		go f.s.call(context.WithoutCancel(f.ctx), &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
+	}
+	return nil
+}
+
+type winOrErr struct {
+	w   *win
+	err error
+}
+
+// mapWindows maps the file's windows in order, one ahead of the reader,
+// with the digests of the chunks each covers.
+func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
+	s := f.s
+	cs := f.layout.ChunkSize
+	want := max(uint64(cs), s.ch0.MaxWindow/uint64(cs)*uint64(cs))
+	n := f.layout.Chunks()
+	send := func(we winOrErr) bool {
+		select {
+		case out <- we:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for first := 0; first < n; {
+		off := int64(first) * cs
+		m, err := s.call(ctx, &protocol.Map{Handle: f.handle, Offset: uint64(off), Length: want})
+		if err != nil {
+			send(winOrErr{err: f.mapErr(err)})
+			return
+		}
+		mr, ok := m.(*protocol.MapReply)
+		if !ok {
+			send(winOrErr{err: unexpected(m)})
+			return
+		}
+		w := mr.Window
+		if int64(w.Offset) != off || len(w.RKeys) != len(s.data) {
+			send(winOrErr{err: fmt.Errorf("%w: window at %d with %d keys for a request at %d with %d QPs", protocol.ErrMalformed, w.Offset, len(w.RKeys), off, len(s.data))})
+			return
+		}
+		end := first
+		for end < n {
+			o, l := f.layout.Chunk(end)
+			if uint64(o+l) > w.Offset+w.Length {
+				break
+			}
+			end++
+		}
+		if end <= first {
+			send(winOrErr{err: fmt.Errorf("%w: window of %d bytes holds no whole chunk", protocol.ErrMalformed, w.Length)})
+			return
+		}
+		digests, err := f.fetchDigests(ctx, first, end)
+		if err != nil {
+			send(winOrErr{err: err})
+			return
+		}
+		if !send(winOrErr{w: &win{w: w, first: first, end: end, digests: digests, left: end - first}}) {
+			return
+		}
+		first = end
+	}
+}
+
+func (f *fetch) mapErr(err error) error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) && pe.Code == protocol.CodeChanged {
+		return fmt.Errorf("%w: %s: %s", ErrChanged, f.src, pe.Message)
+	}
+	return err
+}
+
+func (f *fetch) fetchDigests(ctx context.Context, first, end int) ([]byte, error) {
+	size := f.alg.Size()
+	if size == 0 {
+		return nil, nil
+	}
+	out := make([]byte, 0, (end-first)*size)
+	for i := first; i < end; {
+		m, err := f.s.call(ctx, &protocol.Digests{Handle: f.handle, First: uint32(i), Count: uint32(end - i)})
+		if err != nil {
+			return nil, err
+		}
+		r, ok := m.(*protocol.DigestsReply)
+		if !ok || int(r.First) != i || len(r.Digests)%size != 0 || len(r.Digests) == 0 || len(r.Digests)/size > end-i {
+			return nil, fmt.Errorf("%w: bad digests reply for chunks %d-%d", protocol.ErrMalformed, i, end)
+		}
+		out = append(out, r.Digests...)
+		i += len(r.Digests) / size
+	}
+	return out, nil
+}

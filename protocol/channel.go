@@ -1,0 +1,265 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Channel carries control messages over a connected QP as SEND/RECV, one
+// message per SEND. Its buffers are registered off-heap memory: Depth
+// receive slots and one send slot of MaxMessage bytes each.
+//
+// Set up a Channel before connecting, so that receives are posted when
+// the first message arrives:
+//
+//	ch, _ := NewChannel(dev, pd, 0)
+//	pq, _ := dev.PrepareDial(ctx, pd, addr, ch.QPConfig())
+//	ch.PostRecvs(pq)
+//	qp, _ := pq.Connect(ctx, param)
+//	ch.Attach(qp)
+type Channel struct {
+	depth int
+	scq   verbs.CQ
+	rcq   verbs.CQ
+	mem   *verbs.Buffer
+	mr    verbs.MR
+	qp    verbs.QP
+
+	sendMu sync.Mutex
+	recvMu sync.Mutex
+	callMu sync.Mutex
+	nextID uint32
+	comp   []verbs.Completion
+	ready  []verbs.Completion // receive completions not yet consumed
+}
+
+// DefaultDepth is the number of receives a channel keeps posted.
+const DefaultDepth = 4
+
+// NewChannel allocates a channel's CQs and buffers on dev and pd.
+func NewChannel(dev verbs.Device, pd verbs.PD, depth int) (*Channel, error) {
+	if depth <= 0 {
+		depth = DefaultDepth
+	}
+	c := &Channel{depth: depth, nextID: 1}
+	var err error
+	if c.scq, err = dev.CreateCQ(4); err != nil {
+		return nil, err
+	}
+	if c.rcq, err = dev.CreateCQ(depth + 1); err != nil {
+		c.scq.Close()
+		return nil, err
+	}
+	if c.mem, err = verbs.AllocBuffer((depth + 1) * MaxMessage); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if c.mr, err = pd.RegMR(c.mem.Bytes(), verbs.AccessLocalWrite); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// QPConfig is the configuration the channel's QP must be made with.
+func (c *Channel) QPConfig() verbs.QPConfig {
+	return verbs.QPConfig{SendCQ: c.scq, RecvCQ: c.rcq, MaxSendWR: 4, MaxRecvWR: c.depth + 1}
+}
+
+func (c *Channel) slot(i int) verbs.SGE {
+	return verbs.SGE{Addr: c.mr.Addr() + uint64(i*MaxMessage), Length: MaxMessage, LKey: c.mr.LKey()}
+}
+
+type receiver interface {
+	PostRecv([]verbs.RecvWR) (int, error)
+}
+
+// PostRecvs posts every receive slot on pq.
+func (c *Channel) PostRecvs(pq verbs.PendingQP) error {
+	wrs := make([]verbs.RecvWR, c.depth)
+	for i := range wrs {
+		wrs[i] = verbs.RecvWR{ID: uint64(i + 1), Local: c.slot(i + 1)}
+	}
+	return postAll(pq, wrs)
+}
+
+func postAll(r receiver, wrs []verbs.RecvWR) error {
+	n, err := r.PostRecv(wrs)
+	if err == nil && n != len(wrs) {
+		err = fmt.Errorf("posted %d of %d receives", n, len(wrs))
+	}
+	return err
+}
+
+// Attach gives the channel its connected QP.
+func (c *Channel) Attach(qp verbs.QP) { c.qp = qp }
+
+// QP returns the attached QP.
+func (c *Channel) QP() verbs.QP { return c.qp }
+
+// ErrClosed reports a channel whose connection is gone.
+var ErrClosed = errors.New("control connection closed")
+
+// Send sends m. It returns once the message is on its way.
+func (c *Channel) Send(ctx context.Context, m Message) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	buf := c.mem.Bytes()[:MaxMessage]
+	b, err := AppendMarshal(buf[:0], m)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxMessage || &b[0] != &buf[0] {
+		return fmt.Errorf("%w: %v of %d bytes", ErrTooLarge, m.Type(), len(b))
+	}
+	s := c.slot(0)
+	s.Length = uint32(len(b))
+	if _, err := c.qp.PostSend([]verbs.SendWR{{ID: 0, Op: verbs.OpSend, Local: s}}); err != nil {
+		return err
+	}
+	var out [1]verbs.Completion
+	for {
+		n, err := c.scq.Poll(out[:])
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			if out[0].Status != verbs.StatusSuccess {
+				return c.deadErr(out[0].Status)
+			}
+			return nil
+		}
+		select {
+		case <-c.qp.Done():
+			return c.deadErr(verbs.StatusWRFlush)
+		default:
+		}
+		if err := c.wait(ctx, c.scq); err != nil {
+			return err
+		}
+	}
+}
+
+func (c *Channel) deadErr(st verbs.Status) error {
+	if err := c.qp.Err(); err != nil {
+		return fmt.Errorf("%w: %v", ErrClosed, err)
+	}
+	return fmt.Errorf("%w: %v", ErrClosed, st)
+}
+
+// wait blocks until cq may have a completion, ctx ends or the QP dies.
+// When the QP has died it returns nil: flushed completions may be left
+// to poll, and the caller checks Done once they are gone.
+func (c *Channel) wait(ctx context.Context, cq verbs.CQ) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.qp.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := cq.Wait(ctx); err != nil {
+		select {
+		case <-c.qp.Done():
+			return nil
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// Recv waits for the next message.
+func (c *Channel) Recv(ctx context.Context) (Message, error) {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	for len(c.ready) == 0 {
+		if c.comp == nil {
+			c.comp = make([]verbs.Completion, c.depth)
+		}
+		n, err := c.rcq.Poll(c.comp)
+		if err != nil {
+			return nil, err
+		}
+		c.ready = append(c.ready, c.comp[:n]...)
+		if n > 0 {
+			break
+		}
+		select {
+		case <-c.qp.Done():
+			return nil, c.deadErr(verbs.StatusWRFlush)
+		default:
+		}
+		if err := c.wait(ctx, c.rcq); err != nil {
+			return nil, err
+		}
+	}
+	comp := c.ready[0]
+	c.ready = c.ready[1:]
+	if comp.Status != verbs.StatusSuccess {
+		return nil, c.deadErr(comp.Status)
+	}
+	i := int(comp.WRID)
+	if i < 1 || i > c.depth {
+		return nil, fmt.Errorf("%w: receive completion for slot %d", ErrMalformed, i)
+	}
+	off := i * MaxMessage
+	m, derr := Unmarshal(c.mem.Bytes()[off : off+int(comp.Bytes)])
+	// Repost the slot whether or not the message decoded.
+	if err := postAll(c.qp, []verbs.RecvWR{{ID: comp.WRID, Local: c.slot(i)}}); err != nil {
+		return nil, err
+	}
+	return m, derr
+}
+
+// Call sends req with a fresh request ID and waits for the reply. An
+// Error reply is returned as the error.
+func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	id := c.nextID
+	c.nextID++
+	req.SetID(id)
+	if err := c.Send(ctx, req); err != nil {
+		return nil, err
+	}
+	for {
+		m, err := c.Recv(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if m.ID() != id {
+			continue // a late reply to a call whose caller gave up
+		}
+		if e, ok := m.(*Error); ok {
+			return nil, e
+		}
+		return m, nil
+	}
+}
+
+// Close frees the QP, CQs and buffers.
+func (c *Channel) Close() error {
+	if c.qp != nil {
+		c.qp.Close()
+	}
+	if c.mr != nil {
+		c.mr.Close()
+	}
+	if c.mem != nil {
+		c.mem.Free()
+	}
+	if c.scq != nil {
+		c.scq.Close()
+	}
+	if c.rcq != nil {
+		c.rcq.Close()
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package protocol
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func FuzzUnmarshal(f *testing.F) {
+	for _, m := range samples() {
+		b, err := Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+		f.Add(b[:len(b)-1])
+	}
+	for ty := Type(1); ty <= TypeBye; ty++ {
+		b, _ := Marshal(newMessage(ty))
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Unmarshal(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrVersion) {
+				t.Fatalf("error %v wraps neither ErrMalformed nor ErrVersion", err)
+			}
+			return
+		}
+		// The encoding is canonical: what decodes re-encodes to the same
+		// bytes, and decodes again to the same message.
+		b2, err := Marshal(m)
+		if err != nil {
+			t.Fatalf("decoded %+v but cannot encode it: %v", m, err)
+		}
+		if !bytes.Equal(b, b2) {
+			t.Fatalf("re-encoding differs:\n in % x\nout % x", b, b2)
+		}
+		m2, err := Unmarshal(b2)
+		if err != nil {
+			t.Fatalf("re-encoded message does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(m, m2) {
+			t.Fatalf("decode is not stable:\n%+v\n%+v", m, m2)
+		}
+	})
+}
+
+func FuzzUnmarshalPrivate(f *testing.F) {
+	for _, p := range []PrivateData{ControlData(), JoinData(NewSession(), 7)} {
+		b, err := MarshalPrivate(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+		f.Add(append(b, make([]byte, MaxPrivate-PrivateSize)...))
+		f.Add(b[:PrivateSize-1])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := UnmarshalPrivate(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrVersion) {
+				t.Fatalf("error %v wraps neither ErrMalformed nor ErrVersion", err)
+			}
+			return
+		}
+		b2, err := MarshalPrivate(p)
+		if err != nil {
+			t.Fatalf("decoded %+v but cannot encode it: %v", p, err)
+		}
+		if !bytes.Equal(b[:PrivateSize], b2) {
+			t.Fatalf("re-encoding differs:\n in % x\nout % x", b[:PrivateSize], b2)
+		}
+		p2, err := UnmarshalPrivate(b2)
+		if err != nil || p2 != p {
+			t.Fatalf("decode is not stable: %+v, %+v, %v", p, p2, err)
+		}
+	})
+}

@@ -1,0 +1,576 @@
+package protocol
+
+import "fmt"
+
+// Hello opens a session: the initiator's first message.
+type Hello struct {
+	RequestID  uint32
+	MinVersion uint8 // lowest and highest protocol versions the initiator speaks
+	MaxVersion uint8
+	// ClientNonce is 32 random bytes, which the target's AuthOK MAC covers.
+	ClientNonce [32]byte
+	Client      string // software and version, e.g. "rdmacp/0.1"
+}
+
+// Challenge answers Hello.
+type Challenge struct {
+	RequestID uint32
+	Version   uint8 // the version chosen for the rest of the session
+	// ServerNonce is 32 random bytes, which the initiator's Auth MAC covers.
+	ServerNonce  [32]byte
+	AuthRequired bool
+	// Session identifies the session to data QPs joining it. The target
+	// accepts it only once the control QP has authenticated, or at once
+	// when AuthRequired is false.
+	Session       [16]byte
+	MaxDataQPs    uint16 // data QPs the target accepts per session
+	MaxReadsPerQP uint16 // RDMA READs in flight per data QP the target allows
+	MaxWindow     uint64 // largest window the target maps, in bytes
+	Server        string // software and version, e.g. "rdmacp/0.1"
+}
+
+// Auth proves the initiator knows the shared secret. MAC is ClientMAC.
+type Auth struct {
+	RequestID uint32
+	MAC       [32]byte
+}
+
+// AuthOK accepts Auth and proves the target knows the secret too. MAC is
+// ServerMAC.
+type AuthOK struct {
+	RequestID uint32
+	MAC       [32]byte
+}
+
+// List asks for the entries of a directory, one page at a time. Cookie is 0
+// for the first page and the previous reply's NextCookie after that.
+type List struct {
+	RequestID uint32
+	Cookie    uint64
+	Path      string
+}
+
+// ListReply is one page of a directory listing. NextCookie is 0 on the last
+// page. The encoder does not split pages itself: the target must keep the
+// reply within MaxMessage, which ListReplyOverhead and EntrySize measure.
+type ListReply struct {
+	RequestID  uint32
+	NextCookie uint64
+	Entries    []Entry
+}
+
+// FileType is the type of a directory entry. Receivers treat values they
+// do not know as FileOther.
+type FileType uint8
+
+// File types.
+const (
+	FileRegular  FileType = 1
+	FileDir      FileType = 2
+	FileSymlink  FileType = 3
+	FileBlockDev FileType = 4
+	FileOther    FileType = 5
+)
+
+func (t FileType) String() string {
+	switch t {
+	case FileRegular:
+		return "file"
+	case FileDir:
+		return "dir"
+	case FileSymlink:
+		return "symlink"
+	case FileBlockDev:
+		return "blockdev"
+	case FileOther:
+		return "other"
+	}
+	return fmt.Sprintf("FileType(%d)", uint8(t))
+}
+
+// Entry describes one file. Name is the last element of its path; Target
+// is a symlink's target and empty otherwise. Names are the file system's
+// bytes, not necessarily UTF-8.
+type Entry struct {
+	Type    FileType
+	Mode    uint32 // permission bits and setuid, setgid, sticky: st_mode & 07777
+	Size    uint64
+	MtimeNs int64 // modification time, nanoseconds since the Unix epoch
+	Name    string
+	Target  string
+}
+
+// entryMin is the encoded size of an Entry with empty strings.
+const entryMin = 1 + 4 + 8 + 8 + 2 + 2
+
+// EntrySize is the number of bytes e takes in a ListReply.
+func EntrySize(e Entry) int { return entryMin + len(e.Name) + len(e.Target) }
+
+// ListReplyOverhead is the size of a ListReply with no entries: a page of
+// entries fits if ListReplyOverhead plus their EntrySizes is at most
+// MaxMessage.
+const ListReplyOverhead = HeaderSize + 8 + 4
+
+// Stat asks for one file's entry. Symlinks are not followed.
+type Stat struct {
+	RequestID uint32
+	Path      string
+}
+
+// StatReply answers Stat.
+type StatReply struct {
+	RequestID uint32
+	Entry     Entry
+}
+
+// Open opens a file for reading and asks for its chunk digests' layout.
+// Algorithm is a chunker.Algorithm (0 = CRC32C, 1 = BLAKE3, 2 = none);
+// ChunkSize 0 lets the target choose.
+type Open struct {
+	RequestID uint32
+	Algorithm uint8
+	ChunkSize uint32
+	Path      string
+}
+
+// OpenReply answers Open with a handle for the open file, the chunking the
+// target chose and the whole-file digest (chunker.FileDigest).
+type OpenReply struct {
+	RequestID  uint32
+	Handle     uint32
+	ChunkSize  uint32
+	Algorithm  uint8
+	Chunks     uint32
+	FileDigest []byte
+	Entry      Entry
+}
+
+// Digests asks for Count chunk digests starting at chunk First.
+type Digests struct {
+	RequestID uint32
+	Handle    uint32
+	First     uint32
+	Count     uint32
+}
+
+// DigestsReply carries chunk digests from chunk First on, concatenated:
+// at least one and at most the Count asked for, no more than fit
+// MaxMessage (see MaxDigestsPerReply). The initiator asks again for the
+// rest.
+type DigestsReply struct {
+	RequestID uint32
+	Handle    uint32
+	First     uint32
+	Digests   []byte
+}
+
+// DigestsReplyOverhead is the size of a DigestsReply with no digests.
+const DigestsReplyOverhead = HeaderSize + 4 + 4 + 4
+
+// MaxDigestsPerReply is the most digests of digestSize bytes that fit one
+// DigestsReply. It is unbounded (the largest uint32) for size 0.
+func MaxDigestsPerReply(digestSize int) int {
+	if digestSize <= 0 {
+		return 1<<32 - 1
+	}
+	return (MaxMessage - DigestsReplyOverhead) / digestSize
+}
+
+// Map asks the target to map file bytes [Offset, Offset+Length) of an open
+// file for RDMA READ.
+type Map struct {
+	RequestID uint32
+	Handle    uint32
+	Offset    uint64
+	Length    uint64
+}
+
+// MapReply answers Map with the window the target mapped.
+type MapReply struct {
+	RequestID uint32
+	Handle    uint32
+	Window    Window
+}
+
+// Window is a mapped range of a file. File offset Offset is at remote
+// address Addr; the range is Length bytes long, which may be less than was
+// asked for (never more than Challenge.MaxWindow). RKeys holds the remote
+// key for each data QP, indexed by data QP index.
+type Window struct {
+	ID     uint32
+	Offset uint64
+	Length uint64
+	Addr   uint64
+	RKeys  []uint32
+}
+
+// Unmap releases a window. The target answers Ack.
+type Unmap struct {
+	RequestID uint32
+	Handle    uint32
+	WindowID  uint32
+}
+
+// Ack is the empty reply.
+type Ack struct {
+	RequestID uint32
+}
+
+// Close releases a handle and its windows.
+type Close struct {
+	RequestID uint32
+	Handle    uint32
+}
+
+// CloseReply answers Close. Changed reports that the file's size or mtime
+// differs from when it was opened, so what was read may be inconsistent.
+type CloseReply struct {
+	RequestID uint32
+	Changed   bool
+}
+
+// Code is an error code in an Error message.
+type Code uint16
+
+// Error codes.
+const (
+	CodeNotFound    Code = 1  // no such file or directory
+	CodePermission  Code = 2  // permission denied, or outside the export
+	CodeNotDir      Code = 3  // List of something that is not a directory
+	CodeIsDir       Code = 4  // Open of a directory
+	CodeAuthFailed  Code = 5  // bad Auth MAC, or a request before Auth
+	CodeVersion     Code = 6  // no common protocol version
+	CodeBadRequest  Code = 7  // malformed or out-of-place request, bad handle or range
+	CodeChanged     Code = 8  // the file changed under an operation
+	CodeTooMany     Code = 9  // too many handles, windows or sessions
+	CodeInternal    Code = 10 // the target failed
+	CodeUnsupported Code = 11 // unknown message type, algorithm or option
+)
+
+var codeNames = [...]string{
+	CodeNotFound:    "not found",
+	CodePermission:  "permission denied",
+	CodeNotDir:      "not a directory",
+	CodeIsDir:       "is a directory",
+	CodeAuthFailed:  "authentication failed",
+	CodeVersion:     "version mismatch",
+	CodeBadRequest:  "bad request",
+	CodeChanged:     "file changed",
+	CodeTooMany:     "too many",
+	CodeInternal:    "internal error",
+	CodeUnsupported: "unsupported",
+}
+
+func (c Code) String() string {
+	if int(c) < len(codeNames) && codeNames[c] != "" {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("error code %d", uint16(c))
+}
+
+// Error answers a request that failed. It is a Go error too.
+type Error struct {
+	RequestID uint32
+	Code      Code
+	Message   string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return "remote error: " + e.Code.String()
+	}
+	return "remote error: " + e.Code.String() + ": " + e.Message
+}
+
+// Bye ends the session; either side may send it. It has no reply.
+type Bye struct {
+	RequestID uint32
+}
+
+// Type, ID and SetID for each message.
+
+func (m *Hello) Type() Type             { return TypeHello }
+func (m *Hello) ID() uint32             { return m.RequestID }
+func (m *Hello) SetID(id uint32)        { m.RequestID = id }
+func (m *Challenge) Type() Type         { return TypeChallenge }
+func (m *Challenge) ID() uint32         { return m.RequestID }
+func (m *Challenge) SetID(id uint32)    { m.RequestID = id }
+func (m *Auth) Type() Type              { return TypeAuth }
+func (m *Auth) ID() uint32              { return m.RequestID }
+func (m *Auth) SetID(id uint32)         { m.RequestID = id }
+func (m *AuthOK) Type() Type            { return TypeAuthOK }
+func (m *AuthOK) ID() uint32            { return m.RequestID }
+func (m *AuthOK) SetID(id uint32)       { m.RequestID = id }
+func (m *List) Type() Type              { return TypeList }
+func (m *List) ID() uint32              { return m.RequestID }
+func (m *List) SetID(id uint32)         { m.RequestID = id }
+func (m *ListReply) Type() Type         { return TypeListReply }
+func (m *ListReply) ID() uint32         { return m.RequestID }
+func (m *ListReply) SetID(id uint32)    { m.RequestID = id }
+func (m *Stat) Type() Type              { return TypeStat }
+func (m *Stat) ID() uint32              { return m.RequestID }
+func (m *Stat) SetID(id uint32)         { m.RequestID = id }
+func (m *StatReply) Type() Type         { return TypeStatReply }
+func (m *StatReply) ID() uint32         { return m.RequestID }
+func (m *StatReply) SetID(id uint32)    { m.RequestID = id }
+func (m *Open) Type() Type              { return TypeOpen }
+func (m *Open) ID() uint32              { return m.RequestID }
+func (m *Open) SetID(id uint32)         { m.RequestID = id }
+func (m *OpenReply) Type() Type         { return TypeOpenReply }
+func (m *OpenReply) ID() uint32         { return m.RequestID }
+func (m *OpenReply) SetID(id uint32)    { m.RequestID = id }
+func (m *Digests) Type() Type           { return TypeDigests }
+func (m *Digests) ID() uint32           { return m.RequestID }
+func (m *Digests) SetID(id uint32)      { m.RequestID = id }
+func (m *DigestsReply) Type() Type      { return TypeDigestsReply }
+func (m *DigestsReply) ID() uint32      { return m.RequestID }
+func (m *DigestsReply) SetID(id uint32) { m.RequestID = id }
+func (m *Map) Type() Type               { return TypeMap }
+func (m *Map) ID() uint32               { return m.RequestID }
+func (m *Map) SetID(id uint32)          { m.RequestID = id }
+func (m *MapReply) Type() Type          { return TypeMapReply }
+func (m *MapReply) ID() uint32          { return m.RequestID }
+func (m *MapReply) SetID(id uint32)     { m.RequestID = id }
+func (m *Unmap) Type() Type             { return TypeUnmap }
+func (m *Unmap) ID() uint32             { return m.RequestID }
+func (m *Unmap) SetID(id uint32)        { m.RequestID = id }
+func (m *Ack) Type() Type               { return TypeAck }
+func (m *Ack) ID() uint32               { return m.RequestID }
+func (m *Ack) SetID(id uint32)          { m.RequestID = id }
+func (m *Close) Type() Type             { return TypeClose }
+func (m *Close) ID() uint32             { return m.RequestID }
+func (m *Close) SetID(id uint32)        { m.RequestID = id }
+func (m *CloseReply) Type() Type        { return TypeCloseReply }
+func (m *CloseReply) ID() uint32        { return m.RequestID }
+func (m *CloseReply) SetID(id uint32)   { m.RequestID = id }
+func (m *Error) Type() Type             { return TypeError }
+func (m *Error) ID() uint32             { return m.RequestID }
+func (m *Error) SetID(id uint32)        { m.RequestID = id }
+func (m *Bye) Type() Type               { return TypeBye }
+func (m *Bye) ID() uint32               { return m.RequestID }
+func (m *Bye) SetID(id uint32)          { m.RequestID = id }
+
+// Bodies. Each encode writes the fields in wire order; each decode reads
+// them back in the same order.
+
+func (m *Hello) encode(e *encoder) {
+	e.u8(m.MinVersion)
+	e.u8(m.MaxVersion)
+	e.raw(m.ClientNonce[:])
+	e.str(m.Client)
+}
+
+func (m *Hello) decode(d *decoder) {
+	m.MinVersion = d.u8()
+	m.MaxVersion = d.u8()
+	d.array(m.ClientNonce[:])
+	m.Client = d.str()
+}
+
+func (m *Challenge) encode(e *encoder) {
+	e.u8(m.Version)
+	e.raw(m.ServerNonce[:])
+	e.bool(m.AuthRequired)
+	e.raw(m.Session[:])
+	e.u16(m.MaxDataQPs)
+	e.u16(m.MaxReadsPerQP)
+	e.u64(m.MaxWindow)
+	e.str(m.Server)
+}
+
+func (m *Challenge) decode(d *decoder) {
+	m.Version = d.u8()
+	d.array(m.ServerNonce[:])
+	m.AuthRequired = d.bool()
+	d.array(m.Session[:])
+	m.MaxDataQPs = d.u16()
+	m.MaxReadsPerQP = d.u16()
+	m.MaxWindow = d.u64()
+	m.Server = d.str()
+}
+
+func (m *Auth) encode(e *encoder)   { e.raw(m.MAC[:]) }
+func (m *Auth) decode(d *decoder)   { d.array(m.MAC[:]) }
+func (m *AuthOK) encode(e *encoder) { e.raw(m.MAC[:]) }
+func (m *AuthOK) decode(d *decoder) { d.array(m.MAC[:]) }
+
+func (m *List) encode(e *encoder) {
+	e.u64(m.Cookie)
+	e.str(m.Path)
+}
+
+func (m *List) decode(d *decoder) {
+	m.Cookie = d.u64()
+	m.Path = d.str()
+}
+
+func (m *ListReply) encode(e *encoder) {
+	e.u64(m.NextCookie)
+	e.count(len(m.Entries))
+	for i := range m.Entries {
+		encodeEntry(e, &m.Entries[i])
+	}
+}
+
+func (m *ListReply) decode(d *decoder) {
+	m.NextCookie = d.u64()
+	n := d.count(entryMin)
+	if n == 0 {
+		return
+	}
+	m.Entries = make([]Entry, n)
+	for i := range m.Entries {
+		decodeEntry(d, &m.Entries[i])
+	}
+}
+
+func encodeEntry(e *encoder, x *Entry) {
+	e.u8(uint8(x.Type))
+	e.u32(x.Mode)
+	e.u64(x.Size)
+	e.i64(x.MtimeNs)
+	e.str(x.Name)
+	e.str(x.Target)
+}
+
+func decodeEntry(d *decoder, x *Entry) {
+	x.Type = FileType(d.u8())
+	x.Mode = d.u32()
+	x.Size = d.u64()
+	x.MtimeNs = d.i64()
+	x.Name = d.str()
+	x.Target = d.str()
+}
+
+func (m *Stat) encode(e *encoder)      { e.str(m.Path) }
+func (m *Stat) decode(d *decoder)      { m.Path = d.str() }
+func (m *StatReply) encode(e *encoder) { encodeEntry(e, &m.Entry) }
+func (m *StatReply) decode(d *decoder) { decodeEntry(d, &m.Entry) }
+
+func (m *Open) encode(e *encoder) {
+	e.u8(m.Algorithm)
+	e.u32(m.ChunkSize)
+	e.str(m.Path)
+}
+
+func (m *Open) decode(d *decoder) {
+	m.Algorithm = d.u8()
+	m.ChunkSize = d.u32()
+	m.Path = d.str()
+}
+
+func (m *OpenReply) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.ChunkSize)
+	e.u8(m.Algorithm)
+	e.u32(m.Chunks)
+	e.blob(m.FileDigest)
+	encodeEntry(e, &m.Entry)
+}
+
+func (m *OpenReply) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.ChunkSize = d.u32()
+	m.Algorithm = d.u8()
+	m.Chunks = d.u32()
+	m.FileDigest = d.blob()
+	decodeEntry(d, &m.Entry)
+}
+
+func (m *Digests) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.First)
+	e.u32(m.Count)
+}
+
+func (m *Digests) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.First = d.u32()
+	m.Count = d.u32()
+}
+
+func (m *DigestsReply) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.First)
+	e.blob(m.Digests)
+}
+
+func (m *DigestsReply) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.First = d.u32()
+	m.Digests = d.blob()
+}
+
+func (m *Map) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u64(m.Offset)
+	e.u64(m.Length)
+}
+
+func (m *Map) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Offset = d.u64()
+	m.Length = d.u64()
+}
+
+func (m *MapReply) encode(e *encoder) {
+	e.u32(m.Handle)
+	w := &m.Window
+	e.u32(w.ID)
+	e.u64(w.Offset)
+	e.u64(w.Length)
+	e.u64(w.Addr)
+	e.count(len(w.RKeys))
+	for _, k := range w.RKeys {
+		e.u32(k)
+	}
+}
+
+func (m *MapReply) decode(d *decoder) {
+	m.Handle = d.u32()
+	w := &m.Window
+	w.ID = d.u32()
+	w.Offset = d.u64()
+	w.Length = d.u64()
+	w.Addr = d.u64()
+	n := d.count(4)
+	if n == 0 {
+		return
+	}
+	w.RKeys = make([]uint32, n)
+	for i := range w.RKeys {
+		w.RKeys[i] = d.u32()
+	}
+}
+
+func (m *Unmap) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.WindowID)
+}
+
+func (m *Unmap) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.WindowID = d.u32()
+}
+
+func (m *Ack) encode(e *encoder) {}
+func (m *Ack) decode(d *decoder) {}
+
+func (m *Close) encode(e *encoder) { e.u32(m.Handle) }
+func (m *Close) decode(d *decoder) { m.Handle = d.u32() }
+
+func (m *CloseReply) encode(e *encoder) { e.bool(m.Changed) }
+func (m *CloseReply) decode(d *decoder) { m.Changed = d.bool() }
+
+func (m *Error) encode(e *encoder) {
+	e.u16(uint16(m.Code))
+	e.str(m.Message)
+}
+
+func (m *Error) decode(d *decoder) {
+	m.Code = Code(d.u16())
+	m.Message = d.str()
+}
+
+func (m *Bye) encode(e *encoder) {}
+func (m *Bye) decode(d *decoder) {}

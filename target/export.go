@@ -1,0 +1,192 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// export is one exported file or directory. A directory is reached only
+// through an os.Root, so no name, "..", or symlink can lead outside it.
+type export struct {
+	Export
+	root *os.Root // nil for a single-file export
+}
+
+func openExport(e Export) (*export, error) {
+	fi, err := os.Stat(e.Path)
+	if err != nil {
+		return nil, fmt.Errorf("export %q: %w", e.Name, err)
+	}
+	x := &export{Export: e}
+	if fi.IsDir() {
+		if x.root, err = os.OpenRoot(e.Path); err != nil {
+			return nil, fmt.Errorf("export %q: %w", e.Name, err)
+		}
+	}
+	return x, nil
+}
+
+func (x *export) close() {
+	if x.root != nil {
+		x.root.Close()
+	}
+}
+
+// errf builds a protocol error reply.
+func errf(code protocol.Code, format string, args ...any) *protocol.Error {
+	return &protocol.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// resolve splits "EXPORT/rel/path" into its export and the path inside
+// it ("." for the export itself). Absolute paths, ".." and empty
+// elements are refused here; symlinks leading out are refused by os.Root.
+func (s *Server) resolve(p string) (*export, string, *protocol.Error) {
+	name, rel, _ := strings.Cut(p, "/")
+	x := s.exports[name]
+	if x == nil {
+		return nil, "", errf(protocol.CodeNotFound, "no export %q", name)
+	}
+	rel = strings.TrimRight(rel, "/")
+	if rel == "" {
+		return x, ".", nil
+	}
+	if !filepath.IsLocal(rel) || path.Clean(rel) != rel {
+		return nil, "", errf(protocol.CodePermission, "path %q is outside export %q", rel, name)
+	}
+	if x.root == nil {
+		return nil, "", errf(protocol.CodeNotDir, "export %q is a file, not a directory", name)
+	}
+	return x, rel, nil
+}
+
+// fsError turns a file system error into a protocol error.
+func fsError(p string, err error) *protocol.Error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return errf(protocol.CodeNotFound, "%s: no such file or directory", p)
+	case errors.Is(err, fs.ErrPermission):
+		return errf(protocol.CodePermission, "%s: permission denied", p)
+	case errors.Is(err, syscall.ENOTDIR):
+		return errf(protocol.CodeNotDir, "%s: not a directory", p)
+	case errors.Is(err, syscall.ELOOP), strings.Contains(err.Error(), "escapes"):
+		return errf(protocol.CodePermission, "%s: leads outside the export", p)
+	}
+	return errf(protocol.CodeInternal, "%s: %v", p, err)
+}
+
+// open opens a file of an export for reading.
+func (x *export) open(rel string) (*os.File, error) {
+	if x.root == nil {
+		return os.Open(x.Path)
+	}
+	return x.root.Open(rel)
+}
+
+func (x *export) lstat(rel string) (os.FileInfo, error) {
+	if x.root == nil {
+		return os.Lstat(x.Path)
+	}
+	return x.root.Lstat(rel)
+}
+
+func (x *export) readlink(rel string) string {
+	if x.root == nil {
+		return ""
+	}
+	t, err := x.root.Readlink(rel)
+	if err != nil {
+		return ""
+	}
+	return t
+}
+
+func entryOf(name string, fi os.FileInfo) protocol.Entry {
+	e := protocol.Entry{
+		Name:    name,
+		Mode:    uint32(fi.Mode().Perm()),
+		Size:    uint64(max(fi.Size(), 0)),
+		MtimeNs: fi.ModTime().UnixNano(),
+	}
+	m := fi.Mode()
+	if m&fs.ModeSetuid != 0 {
+		e.Mode |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		e.Mode |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		e.Mode |= 0o1000
+	}
+	switch {
+	case m.IsRegular():
+		e.Type = protocol.FileRegular
+	case m.IsDir():
+		e.Type = protocol.FileDir
+	case m&fs.ModeSymlink != 0:
+		e.Type = protocol.FileSymlink
+	case m&fs.ModeDevice != 0 && m&fs.ModeCharDevice == 0:
+		e.Type = protocol.FileBlockDev
+	default:
+		e.Type = protocol.FileOther
+	}
+	return e
+}
+
+func (x *export) entry(rel string) (protocol.Entry, error) {
+	fi, err := x.lstat(rel)
+	if err != nil {
+		return protocol.Entry{}, err
+	}
+	name := path.Base(rel)
+	if rel == "." {
+		name = x.Name
+	}
+	e := entryOf(name, fi)
+	if e.Type == protocol.FileSymlink {
+		e.Target = x.readlink(rel)
+	}
+	return e, nil
+}
+
+// list returns the sorted entries of a directory of an export.
+func (x *export) list(rel string) ([]protocol.Entry, error) {
+	if x.root == nil {
+		e, err := x.entry(".")
+		if err != nil {
+			return nil, err
+		}
+		return []protocol.Entry{e}, nil
+	}
+	d, err := x.root.Open(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	des, err := d.ReadDir(-1)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(des, func(i, j int) bool { return des[i].Name() < des[j].Name() })
+	out := make([]protocol.Entry, 0, len(des))
+	for _, de := range des {
+		fi, err := de.Info()
+		if err != nil {
+			continue // gone since ReadDir
+		}
+		e := entryOf(de.Name(), fi)
+		if e.Type == protocol.FileSymlink {
+			e.Target = x.readlink(path.Join(rel, de.Name()))
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}

@@ -1,0 +1,577 @@
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// A session is one initiator: a control QP, the data QPs that joined it,
+// its own protection domain, and the files and windows it has open. Its
+// keys are valid only on its own QPs and die with it.
+type session struct {
+	srv   *Server
+	log   *slog.Logger
+	token [16]byte
+	pd    verbs.PD
+	ch    *protocol.Channel
+	mws   bool // bind a memory window per data QP
+
+	dataSCQ verbs.CQ // binds and invalidations on data QPs
+	dataRCQ verbs.CQ
+
+	mu      sync.Mutex
+	authed  bool
+	data    []verbs.QP
+	closing bool
+
+	handles    map[uint32]*handle
+	nextHandle uint32
+	nextWindow uint32
+	windows    int
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+type handle struct {
+	id      uint32
+	path    string
+	f       *os.File
+	size    int64
+	mtime   int64
+	layout  chunker.Layout
+	digests chunker.Digests
+	windows map[uint32]*window
+}
+
+type window struct {
+	id      uint32
+	off     uint64
+	mapping []byte
+	mr      verbs.MR
+	mws     []verbs.MW
+}
+
+func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger) (*session, error) {
+	dev := s.cfg.Device
+	pd, err := dev.AllocPD()
+	if err != nil {
+		req.Reject([]byte("target out of resources"))
+		return nil, err
+	}
+	ss := &session{
+		srv: s, log: log, token: protocol.NewSession(), pd: pd,
+		mws:     dev.Caps().MemoryWindows,
+		handles: map[uint32]*handle{}, nextHandle: 1, nextWindow: 1,
+		stop: make(chan struct{}),
+	}
+	fail := func(err error) (*session, error) {
+		ss.release()
+		return nil, err
+	}
+	if ss.dataSCQ, err = dev.CreateCQ(4 * s.cfg.MaxDataQPs); err != nil {
+		req.Reject(nil)
+		return fail(err)
+	}
+	if ss.dataRCQ, err = dev.CreateCQ(1); err != nil {
+		req.Reject(nil)
+		return fail(err)
+	}
+	if ss.ch, err = protocol.NewChannel(dev, pd, 0); err != nil {
+		req.Reject(nil)
+		return fail(err)
+	}
+	pq, err := req.Prepare(pd, ss.ch.QPConfig())
+	if err != nil {
+		req.Reject(nil)
+		return fail(err)
+	}
+	if err := ss.ch.PostRecvs(pq); err != nil {
+		pq.Close()
+		return fail(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.HelloTimeout)
+	defer cancel()
+	qp, err := pq.Connect(cctx, verbs.ConnParam{})
+	if err != nil {
+		return fail(err)
+	}
+	ss.ch.Attach(qp)
+	ss.log = log.With("session", fmt.Sprintf("%x", ss.token[:4]))
+	return ss, nil
+}
+
+// shutdown asks the session to end.
+func (ss *session) shutdown() {
+	ss.stopOnce.Do(func() { close(ss.stop) })
+}
+
+func (ss *session) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-ss.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer ss.release()
+	if err := ss.hello(ctx); err != nil {
+		ss.log.Warn("session refused", "err", err)
+		return
+	}
+	ss.log.Info("session open", "data_qps_max", ss.srv.cfg.MaxDataQPs)
+	for {
+		m, err := ss.ch.Recv(ctx)
+		if err != nil {
+			if errors.Is(err, protocol.ErrMalformed) {
+				ss.log.Warn("malformed request", "err", err)
+				ss.ch.Send(ctx, errf(protocol.CodeBadRequest, "%v", err))
+				continue
+			}
+			var ve *protocol.VersionError
+			if errors.As(err, &ve) {
+				ss.ch.Send(ctx, errf(protocol.CodeVersion, "%v", err))
+				return
+			}
+			if ctx.Err() == nil {
+				ss.log.Info("session closed", "reason", err)
+			}
+			return
+		}
+		if _, bye := m.(*protocol.Bye); bye {
+			ss.log.Info("session closed by initiator")
+			return
+		}
+		reply := ss.serve(ctx, m)
+		reply.SetID(m.ID())
+		if err := ss.ch.Send(ctx, reply); err != nil {
+			ss.log.Info("session closed", "reason", err)
+			return
+		}
+	}
+}
+
+// hello runs the version and authentication exchange.
+func (ss *session) hello(ctx context.Context) error {
+	cfg := &ss.srv.cfg
+	hctx, cancel := context.WithTimeout(ctx, cfg.HelloTimeout)
+	defer cancel()
+	m, err := ss.ch.Recv(hctx)
+	if err != nil {
+		return fmt.Errorf("waiting for hello: %w", err)
+	}
+	h, ok := m.(*protocol.Hello)
+	if !ok {
+		ss.ch.Send(ctx, errf(protocol.CodeBadRequest, "expected Hello, got %v", m.Type()))
+		return fmt.Errorf("expected Hello, got %v", m.Type())
+	}
+	if h.MinVersion > protocol.Version || h.MaxVersion < protocol.Version {
+		e := errf(protocol.CodeVersion, "initiator speaks versions %d-%d, target speaks %d", h.MinVersion, h.MaxVersion, protocol.Version)
+		e.SetID(h.ID())
+		ss.ch.Send(ctx, e)
+		return e
+	}
+	ch := &protocol.Challenge{
+		Version: protocol.Version, ServerNonce: protocol.NewNonce(),
+		AuthRequired: len(cfg.Secret) > 0, Session: ss.token,
+		MaxDataQPs:    uint16(cfg.MaxDataQPs),
+		MaxReadsPerQP: uint16(min(cfg.Device.Caps().MaxReadsPerQP, 1<<16-1)),
+		MaxWindow:     cfg.MaxWindow, Server: "rdmacp",
+	}
+	ch.SetID(h.ID())
+	if !ch.AuthRequired {
+		ss.setAuthed()
+		return ss.ch.Send(ctx, ch)
+	}
+	if err := ss.ch.Send(ctx, ch); err != nil {
+		return err
+	}
+	m, err = ss.ch.Recv(hctx)
+	if err != nil {
+		return fmt.Errorf("waiting for auth: %w", err)
+	}
+	a, ok := m.(*protocol.Auth)
+	if !ok || !protocol.CheckMAC(a.MAC, protocol.ClientMAC(cfg.Secret, ch.ServerNonce, h.ClientNonce)) {
+		e := errf(protocol.CodeAuthFailed, "wrong secret")
+		e.SetID(m.ID())
+		ss.ch.Send(ctx, e)
+		return errors.New("authentication failed: wrong secret")
+	}
+	ok2 := &protocol.AuthOK{MAC: protocol.ServerMAC(cfg.Secret, ch.ServerNonce, h.ClientNonce)}
+	ok2.SetID(a.ID())
+	ss.setAuthed()
+	return ss.ch.Send(ctx, ok2)
+}
+
+func (ss *session) setAuthed() {
+	ss.mu.Lock()
+	ss.authed = true
+	ss.mu.Unlock()
+}
+
+// join accepts data QP index into the session.
+func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	switch {
+	case !ss.authed || ss.closing:
+		req.Reject([]byte("session not authenticated"))
+		return errors.New("data QP for a session that has not authenticated")
+	case index != len(ss.data):
+		req.Reject([]byte("data QP out of order"))
+		return fmt.Errorf("data QP %d joined with %d already", index, len(ss.data))
+	case index >= ss.srv.cfg.MaxDataQPs:
+		req.Reject([]byte("too many data QPs"))
+		return fmt.Errorf("data QP %d over the limit of %d", index, ss.srv.cfg.MaxDataQPs)
+	case ss.windows > 0:
+		req.Reject([]byte("data QPs must join before windows are mapped"))
+		return errors.New("data QP joined after windows were mapped")
+	}
+	pq, err := req.Prepare(ss.pd, verbs.QPConfig{SendCQ: ss.dataSCQ, RecvCQ: ss.dataRCQ, MaxSendWR: 64, MaxRecvWR: 1})
+	if err != nil {
+		req.Reject(nil)
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, ss.srv.cfg.HelloTimeout)
+	defer cancel()
+	qp, err := pq.Connect(cctx, verbs.ConnParam{})
+	if err != nil {
+		return err
+	}
+	ss.data = append(ss.data, qp)
+	return nil
+}
+
+// serve answers one request.
+func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Message {
+	switch m := m.(type) {
+	case *protocol.List:
+		return ss.list(m)
+	case *protocol.Stat:
+		return ss.stat(m)
+	case *protocol.Open:
+		return ss.open(ctx, m)
+	case *protocol.Digests:
+		return ss.digestsReply(m)
+	case *protocol.Map:
+		return ss.mapWindow(ctx, m)
+	case *protocol.Unmap:
+		h := ss.handles[m.Handle]
+		if h == nil || h.windows[m.WindowID] == nil {
+			return errf(protocol.CodeBadRequest, "no window %d on handle %d", m.WindowID, m.Handle)
+		}
+		ss.unmap(h, h.windows[m.WindowID])
+		return &protocol.Ack{}
+	case *protocol.Close:
+		h := ss.handles[m.Handle]
+		if h == nil {
+			return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
+		}
+		changed := h.changed()
+		ss.closeHandle(h)
+		return &protocol.CloseReply{Changed: changed}
+	}
+	return errf(protocol.CodeUnsupported, "unexpected %v", m.Type())
+}
+
+func (ss *session) list(m *protocol.List) protocol.Message {
+	var all []protocol.Entry
+	if m.Path == "" || m.Path == "/" {
+		for _, e := range ss.srv.cfg.Exports {
+			if x := ss.srv.exports[e.Name]; x != nil {
+				if en, err := x.entry("."); err == nil {
+					all = append(all, en)
+				}
+			}
+		}
+	} else {
+		x, rel, perr := ss.srv.resolve(m.Path)
+		if perr != nil {
+			return perr
+		}
+		var err error
+		if all, err = x.list(rel); err != nil {
+			return fsError(m.Path, err)
+		}
+	}
+	if m.Cookie > uint64(len(all)) {
+		return errf(protocol.CodeBadRequest, "list cookie %d past the end", m.Cookie)
+	}
+	reply := &protocol.ListReply{}
+	size := protocol.ListReplyOverhead
+	i := int(m.Cookie)
+	for ; i < len(all); i++ {
+		n := protocol.EntrySize(all[i])
+		if size+n > protocol.MaxMessage {
+			break
+		}
+		size += n
+		reply.Entries = append(reply.Entries, all[i])
+	}
+	if i < len(all) {
+		reply.NextCookie = uint64(i)
+	}
+	return reply
+}
+
+func (ss *session) stat(m *protocol.Stat) protocol.Message {
+	x, rel, perr := ss.srv.resolve(m.Path)
+	if perr != nil {
+		return perr
+	}
+	e, err := x.entry(rel)
+	if err != nil {
+		return fsError(m.Path, err)
+	}
+	return &protocol.StatReply{Entry: e}
+}
+
+func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message {
+	cfg := &ss.srv.cfg
+	if len(ss.handles) >= cfg.MaxHandles {
+		return errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
+	}
+	alg := chunker.Algorithm(m.Algorithm)
+	if !alg.Valid() {
+		return errf(protocol.CodeUnsupported, "checksum algorithm %d", m.Algorithm)
+	}
+	cs := int64(m.ChunkSize)
+	if cs == 0 {
+		cs = cfg.ChunkSize
+	}
+	if err := chunker.ValidateChunkSize(cs); err != nil {
+		return errf(protocol.CodeBadRequest, "%v", err)
+	}
+	x, rel, perr := ss.srv.resolve(m.Path)
+	if perr != nil {
+		return perr
+	}
+	f, err := x.open(rel)
+	if err != nil {
+		return fsError(m.Path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fsError(m.Path, err)
+	}
+	if fi.IsDir() {
+		f.Close()
+		return errf(protocol.CodeIsDir, "%s is a directory", m.Path)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return errf(protocol.CodeUnsupported, "%s is not a regular file", m.Path)
+	}
+	layout := chunker.Layout{Size: fi.Size(), ChunkSize: cs}
+	digests, cached, err := cfg.Cache.Digests(ctx, f, layout, alg)
+	if err != nil {
+		f.Close()
+		return errf(protocol.CodeInternal, "hashing %s: %v", m.Path, err)
+	}
+	fd, err := chunker.FileDigest(alg, layout, digests)
+	if err != nil {
+		f.Close()
+		return errf(protocol.CodeInternal, "%v", err)
+	}
+	h := &handle{id: ss.nextHandle, path: m.Path, f: f, size: fi.Size(), mtime: fi.ModTime().UnixNano(),
+		layout: layout, digests: digests, windows: map[uint32]*window{}}
+	if h.changed() {
+		f.Close()
+		return errf(protocol.CodeChanged, "%s changed while it was hashed", m.Path)
+	}
+	ss.nextHandle++
+	ss.handles[h.id] = h
+	e := entryOf(fi.Name(), fi)
+	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg, "digests_cached", cached)
+	return &protocol.OpenReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
+		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}
+}
+
+// changed reports whether the file's size or mtime differ from open time.
+func (h *handle) changed() bool {
+	fi, err := h.f.Stat()
+	return err != nil || fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
+}
+
+func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
+	h := ss.handles[m.Handle]
+	if h == nil {
+		return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
+	}
+	n := h.digests.Len()
+	if int64(m.First) > int64(n) {
+		return errf(protocol.CodeBadRequest, "chunk %d past the last (%d)", m.First, n)
+	}
+	size := h.digests.Algorithm().Size()
+	count := min(int(m.Count), n-int(m.First), protocol.MaxDigestsPerReply(size))
+	b := make([]byte, 0, count*size)
+	for i := range count {
+		b = append(b, h.digests.At(int(m.First)+i)...)
+	}
+	return &protocol.DigestsReply{Handle: h.id, First: m.First, Digests: b}
+}
+
+// mapWindow maps file bytes for RDMA READ: an mmap of exactly the asked
+// range (clipped to the window limit and the file), registered as its
+// own MR, with a memory window bound per data QP where the device has
+// them. The keys work only on this session's QPs.
+func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Message {
+	cfg := &ss.srv.cfg
+	h := ss.handles[m.Handle]
+	if h == nil {
+		return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
+	}
+	if ss.windows >= cfg.MaxWindowsPerSession {
+		return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
+	}
+	size := uint64(h.size)
+	if m.Offset >= size || m.Length == 0 || m.Offset%uint64(os.Getpagesize()) != 0 {
+		return errf(protocol.CodeBadRequest, "window at %d+%d of a %d-byte file", m.Offset, m.Length, size)
+	}
+	if h.changed() {
+		return errf(protocol.CodeChanged, "%s changed since it was opened", h.path)
+	}
+	ss.mu.Lock()
+	qps := append([]verbs.QP(nil), ss.data...)
+	ss.mu.Unlock()
+	if len(qps) == 0 {
+		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	}
+	n := min(m.Length, cfg.MaxWindow, size-m.Offset)
+	mapping, err := unix.Mmap(int(h.f.Fd()), int64(m.Offset), int(n), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return errf(protocol.CodeInternal, "mmap %s: %v", h.path, err)
+	}
+	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping}
+	access := verbs.AccessRemoteRead
+	if ss.mws {
+		access |= verbs.AccessMWBind
+	}
+	if w.mr, err = ss.pd.RegMR(mapping, access); err != nil {
+		unix.Munmap(mapping)
+		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
+	}
+	rkeys := make([]uint32, len(qps))
+	if ss.mws {
+		if err := ss.bind(ctx, w, qps); err != nil {
+			ss.freeWindow(w)
+			return errf(protocol.CodeInternal, "bind windows: %v", err)
+		}
+		for i, mw := range w.mws {
+			rkeys[i] = mw.RKey()
+		}
+	} else {
+		for i := range rkeys {
+			rkeys[i] = w.mr.RKey()
+		}
+	}
+	ss.nextWindow++
+	ss.windows++
+	h.windows[w.id] = w
+	return &protocol.MapReply{Handle: h.id, Window: protocol.Window{ID: w.id, Offset: w.off, Length: n, Addr: w.mr.Addr(), RKeys: rkeys}}
+}
+
+// bind binds one memory window per data QP over the whole of w's MR.
+func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP) error {
+	for range qps {
+		mw, err := ss.pd.AllocMW()
+		if err != nil {
+			return err
+		}
+		w.mws = append(w.mws, mw)
+	}
+	for i, qp := range qps {
+		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpBindMW, MW: w.mws[i], BindMR: w.mr,
+			BindAddr: w.mr.Addr(), BindLen: w.mr.Len(), BindAccess: verbs.AccessRemoteRead}
+		if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	comps := make([]verbs.Completion, len(qps))
+	for got := 0; got < len(qps); {
+		n, err := ss.dataSCQ.Poll(comps[got:])
+		if err != nil {
+			return err
+		}
+		for _, c := range comps[got : got+n] {
+			if c.Status != verbs.StatusSuccess {
+				return fmt.Errorf("bind on data QP %d: %w", c.WRID, c.Status)
+			}
+		}
+		got += n
+		if n == 0 {
+			if err := ss.dataSCQ.Wait(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (ss *session) unmap(h *handle, w *window) {
+	delete(h.windows, w.id)
+	ss.windows--
+	ss.freeWindow(w)
+}
+
+// freeWindow revokes a window's keys and releases its memory. Windows go
+// before MRs, and MRs before the mapping, so no key outlives its memory.
+func (ss *session) freeWindow(w *window) {
+	for _, mw := range w.mws {
+		mw.Close()
+	}
+	if w.mr != nil {
+		w.mr.Close()
+	}
+	unix.Munmap(w.mapping)
+}
+
+func (ss *session) closeHandle(h *handle) {
+	for _, w := range h.windows {
+		ss.unmap(h, w)
+	}
+	h.f.Close()
+	delete(ss.handles, h.id)
+}
+
+// release frees everything the session holds: windows first (so their
+// keys die), then QPs, then the protection domain.
+func (ss *session) release() {
+	ss.mu.Lock()
+	ss.closing = true
+	data := ss.data
+	ss.data = nil
+	ss.mu.Unlock()
+	for _, h := range ss.handles {
+		ss.closeHandle(h)
+	}
+	for _, qp := range data {
+		qp.Close()
+	}
+	if ss.ch != nil {
+		ss.ch.Close()
+	}
+	if ss.dataSCQ != nil {
+		ss.dataSCQ.Close()
+	}
+	if ss.dataRCQ != nil {
+		ss.dataRCQ.Close()
+	}
+	ss.pd.Close()
+}
