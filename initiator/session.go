@@ -175,6 +175,10 @@ func (s *Session) hello(ctx context.Context) error {
 	}
 	s.ch0 = ch
 	if !ch.AuthRequired {
+		if len(s.cfg.Secret) > 0 {
+			// A target that knows no secret can't prove it is the one we meant.
+			return fmt.Errorf("%w: we hold a secret but the target asks for none, so it cannot prove who it is", ErrAuth)
+		}
 		return nil
 	}
 	if len(s.cfg.Secret) == 0 {

@@ -38,7 +38,7 @@ type Channel struct {
 }
 
 // DefaultDepth is the number of receives a channel keeps posted.
-const DefaultDepth = 4
+const DefaultDepth = MaxOutstanding + 1
 
 // NewChannel allocates a channel's CQs and buffers on dev and pd.
 func NewChannel(dev verbs.Device, pd verbs.PD, depth int) (*Channel, error) {

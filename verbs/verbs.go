@@ -68,7 +68,8 @@ type Device interface {
 	AllocPD() (PD, error)
 	// CreateCQ makes a completion queue holding at least size entries.
 	CreateCQ(size int) (CQ, error)
-	// Listen starts accepting connections on addr ("host:port").
+	// Listen starts accepting connections on addr ("host:port"). ctx
+	// bounds setup only, as with net.Dialer: the listener outlives it.
 	Listen(ctx context.Context, addr string) (Listener, error)
 	// PrepareDial resolves addr and makes a QP that will connect to it.
 	PrepareDial(ctx context.Context, pd PD, addr string, cfg QPConfig) (PendingQP, error)
@@ -131,7 +132,8 @@ type MR interface {
 // MW is a type-2 memory window: bound to one QP and a sub-range of an MR
 // with a SendWR of OpBindMW, and invalidated with OpLocalInv.
 type MW interface {
-	// RKey is the key of the current binding, 0 while unbound.
+	// RKey is the key of the current binding, 0 while unbound or after
+	// OpLocalInv.
 	RKey() uint32
 	Close() error
 }
@@ -149,8 +151,8 @@ type CQ interface {
 // QPConfig sizes a reliable-connected QP.
 type QPConfig struct {
 	SendCQ, RecvCQ CQ
-	MaxSendWR      int // send queue depth
-	MaxRecvWR      int // receive queue depth
+	MaxSendWR      int // send queue depth; 0 means the provider's default
+	MaxRecvWR      int // receive queue depth; 0 means the provider's default
 	// MaxReadsOut is this side's ORD: READs it may have outstanding.
 	// MaxReadsIn is this side's IRD: peer READs it will serve at once.
 	// Zero means the device maximum. The connection settles on the
@@ -168,7 +170,7 @@ type ConnParam struct {
 type ConnInfo struct {
 	ReadsOut    int    // READs this side may have outstanding (ORD)
 	ReadsIn     int    // peer READs this side serves at once (IRD)
-	PrivateData []byte // the peer's private data
+	PrivateData []byte // the peer's private data; it may come back zero-padded (the IB CM pads it)
 	Local       Endpoint
 	Remote      Endpoint
 	Detail      string // provider specifics, e.g. "mpa v2 crc=on"
@@ -205,7 +207,8 @@ type ConnRequest interface {
 type PendingQP interface {
 	PostRecv(wrs []RecvWR) (int, error)
 	// Connect connects (active side) or accepts (passive side). On
-	// success the PendingQP must not be used again.
+	// success the PendingQP must not be used again. ctx bounds the
+	// setup only; the QP outlives it.
 	Connect(ctx context.Context, p ConnParam) (QP, error)
 	Close() error
 }
@@ -218,7 +221,8 @@ type QP interface {
 	PostRecv(wrs []RecvWR) (int, error)
 	Info() ConnInfo
 	// Done is closed once the connection is gone: disconnected by
-	// either side or broken. Err then says why.
+	// either side, broken, or in the error state after any error
+	// completion. Err then says why.
 	Done() <-chan struct{}
 	Err() error
 	// Disconnect ends the connection; outstanding work requests
@@ -298,9 +302,9 @@ type RecvWR struct {
 type Completion struct {
 	WRID   uint64
 	Status Status
-	Op     Opcode
+	Op     Opcode // valid only when Status is StatusSuccess, as in ibverbs
 	Bytes  uint32 // bytes received, for OpRecv
-	QPN    uint32
+	QPN    uint32 // the local QP's number: its Info().Local.QPN
 }
 
 // DefaultTimeout bounds connection setup when the caller's context has

@@ -283,9 +283,6 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 
 // withCtx makes blocking I/O on c end when ctx does.
 func withCtx(ctx context.Context, c net.Conn) (stop func() bool) {
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
-	}
 	return context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 }
 
@@ -342,6 +339,7 @@ func (p *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) (*qp, error) {
 	ird := int(p.cfg.MaxReadsIn)
 	if rep.enhanced {
 		ord = min(ord, int(rep.ird))
+		ird = min(ird, max(int(rep.ord), 1))
 	} else {
 		ord = 1 // MPA v1 peers say nothing about IRD; assume the minimum
 	}

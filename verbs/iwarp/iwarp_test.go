@@ -11,11 +11,11 @@ import (
 )
 
 type side struct {
-	dev  verbs.Device
-	pd   verbs.PD
-	scq  verbs.CQ
-	rcq  verbs.CQ
-	qp   verbs.QP
+	dev verbs.Device
+	pd  verbs.PD
+	scq verbs.CQ
+	rcq verbs.CQ
+	qp  verbs.QP
 }
 
 func pair(t *testing.T, cfg Config, ord int) (a, b side) {
@@ -137,4 +137,3 @@ func TestSmokeRead(t *testing.T) {
 		t.Log(a.qp.Info().Detail)
 	}
 }
-

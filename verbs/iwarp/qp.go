@@ -52,6 +52,7 @@ type qp struct {
 
 	mu      sync.Mutex
 	sq      []*swr // posted, not yet completed, in order
+	posted  int    // entries of sq the application posted (not the RTR)
 	next    int    // sq[next:] are not yet handed to the writer
 	reads   []*swr // READs sent, awaiting their responses, in order
 	rq      []rwr
@@ -199,6 +200,7 @@ func (q *qp) flushSQLocked() {
 		s := q.sq[n]
 		if !s.internal {
 			cs = append(cs, verbs.Completion{WRID: s.wr.ID, Status: s.status, Op: s.wr.Op, QPN: q.qpn})
+			q.posted--
 		}
 		q.sq[n] = nil
 		n++
@@ -227,7 +229,7 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 		return len(wrs), nil
 	}
 	for i, wr := range wrs {
-		if len(q.sq) >= q.maxSend {
+		if q.posted >= q.maxSend {
 			return i, opErr("post_send", verbs.ErrQueueFull)
 		}
 		s := &swr{wr: wr}
@@ -258,6 +260,7 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 			return i, opErr("post_send", fmt.Errorf("%w: opcode %v on the send queue", verbs.ErrInvalid, wr.Op))
 		}
 		q.sq = append(q.sq, s)
+		q.posted++
 		if s.done && s.status != verbs.StatusSuccess {
 			q.failLocked(fmt.Errorf("%v: %w", wr.Op, s.status), s, s.status)
 			return i + 1, nil

@@ -1,0 +1,118 @@
+// Package ibverbs is the verbs provider over the system's libibverbs and
+// librdmacm: real RDMA NICs (InfiniBand, RoCE, iWARP) and the kernel's
+// software devices (Soft-RoCE rdma_rxe, soft-iWARP siw).
+//
+// The cgo implementation is compiled only with the build tag rdma (and
+// linux, cgo):
+//
+//	go build -tags rdma ./...
+//
+// Without the tag the package still builds, CGO-free, and New returns a
+// provider whose Devices and Open fail with an error wrapping
+// verbs.ErrUnsupported, so programs can register it unconditionally.
+//
+// Connections are set up with rdma_cm over IP addresses ("host:port"),
+// with one event channel per device whose descriptor is waited on by Go's
+// netpoller; completion channels are waited on the same way, so no OS
+// thread is parked per QP or CQ. Work requests are posted and completions
+// polled in batches, one cgo call per batch.
+package ibverbs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Name is the transport name of this provider.
+const Name = "ibverbs"
+
+// Config tunes the provider. The zero value is ready to use.
+type Config struct {
+	// SetupTimeout bounds address resolution and connection setup when
+	// the caller's context has no deadline; 0 means verbs.DefaultTimeout.
+	SetupTimeout time.Duration
+	// MaxReads caps the READ depth (IRD and ORD) a QP offers; 0 means the
+	// device maximum (max_qp_rd_atom / max_qp_init_rd_atom).
+	MaxReads int
+}
+
+// ErrNotBuilt is what the provider of a build without the rdma tag
+// returns (wrapped in a *verbs.OpError). It wraps verbs.ErrUnsupported.
+var ErrNotBuilt error = notBuiltError{}
+
+type notBuiltError struct{}
+
+func (notBuiltError) Error() string { return "built without rdma support (rebuild with -tags rdma)" }
+func (notBuiltError) Unwrap() error { return verbs.ErrUnsupported }
+
+// ProbeFileMR reports whether this kernel lets pd register, for remote
+// READ, a read-only shared mapping of a file that lives in dir (the
+// file system matters: tmpfs, 9p, ext4 differ). It creates, maps,
+// registers and removes a small temporary file there; dir "" means
+// os.TempDir().
+//
+// It returns (true, nil) when registration works, (false, nil) when the
+// kernel refuses it the way Linux 6.1's rdma_rxe does (EFAULT: the pin
+// asks for write access on a read-only mapping), so callers should stage
+// file data through registered bounce buffers instead, and (false, err)
+// when the probe itself could not run.
+//
+// The probe works with any provider's PD.
+func ProbeFileMR(pd verbs.PD, dir string) (bool, error) {
+	if pd == nil {
+		return false, fmt.Errorf("probe file mr: %w: nil PD", verbs.ErrInvalid)
+	}
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	f, err := os.CreateTemp(dir, ".rdmacp-probe-*")
+	if err != nil {
+		return false, fmt.Errorf("probe file mr: %w", err)
+	}
+	name := f.Name()
+	defer os.Remove(name)
+	size := os.Getpagesize()
+	page := make([]byte, size)
+	for i := range page {
+		page[i] = byte(i)
+	}
+	_, err = f.Write(page)
+	f.Close()
+	if err != nil {
+		return false, fmt.Errorf("probe file mr: %w", err)
+	}
+	ro, err := os.Open(filepath.Clean(name))
+	if err != nil {
+		return false, fmt.Errorf("probe file mr: %w", err)
+	}
+	defer ro.Close()
+	b, err := unix.Mmap(int(ro.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return false, fmt.Errorf("probe file mr: mmap: %w", err)
+	}
+	defer unix.Munmap(b)
+	mr, err := pd.RegMR(b, verbs.AccessRemoteRead)
+	if err != nil {
+		if IsFileMRRefused(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	mr.Close()
+	return true, nil
+}
+
+// IsFileMRRefused reports whether err, from RegMR of a file mapping, is
+// the kernel refusing to pin it (EFAULT, as Linux 6.1's rdma_rxe does
+// for read-only shared mappings) rather than a real failure.
+func IsFileMRRefused(err error) bool {
+	return errors.Is(err, syscall.EFAULT)
+}

@@ -1,0 +1,975 @@
+package iwarp
+
+// Fuzz targets for every decoder of network bytes in this package.
+//
+//	go test ./verbs/iwarp -run '^$' -fuzz '^FuzzMPA$'    -fuzztime 15s
+//	go test ./verbs/iwarp -run '^$' -fuzz '^FuzzHeader$' -fuzztime 15s
+//	go test ./verbs/iwarp -run '^$' -fuzz '^FuzzReadReq$' -fuzztime 15s
+//	go test ./verbs/iwarp -run '^$' -fuzz '^FuzzTerm$'   -fuzztime 15s
+//	go test ./verbs/iwarp -run '^$' -fuzz '^FuzzStream$' -fuzztime 15s
+//
+// Without -fuzz, `go test` runs the seed corpora as ordinary tests.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// fzFPDU builds one FPDU with the package's own encoder.
+func fzFPDU(crc bool, h header, body, payload []byte) []byte {
+	f := &fpdus{crc: crc}
+	f.add(&h, body, payload)
+	var out []byte
+	for _, b := range f.bufs {
+		out = append(out, b...)
+	}
+	return out
+}
+
+func fzReadReqFPDU(crc bool, msn uint32, rr readReq) []byte {
+	var body [readReqLen]byte
+	rr.put(body[:])
+	return fzFPDU(crc, header{last: true, op: opReadReq, qn: qnRead, msn: msn}, body[:], nil)
+}
+
+func fzTermFPDU(crc bool, te *termError) []byte {
+	var body [termCtrlLen]byte
+	te.put(body[:])
+	return fzFPDU(crc, header{last: true, op: opTerm, qn: qnTerm, msn: 1}, body[:], nil)
+}
+
+func fzSendFPDU(crc bool, msn, mo uint32, last bool, payload []byte) []byte {
+	return fzFPDU(crc, header{last: last, op: opSend, qn: qnSend, msn: msn, mo: mo}, nil, payload)
+}
+
+func fzCat(parts ...[]byte) []byte {
+	var out []byte
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func fzPattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	x := uint32(seed)*2654435761 + 12345
+	for i := range b {
+		x = x*1103515245 + 12345
+		b[i] = byte(x >> 16)
+	}
+	return b
+}
+
+// ---- FuzzMPA ----
+
+func FuzzMPA(f *testing.F) {
+	frames := []mpaFrame{
+		{crc: true, enhanced: true, rev: mpaRev2, ird: 128, ord: 8, p2p: true, rtr: rtrKindWrite | rtrKindRead, private: []byte("cli")},
+		{reply: true, crc: true, enhanced: true, rev: mpaRev2, ird: 8, ord: 128, p2p: true, rtr: rtrKindWrite, private: []byte("srv")},
+		{reply: true, crc: true, enhanced: true, rev: mpaRev2, ird: 1, ord: 1, p2p: true, rtr: rtrKindRead},
+		{enhanced: true, rev: mpaRev2, ird: irdOrdMask, ord: irdOrdMask, p2p: true, rtr: rtrKindSend | rtrKindWrite | rtrKindRead},
+		{rev: 1, crc: true},
+		{reply: true, rev: 1, reject: true, private: []byte("no thanks")},
+		{reply: true, rev: mpaRev2, enhanced: true, reject: true},
+		{markers: true, rev: 1},
+		{enhanced: true, rev: mpaRev2, private: make([]byte, mpaMaxPrivate-4)},
+	}
+	for _, fr := range frames {
+		b, err := fr.marshal()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, fr.reply)
+		f.Add(b[:len(b)-1], fr.reply) // truncated
+		f.Add(b, !fr.reply)           // wrong key
+	}
+	f.Add([]byte("MPA ID Req Frame\x10\x02\x00\x02\x80"), false) // enhanced, PD too short for IRD/ORD
+	f.Add([]byte("MPA ID Rep Frame\x40\x01\x02\x01"), true)      // PD_Length over 512
+	f.Add([]byte("MPA ID Req Frame\x1f\x03\x00\x04\xff\xff\xff\xff"), false)
+	f.Add([]byte{}, false)
+
+	f.Fuzz(func(t *testing.T, b []byte, reply bool) {
+		fr, n, err := parseMPAHeader(b, reply)
+		if err != nil {
+			if !errors.Is(err, errMPA) {
+				t.Fatalf("header error %v does not wrap errMPA", err)
+			}
+			return
+		}
+		if n < 0 || n > mpaMaxPrivate {
+			t.Fatalf("PD_Length %d accepted", n)
+		}
+		if fr.reply != reply {
+			t.Fatalf("reply %v, parsed with key for reply=%v", fr.reply, reply)
+		}
+		if len(b) < mpaHeaderLen+n {
+			return // readMPA would wait for the rest
+		}
+		if err := parseMPAPrivate(&fr, b[mpaHeaderLen:mpaHeaderLen+n]); err != nil {
+			if !errors.Is(err, errMPA) {
+				t.Fatalf("private data error %v does not wrap errMPA", err)
+			}
+			if !fr.enhanced || n >= 4 {
+				t.Fatalf("private data of %d bytes refused (enhanced %v): %v", n, fr.enhanced, err)
+			}
+			return
+		}
+		if fr.enhanced && fr.rev < mpaRev2 {
+			t.Fatalf("enhanced frame of rev %d kept enhanced", fr.rev)
+		}
+		if fr.ird > irdOrdMask || fr.ord > irdOrdMask {
+			t.Fatalf("IRD/ORD %d/%d over 14 bits", fr.ird, fr.ord)
+		}
+		if fr.rtr != 0 && !fr.p2p {
+			t.Fatalf("RTR bits %#x without P2P", fr.rtr)
+		}
+		want := n
+		if fr.enhanced {
+			want -= 4
+		}
+		if len(fr.private) != want {
+			t.Fatalf("%d bytes of private data, PD_Length %d", len(fr.private), n)
+		}
+		out, err := fr.marshal()
+		if err != nil {
+			t.Fatalf("re-marshal of a parsed frame: %v", err)
+		}
+		if len(out) != mpaHeaderLen+n {
+			t.Fatalf("re-marshalled frame is %d bytes, original %d", len(out), mpaHeaderLen+n)
+		}
+		if !bytes.Equal(out[:16], b[:16]) || out[17] != b[17] || !bytes.Equal(out[18:20], b[18:20]) {
+			t.Fatalf("re-marshalled header %x, original %x", out[:20], b[:20])
+		}
+		if fr.enhanced == (b[16]&mpaFlagEnhanced != 0) && out[16] != b[16]&0xf0 {
+			t.Fatalf("flags %#x re-marshalled as %#x", b[16], out[16])
+		}
+		fr2, n2, err := parseMPAHeader(out, reply)
+		if err != nil || n2 != n {
+			t.Fatalf("re-parse header: n %d/%d, %v", n2, n, err)
+		}
+		if err := parseMPAPrivate(&fr2, out[mpaHeaderLen:]); err != nil {
+			t.Fatalf("re-parse private data: %v", err)
+		}
+		if fmt.Sprintf("%+v", fr) != fmt.Sprintf("%+v", fr2) {
+			t.Fatalf("round trip differs:\n %+v\n %+v", fr, fr2)
+		}
+	})
+}
+
+// ---- FuzzHeader ----
+
+func FuzzHeader(f *testing.F) {
+	var rr [readReqLen]byte
+	(&readReq{sinkSTag: 1, sinkTO: 2, size: 3, srcSTag: 4, srcTO: 5}).put(rr[:])
+	var tb [termCtrlLen]byte
+	(&termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTNoBuffer}).put(tb[:])
+	for _, fp := range [][]byte{
+		fzFPDU(true, header{tagged: true, last: true, op: opWrite, stag: 0xdeadbeef, to: 0x1122334455667788}, nil, []byte("data")),
+		fzFPDU(true, header{tagged: true, last: false, op: opReadResp, stag: 7, to: 9}, nil, make([]byte, 100)),
+		fzFPDU(false, header{last: true, op: opSend, qn: qnSend, msn: 1}, nil, []byte("hello")),
+		fzFPDU(false, header{last: false, op: opSendSE, qn: qnSend, msn: 3, mo: 64}, nil, nil),
+		fzFPDU(false, header{last: true, op: opSendInv, qn: qnSend, msn: 3, inv: 0x55}, nil, nil),
+		fzFPDU(false, header{last: true, op: opReadReq, qn: qnRead, msn: 1}, rr[:], nil),
+		fzFPDU(false, header{last: true, op: opTerm, qn: qnTerm, msn: 1}, tb[:], nil),
+		fzFPDU(false, header{last: true, op: opReadReq, qn: qnSend, msn: 1}, rr[:], nil), // wrong QN
+		fzFPDU(false, header{tagged: true, last: true, op: opSend}, nil, nil),            // tagged send
+		fzFPDU(false, header{last: true, op: 0xb, qn: qnSend}, nil, nil),                 // unknown opcode
+	} {
+		ulpdu := int(binary.BigEndian.Uint16(fp))
+		f.Add(fp[mpaLenLen:], uint16(ulpdu))
+		f.Add(fp[mpaLenLen:mpaLenLen+6], uint16(ulpdu)) // short
+	}
+	f.Add([]byte{0x42, 0x43}, uint16(18)) // bad DDP version
+	f.Add([]byte{0x41, 0x83}, uint16(18)) // bad RDMAP version
+	f.Add([]byte{}, uint16(0))
+
+	f.Fuzz(func(t *testing.T, b []byte, ulpdu uint16) {
+		h, err := parseHeader(b, int(ulpdu))
+		if err != nil {
+			var te *termError
+			if !errors.As(err, &te) && !errors.Is(err, errFrame) {
+				t.Fatalf("error %T %v is neither a termError nor errFrame", err, err)
+			}
+			if te != nil {
+				_ = te.Error()
+				if te.remote {
+					t.Fatalf("locally detected error marked remote: %v", te)
+				}
+			}
+			return
+		}
+		if h.len() > len(b) || h.len() > int(ulpdu) {
+			t.Fatalf("header of %d bytes accepted from %d bytes, ULPDU %d", h.len(), len(b), ulpdu)
+		}
+		if h.tagged && h.op != opWrite && h.op != opReadResp {
+			t.Fatalf("tagged opcode %d accepted", h.op)
+		}
+		if !h.tagged {
+			switch h.op {
+			case opSend, opSendSE, opSendInv, opSendSEInv:
+				if h.qn != qnSend {
+					t.Fatalf("send on QN %d accepted", h.qn)
+				}
+			case opReadReq:
+				if h.qn != qnRead || !h.last || h.mo != 0 {
+					t.Fatalf("bad read request accepted: %+v", h)
+				}
+			case opTerm:
+				if h.qn != qnTerm {
+					t.Fatalf("terminate on QN %d accepted", h.qn)
+				}
+			default:
+				t.Fatalf("untagged opcode %d accepted", h.op)
+			}
+		}
+		// Re-encode and re-parse: the fields must survive.
+		buf := make([]byte, mpaLenLen+untaggedHdrLen)
+		n := h.put(buf, int(ulpdu)-h.len())
+		if n != mpaLenLen+h.len() {
+			t.Fatalf("put wrote %d bytes for a %d-byte header", n, h.len())
+		}
+		if got := int(binary.BigEndian.Uint16(buf)); got != int(ulpdu) {
+			t.Fatalf("re-encoded ULPDU length %d, want %d", got, ulpdu)
+		}
+		h2, err := parseHeader(buf[mpaLenLen:n], int(ulpdu))
+		if err != nil {
+			t.Fatalf("re-parse: %v", err)
+		}
+		if h != h2 {
+			t.Fatalf("round trip differs:\n %+v\n %+v", h, h2)
+		}
+		// Only the reserved bits may differ from the original.
+		if b[0]&^ddpRsvd != buf[2] || b[1]&^0x30 != buf[3] || !bytes.Equal(b[2:h.len()], buf[4:n]) {
+			t.Fatalf("re-encoded %x, original %x", buf[2:n], b[:h.len()])
+		}
+	})
+}
+
+// ---- FuzzReadReq ----
+
+func FuzzReadReq(f *testing.F) {
+	for _, rr := range []readReq{
+		{},
+		{sinkSTag: 0x12345678, sinkTO: 0x7fff00001000, size: 1 << 20, srcSTag: 0x9abcdef0, srcTO: 0x7fff00002000},
+		{sinkSTag: ^uint32(0), sinkTO: ^uint64(0), size: ^uint32(0), srcSTag: ^uint32(0), srcTO: ^uint64(0)},
+	} {
+		var b [readReqLen]byte
+		rr.put(b[:])
+		f.Add(b[:])
+		f.Add(b[:readReqLen-1])
+		f.Add(append(b[:], 0))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rr, err := parseReadReq(b)
+		if err != nil {
+			if len(b) == readReqLen {
+				t.Fatalf("refused a %d-byte body: %v", len(b), err)
+			}
+			if !errors.Is(err, errFrame) {
+				t.Fatalf("error %v does not wrap errFrame", err)
+			}
+			return
+		}
+		if len(b) != readReqLen {
+			t.Fatalf("accepted a %d-byte body", len(b))
+		}
+		var out [readReqLen]byte
+		rr.put(out[:])
+		if !bytes.Equal(out[:], b) {
+			t.Fatalf("round trip %x, original %x", out, b)
+		}
+	})
+}
+
+// ---- FuzzTerm ----
+
+func FuzzTerm(f *testing.F) {
+	for _, te := range []termError{
+		{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag},
+		{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapCatStream},
+		{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds},
+		{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTTooLong},
+		{layer: layerLLP, etype: llpMPA, code: llpBadCRC},
+		{layer: 0xf, etype: 0xf, code: 0xff},
+	} {
+		var b [termCtrlLen]byte
+		te.put(b[:])
+		f.Add(b[:])
+		f.Add(append(b[:], 0xe0, 0, 0, 0)) // HdrCt bits and more
+		f.Add(b[:3])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		te, err := parseTerm(b)
+		if err != nil {
+			if len(b) >= termCtrlLen {
+				t.Fatalf("refused a %d-byte terminate: %v", len(b), err)
+			}
+			return
+		}
+		if !te.remote {
+			t.Fatal("parsed terminate not marked remote")
+		}
+		if te.layer > 0xf || te.etype > 0xf {
+			t.Fatalf("layer %d etype %d over 4 bits", te.layer, te.etype)
+		}
+		_ = te.Error()
+		_ = termStatus(te)
+		var out [termCtrlLen]byte
+		te.put(out[:])
+		if !bytes.Equal(out[:3], b[:3]) || out[3] != 0 {
+			t.Fatalf("round trip %x, original %x", out, b[:4])
+		}
+	})
+}
+
+// ---- FuzzStream ----
+//
+// The QP under test is the passive side of a real connection: this test
+// dials the package's listener over loopback TCP, does the MPA exchange by
+// hand with mpaFrame, and then writes the fuzzer's bytes as if they were
+// the peer's FPDUs, while reading back everything the QP sends.
+//
+// Input layout: data[0] is a mode byte, data[1] the IRD/ORD this side
+// offers, and the rest is the stream. Because STags are random and TOs
+// are virtual addresses, the stream names them with tokens that are
+// replaced before sending:
+//
+//	A5 A5 A5 0k             the STag of region k
+//	5A 5A 5A 0k d d d d     the TO of region k's first byte plus int32(dddd)
+//
+// Regions: 1 remote-read MR, 2 remote-write MR, 3 local-only MR (the
+// receives and the sinks of the QP's own READs), 4 a memory window bound
+// to the QP (remote read+write), 5 the MR under the window (no remote
+// rights of its own). All of it lies in one mapping whose other bytes are
+// a guard pattern.
+//
+// Checks: no panic; the QP ends within a bound once the stream is over;
+// every FPDU the QP sends is well formed (with a good CRC when CRC is on);
+// every Read Response answers a Read Request the QP accepted, at the
+// request's sink, and serves it only from memory the request's STag may
+// read (for region 1 the bytes must equal the region's); no byte outside
+// the regions peers may write ever changes.
+
+const (
+	fzModeCRC    = 1 << 0 // ask for CRC
+	fzModeFixCRC = 1 << 1 // recompute every FPDU's CRC after token substitution
+	fzModeP2P    = 1 << 2 // ask for peer-to-peer mode
+	fzModeRTRRd  = 1 << 3 // with P2P, offer only the READ RTR (else only WRITE)
+	fzModeV1     = 1 << 4 // MPA revision 1, no enhanced words
+)
+
+// Layout of the guarded mapping.
+const (
+	fzMemLen = 40 << 10
+
+	fzRdOff, fzRdLen   = 4096, 3000
+	fzWrOff, fzWrLen   = 12288, 2000
+	fzRcvOff, fzRcvLen = 20480, 1000
+	fzMwmOff, fzMwmLen = 28672, 2000
+	fzWinOff, fzWinLen = fzMwmOff + 500, 1000 // the window, inside the MW's MR
+
+	// Inside region 3: two receives and the sinks of the QP's two READs,
+	// as offsets from the region's start.
+	fzRecv1Off, fzRecv1Len = 100, 200
+	fzRecv2Off, fzRecv2Len = 400, 64
+	fzSink1Off, fzSink1Len = 600, 100
+	fzSink2Off, fzSink2Len = 800, 50
+
+	fzGuard = 0xa7
+)
+
+type fzEnv struct {
+	dev    verbs.Device
+	pd     verbs.PD
+	scq    verbs.CQ
+	rcq    verbs.CQ
+	ln     verbs.Listener
+	buf    *verbs.Buffer
+	mem    []byte
+	golden []byte
+	rd     verbs.MR
+	wr     verbs.MR
+	rcv    verbs.MR
+	mwm    verbs.MR
+}
+
+var (
+	fzOnce   sync.Once
+	fzShared *fzEnv
+	fzErr    error
+)
+
+// fzSetup makes the device, listener and memory once per process; fuzz
+// iterations share them and each makes its own connection and window.
+func fzSetup() (*fzEnv, error) {
+	fzOnce.Do(func() {
+		e := &fzEnv{}
+		ctx := context.Background()
+		p := New(Config{NoCRC: true, SetupTimeout: 2 * time.Second, MaxReads: 16})
+		var err error
+		if e.dev, err = p.Open(ctx, verbs.DeviceConfig{}); err != nil {
+			fzErr = err
+			return
+		}
+		e.pd, _ = e.dev.AllocPD()
+		e.scq, _ = e.dev.CreateCQ(1 << 16)
+		e.rcq, _ = e.dev.CreateCQ(1 << 16)
+		if e.ln, err = e.dev.Listen(ctx, "127.0.0.1:0"); err != nil {
+			fzErr = err
+			return
+		}
+		if e.buf, err = verbs.AllocBuffer(fzMemLen); err != nil {
+			fzErr = err
+			return
+		}
+		e.mem = e.buf.Bytes()
+		for i := range e.mem {
+			e.mem[i] = fzGuard
+		}
+		copy(e.mem[fzRdOff:], fzPattern(fzRdLen, 1))
+		copy(e.mem[fzWrOff:], fzPattern(fzWrLen, 2))
+		copy(e.mem[fzRcvOff:], fzPattern(fzRcvLen, 3))
+		copy(e.mem[fzMwmOff:], fzPattern(fzMwmLen, 4))
+		e.golden = append([]byte(nil), e.mem...)
+		reg := func(off, n int, acc verbs.Access) verbs.MR {
+			m, err := e.pd.RegMR(e.mem[off:off+n], acc)
+			if err != nil && fzErr == nil {
+				fzErr = err
+			}
+			return m
+		}
+		e.rd = reg(fzRdOff, fzRdLen, verbs.AccessRemoteRead)
+		e.wr = reg(fzWrOff, fzWrLen, verbs.AccessRemoteWrite|verbs.AccessLocalWrite)
+		e.rcv = reg(fzRcvOff, fzRcvLen, verbs.AccessLocalWrite)
+		e.mwm = reg(fzMwmOff, fzMwmLen, verbs.AccessLocalWrite|verbs.AccessMWBind)
+		fzShared = e
+	})
+	return fzShared, fzErr
+}
+
+// fzMutable says whether a peer may legitimately change mem[i].
+func fzMutable(i int) bool {
+	in := func(off, n int) bool { return i >= off && i < off+n }
+	return in(fzWrOff, fzWrLen) || in(fzWinOff, fzWinLen) ||
+		in(fzRcvOff+fzRecv1Off, fzRecv1Len) || in(fzRcvOff+fzRecv2Off, fzRecv2Len) ||
+		in(fzRcvOff+fzSink1Off, fzSink1Len) || in(fzRcvOff+fzSink2Off, fzSink2Len)
+}
+
+// fzRegions maps token numbers to STags and base addresses.
+type fzRegions struct {
+	stag [6]uint32
+	base [6]uint64
+}
+
+func (r *fzRegions) substitute(s []byte) {
+	for i := 0; i+4 <= len(s); i++ {
+		if s[i] == 0xa5 && s[i+1] == 0xa5 && s[i+2] == 0xa5 && s[i+3] >= 1 && s[i+3] <= 5 {
+			binary.BigEndian.PutUint32(s[i:], r.stag[s[i+3]])
+			i += 3
+			continue
+		}
+		if i+8 <= len(s) && s[i] == 0x5a && s[i+1] == 0x5a && s[i+2] == 0x5a && s[i+3] >= 1 && s[i+3] <= 5 {
+			d := int64(int32(binary.BigEndian.Uint32(s[i+4:])))
+			binary.BigEndian.PutUint64(s[i:], r.base[s[i+3]]+uint64(d))
+			i += 7
+		}
+	}
+}
+
+// Tokens for building seeds.
+func fzSTagTok(k byte) uint32 { return 0xa5a5a500 | uint32(k) }
+func fzTOTok(k byte, d int32) uint64 {
+	return uint64(0x5a5a5a00|uint32(k))<<32 | uint64(uint32(d))
+}
+
+// fzFixCRC rewrites the CRC of every complete FPDU in s, framed as the
+// QP's reader frames them.
+func fzFixCRC(s []byte) {
+	for len(s) >= mpaLenLen {
+		total := fpduLen(int(binary.BigEndian.Uint16(s)))
+		if total > len(s) {
+			return
+		}
+		binary.BigEndian.PutUint32(s[total-crcLen:], crc32.Checksum(s[:total-crcLen], castagnoli))
+		s = s[total:]
+	}
+}
+
+// fzPeerReads lists the Read Requests in the stream the QP will queue,
+// in order, framing the stream exactly as readLoop does. It may list a
+// few the QP ends up refusing (the QP then terminates, so those get no
+// response); it never leaves out one the QP serves.
+func fzPeerReads(s []byte, crc bool) []readReq {
+	var out []readReq
+	msn := uint32(1)
+	for len(s) >= mpaLenLen+2 {
+		ulpdu := int(binary.BigEndian.Uint16(s))
+		hlen := taggedHdrLen
+		if s[2]&ddpTagged == 0 {
+			hlen = untaggedHdrLen
+		}
+		if ulpdu < hlen || len(s) < mpaLenLen+hlen {
+			return out
+		}
+		h, err := parseHeader(s[mpaLenLen:], ulpdu)
+		if err != nil {
+			return out
+		}
+		n := ulpdu - hlen
+		if !h.tagged {
+			if n > maxPayload+readReqLen || len(s) < mpaLenLen+ulpdu {
+				return out
+			}
+			if h.op == opReadReq {
+				rr, err := parseReadReq(s[mpaLenLen+hlen : mpaLenLen+ulpdu])
+				if err != nil || h.msn != msn {
+					return out
+				}
+				msn++
+				out = append(out, rr)
+			}
+			if h.op == opTerm {
+				return out
+			}
+		}
+		total := fpduLen(ulpdu)
+		if total > len(s) {
+			return out
+		}
+		if crc && binary.BigEndian.Uint32(s[total-crcLen:]) != crc32.Checksum(s[:total-crcLen], castagnoli) {
+			return out
+		}
+		s = s[total:]
+	}
+	return out
+}
+
+// fzOut is one FPDU the QP sent.
+type fzOut struct {
+	h       header
+	body    []byte // untagged: the bytes after the header
+	payload []byte // tagged: the data
+}
+
+// fzCapture reads the QP's FPDUs until EOF, checking their framing.
+func fzCapture(c net.Conn, crc bool, out chan<- fzOut, errc chan<- error) {
+	defer close(out)
+	var hb [mpaLenLen + untaggedHdrLen]byte
+	for {
+		if _, err := io.ReadFull(c, hb[:mpaLenLen+2]); err != nil {
+			if err == io.EOF || errors.Is(err, net.ErrClosed) || isReset(err) {
+				errc <- nil
+			} else {
+				errc <- fmt.Errorf("reading the QP's next FPDU: %w", err)
+			}
+			return
+		}
+		ulpdu := int(binary.BigEndian.Uint16(hb[:]))
+		hlen := taggedHdrLen
+		if hb[2]&ddpTagged == 0 {
+			hlen = untaggedHdrLen
+		}
+		if ulpdu < hlen || ulpdu-hlen > maxPayload+readReqLen {
+			errc <- fmt.Errorf("QP sent an FPDU with ULPDU length %d (header %d)", ulpdu, hlen)
+			return
+		}
+		rest := make([]byte, ulpdu-2+padLen(ulpdu)+crcLen)
+		if _, err := io.ReadFull(c, rest); err != nil {
+			errc <- fmt.Errorf("QP's FPDU cut short: %w", err)
+			return
+		}
+		whole := append(append([]byte(nil), hb[:mpaLenLen+2]...), rest...)
+		h, err := parseHeader(whole[mpaLenLen:], ulpdu)
+		if err != nil {
+			errc <- fmt.Errorf("QP sent an FPDU its own parser refuses: %v", err)
+			return
+		}
+		total := len(whole)
+		if crc {
+			if got, want := binary.BigEndian.Uint32(whole[total-crcLen:]), crc32.Checksum(whole[:total-crcLen], castagnoli); got != want {
+				errc <- fmt.Errorf("QP sent an FPDU with CRC %#08x, want %#08x", got, want)
+				return
+			}
+		}
+		for _, p := range whole[mpaLenLen+ulpdu : total-crcLen] {
+			if p != 0 {
+				errc <- fmt.Errorf("QP sent non-zero pad")
+				return
+			}
+		}
+		o := fzOut{h: h}
+		if h.tagged {
+			o.payload = whole[mpaLenLen+hlen : mpaLenLen+ulpdu]
+		} else {
+			o.body = whole[mpaLenLen+hlen : mpaLenLen+ulpdu]
+		}
+		out <- o
+	}
+}
+
+func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
+
+func FuzzStream(f *testing.F) {
+	crcFix := byte(fzModeCRC | fzModeFixCRC)
+	io1 := byte(0x34) // offers IRD 4 (QP's ORD), ORD 4 (QP's IRD)
+	seed := func(mode byte, parts ...[]byte) {
+		f.Add(append([]byte{mode, io1}, fzCat(parts...)...))
+	}
+	rdReq := func(msn uint32, to int32, size uint32) []byte {
+		return fzReadReqFPDU(false, msn, readReq{sinkSTag: 0x1234, sinkTO: 0x10000, size: size, srcSTag: fzSTagTok(1), srcTO: fzTOTok(1, to)})
+	}
+	mwReq := func(msn uint32, to int32, size uint32) []byte {
+		return fzReadReqFPDU(false, msn, readReq{sinkSTag: 0x4321, sinkTO: 0x20000, size: size, srcSTag: fzSTagTok(4), srcTO: fzTOTok(4, to)})
+	}
+	write := func(k byte, to int32, data []byte, last bool) []byte {
+		return fzFPDU(false, header{tagged: true, last: last, op: opWrite, stag: fzSTagTok(k), to: fzTOTok(k, to)}, nil, data)
+	}
+	resp := func(sink int32, data []byte, last bool) []byte {
+		return fzFPDU(false, header{tagged: true, last: last, op: opReadResp, stag: fzSTagTok(3), to: fzTOTok(3, sink)}, nil, data)
+	}
+	for _, mode := range []byte{crcFix, 0, crcFix | fzModeP2P, fzModeP2P | fzModeRTRRd, fzModeV1} {
+		seed(mode, fzSendFPDU(false, 1, 0, true, []byte("hello, receive")))
+		seed(mode, rdReq(1, 100, 1000), rdReq(2, 0, fzRdLen), rdReq(3, fzRdLen-1, 1))
+	}
+	seed(crcFix, fzSendFPDU(false, 1, 0, false, fzPattern(20, 9)), fzSendFPDU(false, 1, 20, true, fzPattern(30, 10)),
+		fzSendFPDU(false, 2, 0, true, fzPattern(64, 11)))
+	seed(crcFix, write(2, 10, fzPattern(100, 12), true), write(4, 0, fzPattern(fzWinLen, 13), true), rdReq(1, 0, 8))
+	seed(crcFix, mwReq(1, 0, fzWinLen), mwReq(2, 500, 500), rdReq(3, 2000, 1000))
+	seed(crcFix, resp(fzSink1Off, fzPattern(40, 14), false), resp(fzSink1Off+40, fzPattern(60, 15), true),
+		resp(fzSink2Off, fzPattern(50, 16), true))
+	// Faults the QP must refuse.
+	seed(crcFix, rdReq(1, fzRdLen-100, 200))                                                              // crosses the end
+	seed(crcFix, rdReq(1, -8, 16))                                                                        // starts before
+	seed(crcFix, rdReq(1, 0, ^uint32(0)))                                                                 // huge
+	seed(crcFix, fzReadReqFPDU(false, 1, readReq{srcSTag: fzSTagTok(2), srcTO: fzTOTok(2, 0), size: 10})) // no read right
+	seed(crcFix, fzReadReqFPDU(false, 1, readReq{srcSTag: fzSTagTok(3), srcTO: fzTOTok(3, 0), size: 10})) // local only
+	seed(crcFix, fzReadReqFPDU(false, 1, readReq{srcSTag: fzSTagTok(5), srcTO: fzTOTok(5, 500), size: 10}))
+	seed(crcFix, mwReq(1, fzWinLen-10, 20))                                                 // crosses the window's end
+	seed(crcFix, fzReadReqFPDU(false, 1, readReq{srcSTag: 0x77777777, srcTO: 0, size: 10})) // unknown STag
+	seed(crcFix, write(1, 0, []byte("no write right"), true))
+	seed(crcFix, write(2, fzWrLen-4, []byte("past the end"), true))
+	seed(crcFix, write(4, -4, []byte("before window"), true))
+	seed(crcFix, write(5, 0, []byte("MR under window"), true))
+	seed(crcFix, resp(fzSink1Off, fzPattern(101, 17), true))                 // longer than the READ
+	seed(crcFix, resp(fzSink1Off+1, fzPattern(10, 17), true))                // wrong TO
+	seed(crcFix, fzSendFPDU(false, 1, 0, true, fzPattern(fzRecv1Len+1, 18))) // too long for the receive
+	seed(crcFix, fzSendFPDU(false, 2, 0, true, []byte("bad MSN")))
+	seed(crcFix, fzSendFPDU(false, 1, 0, true, nil), fzSendFPDU(false, 2, 0, true, nil), fzSendFPDU(false, 3, 0, true, nil)) // no third receive
+	seed(crcFix, rdReq(2, 0, 10))                                                                                            // bad MSN
+	seed(crcFix, rdReq(1, 0, 1), rdReq(2, 0, 1), rdReq(3, 0, 1), rdReq(4, 0, 1), rdReq(5, 0, 1), rdReq(6, 0, 1))             // over IRD
+	seed(crcFix, fzTermFPDU(false, &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapOpcode}))
+	seed(fzModeCRC, fzSendFPDU(false, 1, 0, true, []byte("CRC left zero")))
+	seed(fzModeCRC, rdReq(1, 0, 100)) // read request with a bad CRC
+	seed(0, []byte{0xff, 0xff, 0x41, 0x43})
+	seed(0, []byte{0x00, 0x02, 0x41, 0x43, 0, 0, 0, 0})
+	seed(crcFix, []byte("garbage that is not an FPDU at all, not even close"))
+
+	env, err := fzSetup()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 || len(data) > 1<<18 {
+			return
+		}
+		fzRun(t, env, data[0], data[1], data[2:])
+	})
+}
+
+func fzRun(t *testing.T, e *fzEnv, mode, offer byte, stream []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	defer fzRestore(t, e)
+
+	// MPA request, by hand.
+	req := mpaFrame{crc: mode&fzModeCRC != 0, enhanced: true, rev: mpaRev2,
+		ird: uint16(1 + (offer>>4)&7), ord: uint16(offer & 0xf)}
+	if mode&fzModeP2P != 0 {
+		req.p2p = true
+		req.rtr = rtrKindWrite
+		if mode&fzModeRTRRd != 0 {
+			req.rtr = rtrKindRead
+		}
+	}
+	if mode&fzModeV1 != 0 {
+		req = mpaFrame{crc: req.crc, rev: 1}
+	}
+	rb, err := req.marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", e.ln.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write(rb); err != nil {
+		t.Fatal(err)
+	}
+	cr, err := e.ln.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq, err := cr.Prepare(e.pd, verbs.QPConfig{SendCQ: e.scq, RecvCQ: e.rcq, MaxSendWR: 16, MaxRecvWR: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcv := e.rcv
+	if _, err := pq.PostRecv([]verbs.RecvWR{
+		{ID: 1, Local: verbs.SGE{Addr: rcv.Addr() + fzRecv1Off, Length: fzRecv1Len, LKey: rcv.LKey()}},
+		{ID: 2, Local: verbs.SGE{Addr: rcv.Addr() + fzRecv2Off, Length: fzRecv2Len, LKey: rcv.LKey()}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	qpi, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: []byte("fuzz")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := qpi.(*qp)
+	defer q.Close()
+	rep, err := readMPA(c, true)
+	if err != nil {
+		t.Fatalf("reading the MPA reply: %v", err)
+	}
+	if rep.crc != req.crc {
+		t.Fatalf("asked for CRC %v, reply says %v (the device has NoCRC)", req.crc, rep.crc)
+	}
+	crc := rep.crc
+
+	// A window bound to the QP, and two READs of its own for the stream
+	// to answer.
+	w, err := e.pd.AllocMW()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := q.PostSend([]verbs.SendWR{{ID: 100, Op: verbs.OpBindMW, MW: w, BindMR: e.mwm,
+		BindAddr: e.mwm.Addr() + (fzWinOff - fzMwmOff), BindLen: fzWinLen,
+		BindAccess: verbs.AccessRemoteRead | verbs.AccessRemoteWrite}}); err != nil {
+		t.Fatal(err)
+	}
+	if w.RKey() == 0 {
+		t.Fatal("window not bound")
+	}
+	if _, err := q.PostSend([]verbs.SendWR{
+		{ID: 101, Op: verbs.OpRead, Local: verbs.SGE{Addr: rcv.Addr() + fzSink1Off, Length: fzSink1Len, LKey: rcv.LKey()}, RemoteAddr: 0x1000, RKey: 0x5eed},
+		{ID: 102, Op: verbs.OpRead, Local: verbs.SGE{Addr: rcv.Addr() + fzSink2Off, Length: fzSink2Len, LKey: rcv.LKey()}, RemoteAddr: 0x2000, RKey: 0x5eed},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	regs := fzRegions{
+		stag: [6]uint32{0, e.rd.RKey(), e.wr.RKey(), e.rcv.RKey(), w.RKey(), e.mwm.RKey()},
+		base: [6]uint64{0, e.rd.Addr(), e.wr.Addr(), e.rcv.Addr(), e.mwm.Addr() + (fzWinOff - fzMwmOff), e.mwm.Addr()},
+	}
+
+	// Everything the QP sends from here on.
+	outc := make(chan fzOut, 1024)
+	capErr := make(chan error, 1)
+	go fzCapture(c, crc, outc, capErr)
+	var outs []fzOut
+
+	// The RTR first, if one was negotiated, so that the passive QP lets
+	// its READs go; then wait for them so that the stream's responses
+	// find them outstanding.
+	var prefix []byte
+	if rep.p2p {
+		switch {
+		case rep.rtr&rtrKindWrite != 0:
+			prefix = fzFPDU(crc, header{tagged: true, last: true, op: opWrite}, nil, nil)
+		case rep.rtr&rtrKindRead != 0:
+			prefix = fzReadReqFPDU(crc, 1, readReq{})
+		default:
+			t.Fatalf("reply chose no RTR kind: %+v", rep)
+		}
+		if _, err := c.Write(prefix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantReads := min(2, q.Info().ReadsOut)
+	seen := 0
+	for seen < wantReads {
+		select {
+		case o, ok := <-outc:
+			if !ok {
+				t.Fatalf("QP closed before sending its READs: %v", <-capErr)
+			}
+			outs = append(outs, o)
+			if !o.h.tagged && o.h.op == opReadReq {
+				seen++
+			}
+		case <-ctx.Done():
+			t.Fatalf("QP sent %d of its %d READs", seen, wantReads)
+		}
+	}
+
+	s := append([]byte(nil), stream...)
+	regs.substitute(s)
+	if mode&fzModeFixCRC != 0 {
+		fzFixCRC(s)
+	}
+	full := append(prefix, s...)
+	peerReads := fzPeerReads(full, crc)
+
+	// Write the stream; half-close once every READ the stream made has
+	// been answered (or the QP ended, or 100ms passed) so that the
+	// responses get out before the QP sees the end of the stream.
+	wrote := make(chan struct{})
+	go func() {
+		c.Write(s)
+		close(wrote)
+	}()
+	answered := 0
+	var idle <-chan time.Time
+	halfClose := func() {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+	}
+	closed := false
+	for outc != nil {
+		if !closed && idle == nil && wrote == nil && answered >= len(peerReads) {
+			halfClose()
+			closed = true
+		}
+		select {
+		case o, ok := <-outc:
+			if !ok {
+				outc = nil
+				break
+			}
+			outs = append(outs, o)
+			if o.h.tagged && o.h.op == opReadResp && o.h.last {
+				answered++
+			}
+		case <-wrote:
+			wrote = nil
+			idle = time.After(100 * time.Millisecond)
+			if answered >= len(peerReads) {
+				idle = nil
+			}
+		case <-idle:
+			idle = nil
+			if !closed {
+				halfClose()
+				closed = true
+			}
+		}
+	}
+	if err := <-capErr; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-q.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("QP still running 2s after the stream ended")
+	}
+
+	// Match Read Responses to the requests, in order.
+	k, off := 0, uint64(0)
+	for _, o := range outs {
+		h := o.h
+		switch {
+		case h.tagged && h.op == opReadResp:
+			if k >= len(peerReads) {
+				t.Fatalf("Read Response (STag %#x TO %#x, %d bytes) with no Read Request to answer (%d accepted)", h.stag, h.to, len(o.payload), len(peerReads))
+			}
+			r := peerReads[k]
+			if h.stag != r.sinkSTag || h.to != r.sinkTO+off {
+				t.Fatalf("response %d segment at STag %#x TO %#x, want %#x %#x", k, h.stag, h.to, r.sinkSTag, r.sinkTO+off)
+			}
+			if uint64(len(o.payload)) > uint64(r.size)-off {
+				t.Fatalf("response %d carries %d bytes past the %d requested", k, off+uint64(len(o.payload)), r.size)
+			}
+			if len(o.payload) > 0 {
+				fzCheckSource(t, e, &regs, r, off, o.payload)
+			}
+			off += uint64(len(o.payload))
+			if h.last {
+				if off != uint64(r.size) {
+					t.Fatalf("response %d has %d bytes, READ of %d", k, off, r.size)
+				}
+				k++
+				off = 0
+			}
+		case h.tagged:
+			t.Fatalf("QP sent a tagged opcode %d", h.op)
+		case h.op == opReadReq, h.op == opTerm:
+		default:
+			t.Fatalf("QP sent untagged opcode %d", h.op)
+		}
+	}
+	// A response cut short by the connection's end (off != 0) is fine:
+	// its bytes were checked above.
+	q.Close()
+	fzCheckGuards(t, e)
+	t.Logf("mode %#x: %d peer READs accepted, %d answered, %d FPDUs from the QP; QP ended with: %v", mode, len(peerReads), k, len(outs), q.Err())
+}
+
+// fzCheckSource fails unless payload, bytes [off, off+len) of the
+// response to r, comes from memory r's source STag allows peers to read.
+func fzCheckSource(t *testing.T, e *fzEnv, regs *fzRegions, r readReq, off uint64, payload []byte) {
+	t.Helper()
+	src := r.srcTO + off
+	end := src + uint64(len(payload))
+	inside := func(base uint64, n int) bool {
+		return r.srcTO >= base && r.srcTO+uint64(r.size) >= r.srcTO && r.srcTO+uint64(r.size) <= base+uint64(n)
+	}
+	switch r.srcSTag {
+	case regs.stag[1]:
+		if !inside(regs.base[1], fzRdLen) {
+			t.Fatalf("READ of %d bytes at %#x served from the remote-read MR [%#x, +%d)", r.size, r.srcTO, regs.base[1], fzRdLen)
+		}
+		want := e.golden[fzRdOff+int(src-regs.base[1]) : fzRdOff+int(end-regs.base[1])]
+		if !bytes.Equal(payload, want) {
+			t.Fatalf("READ at %#x+%d: payload differs from the MR's bytes", r.srcTO, off)
+		}
+	case regs.stag[4]:
+		if !inside(regs.base[4], fzWinLen) {
+			t.Fatalf("READ of %d bytes at %#x served through the window [%#x, +%d)", r.size, r.srcTO, regs.base[4], fzWinLen)
+		}
+	default:
+		t.Fatalf("READ of %d bytes at %#x served for STag %#x, which has no remote read right (regions %x)", r.size, r.srcTO, r.srcSTag, regs.stag)
+	}
+	if bytes.Count(payload, []byte{fzGuard, fzGuard, fzGuard, fzGuard}) > 0 && r.srcSTag == regs.stag[1] {
+		t.Fatalf("guard bytes in a response")
+	}
+}
+
+func fzCheckGuards(t *testing.T, e *fzEnv) {
+	t.Helper()
+	for i := range e.mem {
+		if e.mem[i] != e.golden[i] && !fzMutable(i) {
+			t.Fatalf("byte %d of the mapping changed (%#x -> %#x): outside every region a peer may write", i, e.golden[i], e.mem[i])
+		}
+	}
+}
+
+// fzRestore puts the mapping back and empties the CQs for the next run.
+func fzRestore(t *testing.T, e *fzEnv) {
+	copy(e.mem, e.golden)
+	buf := make([]verbs.Completion, 256)
+	for _, cq := range []verbs.CQ{e.scq, e.rcq} {
+		for {
+			n, err := cq.Poll(buf)
+			if err != nil {
+				t.Fatalf("poll: %v", err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+	}
+}
