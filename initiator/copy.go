@@ -231,6 +231,11 @@ type win struct {
 	left    int // chunks not yet written
 }
 
+// verifiers is how many goroutines check and write chunks: writes into
+// the page cache are the slowest step on small VMs, and go faster in
+// parallel.
+var verifiers = 4
+
 type verdict struct {
 	c   *chunk
 	ok  bool
@@ -266,7 +271,7 @@ func (f *fetch) run() (chunker.Digests, error) {
 	}()
 	jobs := make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
-	for range 2 {
+	for range verifiers {
 		go f.verifier(ctx, jobs, verdicts)
 	}
 

@@ -19,6 +19,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -692,6 +693,14 @@ func fzRun(t *testing.T, e *fzEnv, mode, offer byte, stream []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	defer fzRestore(t, e)
+	// A hung iteration (a deadlocked QP never lets Close return) must be
+	// a crash the fuzzer records, with every goroutine's stack.
+	watchdog := time.AfterFunc(8*time.Second, func() {
+		buf := make([]byte, 1<<20)
+		n := runtime.Stack(buf, true)
+		panic(fmt.Sprintf("FuzzStream iteration hung (mode %#x, offer %#x, %d stream bytes):\n%s", mode, offer, len(stream), buf[:n]))
+	})
+	defer watchdog.Stop()
 
 	// MPA request, by hand.
 	req := mpaFrame{crc: mode&fzModeCRC != 0, enhanced: true, rev: mpaRev2,

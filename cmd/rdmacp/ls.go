@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+func lsCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "ls",
+		Usage:     "list a target's exports, or a directory of one",
+		ArgsUsage: "HOST[:PORT]:[EXPORT[/DIR]]",
+		Flags: append([]cli.Flag{
+			&cli.BoolFlag{Name: "long", Aliases: []string{"l"}, Usage: "mode, size and mtime too"},
+			&cli.BoolFlag{Name: "json", Usage: "one JSON object per entry"},
+			secretFlag(),
+		}, transportFlags()...),
+		Action: runLs,
+	}
+}
+
+type entryLine struct {
+	Type    string `json:"type"`
+	Name    string `json:"name"`
+	Mode    string `json:"mode"`
+	Size    uint64 `json:"size"`
+	Mtime   string `json:"mtime"`
+	Target  string `json:"target,omitempty"`
+	Message string `json:"message_type"`
+}
+
+func runLs(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usagef("ls wants one HOST:[EXPORT[/DIR]] argument")
+	}
+	r, ok, err := parseRemote(c.Args().First())
+	if err != nil {
+		return usageError{err}
+	}
+	if !ok {
+		return usagef("%q is not a remote path: want HOST[:PORT]:[EXPORT[/DIR]]", c.Args().First())
+	}
+	secret, err := readSecret(c)
+	if err != nil {
+		return err
+	}
+	dev, why, err := openTransport(c.Context, c)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	if !c.Bool("json") {
+		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
+	}
+	s, err := initiator.Dial(c.Context, r.addr, initiator.Config{Device: dev, Secret: secret, QPs: 1, Depth: 1})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ents, err := s.List(c.Context, r.path)
+	if err != nil {
+		return err
+	}
+	out := c.App.Writer
+	enc := json.NewEncoder(out)
+	for _, e := range ents {
+		mode := fs.FileMode(e.Mode & 0o777)
+		mt := time.Unix(0, e.MtimeNs).UTC().Format(time.RFC3339)
+		switch {
+		case c.Bool("json"):
+			enc.Encode(entryLine{Message: "entry", Type: e.Type.String(), Name: e.Name, Mode: fmt.Sprintf("%04o", e.Mode), Size: e.Size, Mtime: mt, Target: e.Target})
+		case c.Bool("long"):
+			name := e.Name
+			if e.Type == protocol.FileSymlink {
+				name += " -> " + e.Target
+			}
+			fmt.Fprintf(out, "%c%s %12d %s %s\n", typeChar(e.Type), mode, e.Size, mt, name)
+		default:
+			name := e.Name
+			if e.Type == protocol.FileDir {
+				name += "/"
+			}
+			fmt.Fprintln(out, name)
+		}
+	}
+	return nil
+}
+
+func typeChar(t protocol.FileType) byte {
+	switch t {
+	case protocol.FileDir:
+		return 'd'
+	case protocol.FileSymlink:
+		return 'l'
+	case protocol.FileBlockDev:
+		return 'b'
+	case protocol.FileRegular:
+		return '-'
+	}
+	return '?'
+}

@@ -1,0 +1,104 @@
+// Command rdmacp copies files and block devices with one-sided RDMA READs:
+// `rdmacp serve` exports them, `rdmacp cp` pulls them.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+var version = "0.1.0-dev"
+
+// Exit codes. They are part of the interface scripts rely on: keep them
+// stable and listed in the README.
+const (
+	exitOK         = 0
+	exitError      = 1   // anything not listed below
+	exitUsage      = 2   // bad flags or arguments
+	exitConnect    = 3   // transport unavailable, target unreachable, connection lost
+	exitAuth       = 4   // secret missing or wrong
+	exitRemote     = 5   // remote path not found, permission denied, is a directory…
+	exitVerify     = 6   // a chunk failed its digest after every retry
+	exitChanged    = 7   // the source changed during the copy
+	exitLocalIO    = 8   // writing the destination failed (disk full, permissions…)
+	exitInterrupts = 130 // SIGINT or SIGTERM
+)
+
+// usageError marks errors in how the command was called.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// exitCode maps an error to the process exit code: the one place that
+// decides it.
+func exitCode(ctx context.Context, err error) int {
+	var ue usageError
+	var pe *protocol.Error
+	var fe *fs.PathError
+	switch {
+	case err == nil:
+		return exitOK
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+		return exitInterrupts
+	case errors.As(err, &ue):
+		return exitUsage
+	case errors.Is(err, initiator.ErrAuth):
+		return exitAuth
+	case errors.Is(err, initiator.ErrVerify):
+		return exitVerify
+	case errors.Is(err, initiator.ErrChanged):
+		return exitChanged
+	case errors.As(err, &pe):
+		switch pe.Code {
+		case protocol.CodeAuthFailed:
+			return exitAuth
+		case protocol.CodeChanged:
+			return exitChanged
+		}
+		return exitRemote
+	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
+		return exitConnect
+	case errors.As(err, &fe), errors.Is(err, syscall.ENOSPC):
+		return exitLocalIO
+	}
+	return exitError
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	app := newApp()
+	err := app.RunContext(ctx, os.Args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rdmacp:", err)
+	}
+	os.Exit(exitCode(ctx, err))
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "rdmacp",
+		Usage:   "copy files and block devices with one-sided RDMA READs",
+		Version: version,
+		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
+			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.",
+		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand()},
+		HideHelpCommand: true,
+		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			return usageError{err}
+		},
+	}
+}

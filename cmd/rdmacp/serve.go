@@ -1,0 +1,161 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/target"
+)
+
+func serveCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "serve",
+		Usage:     "export files and directories to initiators (the target daemon)",
+		ArgsUsage: " ",
+		Description: "Exports are read-only. Each session gets its own keys, which die with it; the daemon\n" +
+			"answers control requests and otherwise stays out of the data path. Without a secret it\n" +
+			"listens on loopback only.",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "listen", Usage: fmt.Sprintf("address to listen on (default 127.0.0.1:%d, or :%d with a secret)", target.DefaultPort, target.DefaultPort)},
+			&cli.StringSliceFlag{Name: "export", Aliases: []string{"e"}, Usage: "NAME=PATH: a file or directory to export (repeatable)"},
+			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
+			secretFlag(),
+			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
+			&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
+			&cli.StringFlag{Name: "max-window", Value: "256MiB", Usage: "largest file range one window maps and registers"},
+			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+		}, transportFlags()...),
+		Action: runServe,
+	}
+}
+
+// serveFile is the --config file.
+type serveFile struct {
+	Listen     string `json:"listen"`
+	SecretFile string `json:"secret_file"`
+	ChunkSize  string `json:"chunk_size"`
+	Checksum   string `json:"checksum"`
+	MaxWindow  string `json:"max_window"`
+	Exports    []struct {
+		Name string `json:"name"`
+		Path string `json:"path"`
+	} `json:"exports"`
+}
+
+func runServe(c *cli.Context) error {
+	var file serveFile
+	if p := c.String("config"); p != "" {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return usagef("--config: %v", err)
+		}
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&file); err != nil {
+			return usagef("--config %s: %v", p, err)
+		}
+	}
+	pick := func(flag, fromFile string) string {
+		if c.IsSet(flag) || fromFile == "" {
+			return c.String(flag)
+		}
+		return fromFile
+	}
+	var exports []target.Export
+	for _, e := range file.Exports {
+		exports = append(exports, target.Export{Name: e.Name, Path: e.Path})
+	}
+	for _, s := range c.StringSlice("export") {
+		name, path, ok := strings.Cut(s, "=")
+		if !ok || name == "" || path == "" {
+			return usagef("--export %q: want NAME=PATH", s)
+		}
+		exports = append(exports, target.Export{Name: name, Path: path})
+	}
+	if len(exports) == 0 {
+		return usagef("nothing to export: give --export NAME=PATH")
+	}
+	if file.SecretFile != "" && !c.IsSet("secret-file") {
+		c.Set("secret-file", file.SecretFile)
+	}
+	secret, err := readSecret(c)
+	if err != nil {
+		return err
+	}
+	cs, err := parseSize(pick("chunk-size", file.ChunkSize))
+	if err != nil {
+		return usagef("--chunk-size: %v", err)
+	}
+	mw, err := parseSize(pick("max-window", file.MaxWindow))
+	if err != nil {
+		return usagef("--max-window: %v", err)
+	}
+	alg, err := chunker.ParseAlgorithm(pick("checksum", file.Checksum))
+	if err != nil {
+		return usagef("--checksum: %v", err)
+	}
+	log, err := newLogger(c.String("log-format"), c.String("log-level"))
+	if err != nil {
+		return err
+	}
+	listen := pick("listen", file.Listen)
+	if listen == "" {
+		host := "127.0.0.1"
+		if len(secret) > 0 {
+			host = ""
+		}
+		listen = net.JoinHostPort(host, strconv.Itoa(target.DefaultPort))
+	}
+	if err := target.CheckListen(listen, secret); err != nil {
+		return usageError{err}
+	}
+	if len(secret) == 0 {
+		log.Warn("no secret configured: listening on loopback only, and any local user can read the exports")
+	}
+	dev, why, err := openTransport(c.Context, c)
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg, MaxWindow: uint64(mw), Logger: log})
+	if err != nil {
+		return usageError{err}
+	}
+	ln, err := dev.Listen(c.Context, listen)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errTransport, err)
+	}
+	defer ln.Close()
+	names := make([]string, len(exports))
+	for i, e := range exports {
+		names[i] = e.Name + "=" + e.Path
+	}
+	log.Info("serving", "addr", ln.Addr(), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
+	err = srv.Serve(c.Context, ln)
+	log.Info("stopped")
+	return err
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", format)
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/iwarp"
+)
+
+var errTransport = errors.New("transport unavailable")
+
+// registry lists the transports in order of preference for auto.
+func registry() *verbs.Registry {
+	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(iwarp.Config{}))...)
+}
+
+// transportFlags are the flags every command that moves data takes.
+func transportFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "transport", Value: "auto", Usage: "auto, " + strings.Join(registry().Names(), ", ")},
+		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one"},
+		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
+		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
+	}
+}
+
+// openTransport opens the device the flags ask for and says why it was
+// chosen. Asked for by name, a transport that can't run is an error: no
+// silent fallback.
+func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, error) {
+	reg := registry()
+	dc := verbs.DeviceConfig{Name: c.String("device"), Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
+	name := c.String("transport")
+	if name != "auto" {
+		p, err := reg.Lookup(name)
+		if err != nil {
+			return nil, "", usageError{err}
+		}
+		d, err := p.Open(ctx, dc)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: --transport %s: %w", errTransport, name, err)
+		}
+		return d, fmt.Sprintf("%s (asked for with --transport)", p.Name()), nil
+	}
+	var skipped []string
+	for _, p := range reg.Providers() {
+		devs, err := p.Devices(ctx)
+		active := ""
+		for _, d := range devs {
+			if d.Active && (dc.Name == "" || d.Name == dc.Name) {
+				active = d.Name
+				break
+			}
+		}
+		if err != nil || active == "" {
+			why := "no active device"
+			if err != nil {
+				why = err.Error()
+			}
+			skipped = append(skipped, p.Name()+": "+why)
+			continue
+		}
+		d, err := p.Open(ctx, verbs.DeviceConfig{Name: active, Port: dc.Port, GIDIndex: dc.GIDIndex})
+		if err != nil {
+			skipped = append(skipped, p.Name()+": "+err.Error())
+			continue
+		}
+		why := "auto: " + p.Name() + " device " + active
+		if len(skipped) > 0 {
+			why = "auto; " + strings.Join(skipped, "; ")
+		}
+		return d, fmt.Sprintf("%s (%s)", p.Name(), why), nil
+	}
+	return nil, "", fmt.Errorf("%w: no transport can run here: %s", errTransport, strings.Join(skipped, "; "))
+}
+
+// readSecret takes the shared secret from --secret-file or RDMACP_SECRET.
+func readSecret(c *cli.Context) ([]byte, error) {
+	if f := c.String("secret-file"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--secret-file: %w", err)}
+		}
+		s := strings.TrimRight(string(b), "\r\n")
+		if s == "" {
+			return nil, usageError{fmt.Errorf("--secret-file %s is empty", f)}
+		}
+		return []byte(s), nil
+	}
+	if s := os.Getenv("RDMACP_SECRET"); s != "" {
+		return []byte(s), nil
+	}
+	return nil, nil
+}
+
+func secretFlag() cli.Flag {
+	return &cli.StringFlag{Name: "secret-file", Usage: "shared secret, the same on target and initiator (or set RDMACP_SECRET)"}
+}
