@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -104,6 +105,15 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: tmp, src: src, progress: opt.Progress}
 	sums, err := f.run()
 	if err != nil {
+		if errors.Is(err, ErrVerify) {
+			// Digests that keep failing usually mean the source changed.
+			closed = true
+			if m, cerr := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: or.Handle}); cerr == nil {
+				if cr, ok := m.(*protocol.CloseReply); ok && cr.Changed {
+					return nil, fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
+				}
+			}
+		}
 		return nil, err
 	}
 	closed = true
@@ -195,6 +205,7 @@ type fetch struct {
 	progress func(Progress)
 
 	readSize int
+	windows  chan struct{} // a token per mapped window
 	stage    *verbs.Buffer
 	mr       verbs.MR
 	slots    []*chunk // by slot index; nil when free
@@ -252,12 +263,16 @@ func (f *fetch) run() (chunker.Digests, error) {
 	if err := f.setup(); err != nil {
 		return chunker.Digests{}, err
 	}
+	// On the way out: stop the helpers, wait for the verifiers to let go
+	// of the staging memory, then free it.
+	var wg sync.WaitGroup
 	defer f.teardown()
-
+	defer wg.Wait()
 	ctx, cancel := context.WithCancel(f.ctx)
 	defer cancel()
 	s := f.s
 	wins := make(chan winOrErr, 1)
+	f.windows = make(chan struct{}, maxWindows)
 	go f.mapWindows(ctx, wins)
 	cqReady := make(chan struct{}, 1)
 	go func() {
@@ -272,7 +287,11 @@ func (f *fetch) run() (chunker.Digests, error) {
 	jobs := make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
 	for range verifiers {
-		go f.verifier(ctx, jobs, verdicts)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.verifier(ctx, jobs, verdicts)
+		}()
 	}
 
 	var cur *win
@@ -523,10 +542,17 @@ func (f *fetch) judge(v verdict, done *int) error {
 	c.win.left--
 	if c.win.left == 0 {
 		w := c.win
-		go f.s.call(context.WithoutCancel(f.ctx), &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
+		go func() {
+			f.s.call(context.WithoutCancel(f.ctx), &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
+			<-f.windows
+		}()
 	}
 	return nil
 }
+
+// maxWindows is how many windows a copy keeps mapped at once, within the
+// target's default limit of 8 per session.
+const maxWindows = 4
 
 type winOrErr struct {
 	w   *win
@@ -549,6 +575,11 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		}
 	}
 	for first := 0; first < n; {
+		select {
+		case f.windows <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		off := int64(first) * cs
 		m, err := s.call(ctx, &protocol.Map{Handle: f.handle, Offset: uint64(off), Length: want})
 		if err != nil {

@@ -153,4 +153,3 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries)
 	return nil
 }
-

@@ -982,3 +982,209 @@ func fzRestore(t *testing.T, e *fzEnv) {
 		}
 	}
 }
+
+// ---- Regression tests for provider bugs found while writing the fuzzers ----
+
+// fzRaw is a QP under test (the passive side) and the raw TCP connection
+// of its peer, which this test drives by hand.
+type fzRaw struct {
+	c   net.Conn
+	q   *qp
+	pd  verbs.PD
+	scq verbs.CQ
+	rcq verbs.CQ
+}
+
+func fzRawPair(t *testing.T, crc bool, recvs func(verbs.PD) []verbs.RecvWR) *fzRaw {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dev, err := New(Config{NoCRC: true}).Open(ctx, verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &fzRaw{}
+	r.pd, _ = dev.AllocPD()
+	r.scq, _ = dev.CreateCQ(1024)
+	r.rcq, _ = dev.CreateCQ(1024)
+	ln, err := dev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	req := mpaFrame{crc: crc, enhanced: true, rev: mpaRev2, ird: 4, ord: 4}
+	rb, _ := req.marshal()
+	if r.c, err = net.Dial("tcp", ln.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.c.Close() })
+	if _, err := r.c.Write(rb); err != nil {
+		t.Fatal(err)
+	}
+	cr, err := ln.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq, err := cr.Prepare(r.pd, verbs.QPConfig{SendCQ: r.scq, RecvCQ: r.rcq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recvs != nil {
+		if _, err := pq.PostRecv(recvs(r.pd)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qpi, err := pq.Connect(ctx, verbs.ConnParam{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.q = qpi.(*qp)
+	t.Cleanup(func() { r.q.Close() })
+	rep, err := readMPA(r.c, true)
+	if err != nil || rep.crc != crc {
+		t.Fatalf("MPA reply %+v, %v", rep, err)
+	}
+	return r
+}
+
+// A Send whose FPDU fails the CRC check must not complete successfully:
+// RFC 5044 section 7.2 has the receiver verify the CRC before it passes the
+// ULPDU to DDP, and the data placed from a corrupted FPDU is not to be
+// trusted. qp.go's untagged() pushes the receive's successful completion
+// before readLoop compares the CRC.
+func TestBadCRCSendDoesNotComplete(t *testing.T) {
+	var recvBuf []byte
+	r := fzRawPair(t, true, func(p verbs.PD) []verbs.RecvWR {
+		recvBuf = buffer(t, 4096)
+		m, err := p.RegMR(recvBuf, verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []verbs.RecvWR{{ID: 7, Local: verbs.SGE{Addr: m.Addr(), Length: 64, LKey: m.LKey()}}}
+	})
+	fp := fzSendFPDU(true, 1, 0, true, []byte("this message is corrupted"))
+	fp[len(fp)-1] ^= 0xff
+	if _, err := r.c.Write(fp); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.q.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("QP accepted an FPDU with a bad CRC")
+	}
+	cs := wait(t, r.rcq, 1)
+	if cs[0].WRID != 7 || cs[0].Status == verbs.StatusSuccess {
+		t.Fatalf("receive of a Send with a bad CRC completed with %+v (%v); want an error or flush status", cs[0], cs[0].Status)
+	}
+}
+
+// MR.Close promises that once it returns nothing touches the memory. A
+// Read Response longer than one write batch (flushBytes, 8 MiB) breaks
+// that: fpdus.write releases every held region after each batch, so the
+// rest of the response is sent from the region's memory with no hold on
+// it (qp.go: fpdus.message calls f.write mid-message; send() took the
+// hold once, before the message). A peer then reads memory that was
+// deregistered, and possibly reused, after Close returned.
+func TestCloseWaitsForLongReadResponse(t *testing.T) {
+	r := fzRawPair(t, true, nil)
+	const n = 32 << 20
+	buf := buffer(t, n)
+	orig := fzPattern(n, 42)
+	copy(buf, orig)
+	m, err := r.pd.RegMR(buf, verbs.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.c.Write(fzReadReqFPDU(true, 1, readReq{sinkSTag: 9, sinkTO: 0, size: n, srcSTag: m.RKey(), srcTO: m.Addr()})); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the response fills the socket buffers; this side reads nothing yet
+	closed := make(chan struct{})
+	go func() {
+		m.Close()
+		for i := range buf { // the application reuses the memory at once
+			buf[i] = 0xff
+		}
+		close(closed)
+	}()
+	// Read the whole response: every byte must be the region's content
+	// at the time of the READ, never what was written after Close.
+	got := make([]byte, 0, n)
+	r.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	hb := make([]byte, mpaLenLen+taggedHdrLen)
+	for len(got) < n {
+		if _, err := io.ReadFull(r.c, hb); err != nil {
+			t.Fatalf("after %d bytes of the response: %v", len(got), err)
+		}
+		ulpdu := int(binary.BigEndian.Uint16(hb))
+		rest := make([]byte, ulpdu-taggedHdrLen+padLen(ulpdu)+crcLen)
+		if _, err := io.ReadFull(r.c, rest); err != nil {
+			t.Fatal(err)
+		}
+		if hb[3]&rdmapOpMask != opReadResp {
+			t.Fatalf("after %d bytes: opcode %d (QP error %v)", len(got), hb[3]&rdmapOpMask, r.q.Err())
+		}
+		got = append(got, rest[:ulpdu-taggedHdrLen]...)
+	}
+	<-closed
+	if i := firstDiff(got, orig); i >= 0 {
+		t.Fatalf("byte %d of %d of the Read Response was read from the region after MR.Close returned (got %#x, want %#x)", i, n, got[i], orig[i])
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// MR.Close must not deadlock with the writer. The writer takes a shared
+// hold (use.RLock) on a region for every Read Response of a batch and
+// releases them all only after the batch is written, so a batch of two
+// responses from one region takes the read lock twice in one goroutine;
+// if MR.Close's use.Lock arrives between the two, the second RLock waits
+// for the writer lock, which waits for the first RLock: both hang for
+// ever (sync.RWMutex forbids recursive read locking). Through a memory
+// window the window is wide: closing the MR does not drop the window's
+// STag, so the second lookup still succeeds while Close waits.
+func TestCloseDuringReadBatchNoDeadlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("timing-dependent; a few seconds")
+	}
+	const big = 7 << 20 // one batch: under flushBytes, under 3*flushFPDUs buffers
+	for attempt := range 30 {
+		r := fzRawPair(t, true, nil)
+		buf := buffer(t, big+4096)
+		m, err := r.pd.RegMR(buf, verbs.AccessLocalWrite|verbs.AccessMWBind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, _ := r.pd.AllocMW()
+		if _, err := r.q.PostSend([]verbs.SendWR{{ID: 1, Op: verbs.OpBindMW, MW: w, BindMR: m, BindAddr: m.Addr(), BindLen: m.Len(), BindAccess: verbs.AccessRemoteRead}}); err != nil || w.RKey() == 0 {
+			t.Fatal("bind", err)
+		}
+		go io.Copy(io.Discard, r.c)
+		reqs := fzCat(
+			fzReadReqFPDU(true, 1, readReq{sinkSTag: 9, size: big, srcSTag: w.RKey(), srcTO: m.Addr()}),
+			fzReadReqFPDU(true, 2, readReq{sinkSTag: 9, size: 1, srcSTag: w.RKey(), srcTO: m.Addr()}),
+		)
+		if _, err := r.c.Write(reqs); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(attempt%10) * 100 * time.Microsecond)
+		done := make(chan struct{})
+		go func() { m.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			t.Fatalf("attempt %d: MR.Close and the QP's writer deadlocked (QP error so far: %v)", attempt, r.q.Err())
+		}
+		r.c.Close()
+	}
+}

@@ -1,0 +1,220 @@
+package initiator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/faulty"
+	"github.com/rdmacp/rdmacp/verbs/iwarp"
+)
+
+func noDest(t *testing.T, dst string) {
+	t.Helper()
+	if _, err := os.Stat(dst); err == nil {
+		t.Errorf("%s exists after a failed copy", dst)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*.part"))
+	if len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
+
+// faultyEnv is a target whose initiator side goes through the faulty
+// decorator.
+func faultyEnv(t *testing.T) (*env, *faulty.Injector) {
+	e := startTarget(t, nil)
+	inj := &faulty.Injector{}
+	e.dev = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj))
+	return e, inj
+}
+
+func TestCorruptChunkIsReread(t *testing.T) {
+	e, inj := faultyEnv(t)
+	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
+	// One READ per chunk, so that three corruptions are three chunks.
+	s := e.dial(t, func(c *initiator.Config) { c.ReadSize = 64 << 10 })
+	inj.CorruptReads(3, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	res, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := inj.Stats().CorruptedReads; got != 3 {
+		t.Fatalf("injected %d corruptions, want 3", got)
+	}
+	if res.Retries != 3 {
+		t.Errorf("result reports %d retries, want 3", res.Retries)
+	}
+	got, _ := os.ReadFile(dst)
+	if string(got) != string(want) {
+		t.Fatal("copy differs from source despite verification")
+	}
+}
+
+func TestPersistentCorruptionFails(t *testing.T) {
+	e, inj := faultyEnv(t)
+	randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
+	s := e.dial(t, func(c *initiator.Config) { c.Retries = 2 })
+	inj.CorruptReads(1000, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
+	if !errors.Is(err, initiator.ErrVerify) {
+		t.Fatalf("err = %v, want ErrVerify", err)
+	}
+	noDest(t, dst)
+}
+
+func TestNoVerifyMissesCorruption(t *testing.T) {
+	// The control for the two tests above: with --checksum none the
+	// same fault goes unseen, so they really test verification.
+	e, inj := faultyEnv(t)
+	want := randomFile(t, filepath.Join(e.dir, "f"), 256<<10)
+	s := e.dial(t, func(c *initiator.Config) { c.Algorithm = 2 })
+	inj.CorruptReads(1, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(dst)
+	if string(got) == string(want) {
+		t.Fatal("corruption injected but the copy is intact: the injector did nothing")
+	}
+}
+
+func TestDroppedConnectionFails(t *testing.T) {
+	e, inj := faultyEnv(t)
+	randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
+	s := e.dial(t, nil)
+	inj.DropAfter(20)
+	dst := filepath.Join(t.TempDir(), "f")
+	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
+	if !errors.Is(err, initiator.ErrConnect) {
+		t.Fatalf("err = %v, want ErrConnect", err)
+	}
+	noDest(t, dst)
+}
+
+func TestTargetGoneMidCopy(t *testing.T) {
+	e := &env{dir: t.TempDir()}
+	tdev := open(t, iwarp.New(iwarp.Config{}))
+	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: e.dir}}, ChunkSize: 64 << 10, MaxWindow: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, _ := tdev.Listen(ctx, "127.0.0.1:0")
+	defer ln.Close()
+	e.addr = ln.Addr()
+	go srv.Serve(ctx, ln)
+	e.dev = open(t, iwarp.New(iwarp.Config{}))
+	randomFile(t, filepath.Join(e.dir, "f"), 64<<20)
+	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1 })
+	dst := filepath.Join(t.TempDir(), "f")
+	var once sync.Once
+	_, err = s.Get(context.Background(), "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
+		once.Do(cancel) // the target shuts down under the copy
+	}})
+	cancel()
+	if !errors.Is(err, initiator.ErrConnect) {
+		t.Fatalf("err = %v, want ErrConnect", err)
+	}
+	noDest(t, dst)
+}
+
+func TestSourceChangedDuringCopy(t *testing.T) {
+	e := startTarget(t, func(c *target.Config) { c.MaxWindow = 64 << 10 })
+	src := filepath.Join(e.dir, "f")
+	randomFile(t, src, 8<<20)
+	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.Retries = 1 })
+	dst := filepath.Join(t.TempDir(), "f")
+	var once sync.Once
+	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
+		once.Do(func() {
+			f, _ := os.OpenFile(src, os.O_WRONLY, 0)
+			f.WriteAt([]byte("changed!"), 4<<20)
+			f.Close()
+			future := time.Now().Add(time.Hour)
+			os.Chtimes(src, future, future)
+		})
+	}})
+	if !errors.Is(err, initiator.ErrChanged) {
+		t.Fatalf("err = %v, want ErrChanged", err)
+	}
+	noDest(t, dst)
+}
+
+func TestFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	e := startTarget(t, nil)
+	randomFile(t, filepath.Join(e.dir, "f"), 4<<20)
+	s := e.dial(t, nil)
+	dst := filepath.Join(dir, "f")
+	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("err = %v, want ENOSPC", err)
+	}
+	if !strings.Contains(err.Error(), "no space") {
+		t.Errorf("error %q does not say the disk is full", err)
+	}
+	noDest(t, dst)
+}
+
+func TestConcurrentInitiators(t *testing.T) {
+	e := startTarget(t, nil)
+	want := randomFile(t, filepath.Join(e.dir, "f"), 3<<20)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	out := t.TempDir()
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev, err := iwarp.New(iwarp.Config{}).Open(context.Background(), verbs.DeviceConfig{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer dev.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := initiator.Dial(ctx, e.addr, initiator.Config{Device: dev, QPs: 2, Depth: 2, ReadSize: 16 << 10})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			dst := filepath.Join(out, fmt.Sprint(i))
+			if _, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{}); err != nil {
+				errs <- err
+				return
+			}
+			if got, _ := os.ReadFile(dst); string(got) != string(want) {
+				errs <- fmt.Errorf("initiator %d: copy differs", i)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

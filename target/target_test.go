@@ -1,0 +1,171 @@
+package target_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/iwarp"
+)
+
+func device(t *testing.T) verbs.Device {
+	d, err := iwarp.New(iwarp.Config{}).Open(context.Background(), verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func serve(t *testing.T, cfg target.Config) string {
+	t.Helper()
+	cfg.Device = device(t)
+	if cfg.Exports == nil {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, "f"), []byte("hello"), 0o644)
+		cfg.Exports = []target.Export{{Name: "data", Path: dir}}
+	}
+	srv, err := target.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := cfg.Device.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; ln.Close() })
+	return ln.Addr()
+}
+
+// rawSession connects a control channel by hand, to speak to the target
+// in ways the initiator never would.
+func rawSession(t *testing.T, addr string, priv protocol.PrivateData) (*protocol.Channel, error) {
+	dev := device(t)
+	pd, _ := dev.AllocPD()
+	ch, err := protocol.NewChannel(dev, pd, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pq, err := dev.PrepareDial(ctx, pd, addr, ch.QPConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.PostRecvs(pq)
+	b, err := protocol.MarshalPrivate(priv)
+	if err != nil {
+		// Build bad private data by hand.
+		good, _ := protocol.MarshalPrivate(protocol.ControlData())
+		b = append([]byte(nil), good...)
+		b[4] = priv.Version
+	}
+	qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: b})
+	if err != nil {
+		return nil, err
+	}
+	ch.Attach(qp)
+	t.Cleanup(func() { ch.Close() })
+	return ch, nil
+}
+
+func TestVersionMismatch(t *testing.T) {
+	addr := serve(t, target.Config{})
+	ch, err := rawSession(t, addr, protocol.ControlData())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = ch.Call(ctx, &protocol.Hello{MinVersion: 2, MaxVersion: 3})
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeVersion {
+		t.Fatalf("err = %v, want a version error", err)
+	}
+}
+
+func TestPrivateDataVersionRefused(t *testing.T) {
+	addr := serve(t, target.Config{})
+	p := protocol.ControlData()
+	p.Version = 9
+	_, err := rawSession(t, addr, p)
+	var rej *verbs.RejectedError
+	if !errors.As(err, &rej) || !strings.Contains(string(rej.PrivateData), "version") {
+		t.Fatalf("err = %v, want a rejection naming the version", err)
+	}
+}
+
+func TestDataQPNeedsKnownSession(t *testing.T) {
+	addr := serve(t, target.Config{Secret: []byte("s")})
+	var token [16]byte
+	_, err := rawSession(t, addr, protocol.JoinData(token, 0))
+	var rej *verbs.RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("err = %v, want rejection", err)
+	}
+	// A real session's token, before the session has authenticated.
+	ch, err := rawSession(t, addr, protocol.ControlData())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := ch.Call(ctx, &protocol.Hello{MinVersion: 1, MaxVersion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.(*protocol.Challenge)
+	if !c.AuthRequired {
+		t.Fatal("target with a secret does not ask for it")
+	}
+	_, err = rawSession(t, addr, protocol.JoinData(c.Session, 0))
+	if !errors.As(err, &rej) || !strings.Contains(string(rej.PrivateData), "not authenticated") {
+		t.Fatalf("err = %v, want rejection before auth", err)
+	}
+	// Requests before auth are refused too.
+	if _, err := ch.Call(ctx, &protocol.List{Path: ""}); err == nil {
+		t.Fatal("list before auth answered")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	dev := device(t)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		cfg  target.Config
+		want string
+	}{
+		{"no exports", target.Config{Device: dev}, "nothing to export"},
+		{"bad name", target.Config{Device: dev, Exports: []target.Export{{Name: "a/b", Path: dir}}}, "export name"},
+		{"dup", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir}, {Name: "a", Path: dir}}}, "twice"},
+		{"missing path", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir + "/nope"}}}, "no such file"},
+		{"chunk", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir}}, ChunkSize: 1000}, "chunk"},
+	} {
+		_, err := target.New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	for addr, ok := range map[string]bool{"127.0.0.1:1": true, "[::1]:1": true, "localhost:1": true, ":1": false, "0.0.0.0:1": false, "10.0.0.1:1": false} {
+		if err := target.CheckListen(addr, nil); (err == nil) != ok {
+			t.Errorf("%s without secret: %v", addr, err)
+		}
+		if err := target.CheckListen(addr, []byte("s")); err != nil {
+			t.Errorf("%s with secret: %v", addr, err)
+		}
+	}
+}
