@@ -88,7 +88,8 @@ func main() {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	onUsage := func(c *cli.Context, err error, _ bool) error { return usageError{err} }
+	app := &cli.App{
 		Name:    "rdmacp",
 		Usage:   "copy files and block devices with one-sided RDMA READs",
 		Version: version,
@@ -97,8 +98,10 @@ func newApp() *cli.App {
 		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand()},
 		HideHelpCommand: true,
 		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits
-		OnUsageError: func(c *cli.Context, err error, _ bool) error {
-			return usageError{err}
-		},
+		OnUsageError:    onUsage,
 	}
+	for _, c := range app.Commands {
+		c.OnUsageError = onUsage
+	}
+	return app
 }

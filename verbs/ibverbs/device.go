@@ -10,7 +10,6 @@ import "C"
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -116,7 +115,7 @@ func mtuBytes(m C.enum_ibv_mtu) int {
 	return 128 << int(m)
 }
 
-func gidTypeName(t uint32, gid net.IP) string {
+func gidTypeName(t uint32) string {
 	switch t {
 	case C.IBV_GID_TYPE_IB:
 		return "IB/RoCE v1"
@@ -192,7 +191,7 @@ func queryPort(ctx *C.struct_ibv_context, port int, want int) (portInfo, error) 
 	if best >= 0 {
 		pi.gidIndex = best
 		pi.gid = bestGID
-		pi.gidType = gidTypeName(bestType, bestGID)
+		pi.gidType = gidTypeName(bestType)
 		if pi.linkLayer == "Ethernet" {
 			if v4 := bestGID.To4(); v4 != nil {
 				pi.ip = v4
@@ -388,7 +387,7 @@ func (p *provider) openCtx(l *contextList, c *C.struct_ibv_context, pi portInfo)
 		reads = 1
 	}
 	flags := uint32(da.device_cap_flags)
-	mw := flags&C.IBV_DEVICE_MEM_WINDOW != 0 && flags&(C.IBV_DEVICE_MEM_WINDOW_TYPE_2A|C.IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0
+	hasMW := flags&C.IBV_DEVICE_MEM_WINDOW != 0 && flags&(C.IBV_DEVICE_MEM_WINDOW_TYPE_2A|C.IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0
 	d := &device{
 		p: p, list: l, ctx: c, name: deviceName(c), port: pi,
 		caps: verbs.Caps{
@@ -397,7 +396,7 @@ func (p *provider) openCtx(l *contextList, c *C.struct_ibv_context, pi portInfo)
 			MaxQPWR:        int(da.max_qp_wr),
 			MaxCQE:         int(da.max_cqe),
 			MaxPrivateData: maxPrivReq,
-			MemoryWindows:  mw,
+			MemoryWindows:  hasMW,
 			Addressing:     verbs.AddrIP,
 		},
 		ids: map[uintptr]*cmID{}, pds: map[*pd]struct{}{}, cqs: map[*cq]struct{}{},
@@ -511,6 +510,7 @@ func (d *device) isClosed() bool {
 type cmEvent struct {
 	typ       C.enum_rdma_cm_event_type
 	status    int
+	idp       *C.struct_rdma_cm_id
 	id        uintptr
 	listenID  uintptr
 	qpNum     uint32
@@ -547,10 +547,10 @@ func (d *device) newCMID() (*cmID, error) {
 }
 
 // adopt registers a child id that a CONNECT_REQUEST created.
-func (d *device) adopt(id uintptr) *cmID {
-	c := &cmID{d: d, id: (*C.struct_rdma_cm_id)(unsafe.Pointer(id)), events: make(chan cmEvent, 16)}
+func (d *device) adopt(id *C.struct_rdma_cm_id) *cmID {
+	c := &cmID{d: d, id: id, events: make(chan cmEvent, 16)}
 	d.idMu.Lock()
-	d.ids[id] = c
+	d.ids[uintptr(unsafe.Pointer(id))] = c
 	d.idMu.Unlock()
 	return c
 }
@@ -641,8 +641,9 @@ func (d *device) copyEvent() cmEvent {
 	e := cmEvent{
 		typ:       C.enum_rdma_cm_event_type(b.event),
 		status:    int(b.status),
-		id:        uintptr(b.id),
-		listenID:  uintptr(b.listen_id),
+		idp:       b.id,
+		id:        uintptr(unsafe.Pointer(b.id)),
+		listenID:  uintptr(unsafe.Pointer(b.listen_id)),
 		qpNum:     uint32(b.qp_num),
 		respRes:   int(b.responder_resources),
 		initDepth: int(b.initiator_depth),
@@ -658,7 +659,7 @@ func (d *device) dispatch(e cmEvent) {
 		d.idMu.Lock()
 		lc := d.ids[e.listenID]
 		d.idMu.Unlock()
-		child := d.adopt(e.id)
+		child := d.adopt(e.idp)
 		var l *listener
 		if lc != nil {
 			lc.mu.Lock()
@@ -804,5 +805,3 @@ func (s *ctxShared) delCQ(c *cq) {
 	delete(s.cqs, uintptr(unsafe.Pointer(c.cq)))
 	s.mu.Unlock()
 }
-
-var errDeviceClosed = errors.New("device closed")

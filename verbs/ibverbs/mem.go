@@ -186,6 +186,7 @@ type mw struct {
 	index     uint32 // key >> 8, for finding the window from a LOCAL_INV
 	confirmed uint32 // the key the device holds
 	qp        *qp    // the QP of the last bind
+	gen       uint32 // counts ibv_mw allocations: completions of binds on an older one are ignored
 	bound     atomic.Uint32
 }
 
@@ -215,6 +216,7 @@ func (w *mw) allocLocked() error {
 		return opErr("alloc_mw", errnoErr(e))
 	}
 	w.mw = m
+	w.gen++
 	k := uint32(C.rc_mw_rkey(m))
 	w.confirmed = k
 	w.index = k >> 8
@@ -276,11 +278,11 @@ func (w *mw) reset(q *qp) {
 	w.allocLocked()
 }
 
-// bindDone records the outcome of a bind to key.
-func (w *mw) bindDone(key uint32, ok bool) {
+// bindDone records the outcome of a bind to key, posted on generation gen.
+func (w *mw) bindDone(key, gen uint32, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.mw == nil {
+	if w.mw == nil || gen != w.gen {
 		return
 	}
 	if ok {
@@ -292,9 +294,13 @@ func (w *mw) bindDone(key uint32, ok bool) {
 	C.rc_mw_set_rkey(w.mw, C.uint32_t(w.confirmed))
 }
 
-// invDone records a completed LOCAL_INV of key.
-func (w *mw) invDone(key uint32) {
-	w.bound.CompareAndSwap(key, 0)
+// invDone records a completed LOCAL_INV of key, posted on generation gen.
+func (w *mw) invDone(key, gen uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if gen == w.gen {
+		w.bound.CompareAndSwap(key, 0)
+	}
 }
 
 func (d *device) mwByKey(key uint32) *mw {

@@ -249,8 +249,8 @@ static int rc_query_gid(struct ibv_context *ctx, uint32_t port, uint32_t idx,
 // An rdma_cm event copied out of librdmacm's buffer; the event itself is
 // acked before Go sees this, so no destroy ever waits on Go.
 struct rc_cm_event {
-	uintptr_t id;
-	uintptr_t listen_id;
+	struct rdma_cm_id *id;
+	struct rdma_cm_id *listen_id;
 	int32_t event;
 	int32_t status;
 	uint32_t qp_num;
@@ -268,8 +268,8 @@ static int rc_get_cm_event(struct rdma_event_channel *ch, struct rc_cm_event *ou
 	if (rdma_get_cm_event(ch, &ev) != 0)
 		return errno ? errno : EIO;
 	memset(out, 0, sizeof(*out));
-	out->id = (uintptr_t)ev->id;
-	out->listen_id = (uintptr_t)ev->listen_id;
+	out->id = ev->id;
+	out->listen_id = ev->listen_id;
 	out->event = ev->event;
 	out->status = ev->status;
 	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ||

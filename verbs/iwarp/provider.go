@@ -270,10 +270,25 @@ func (w *mw) invalidate(stag uint32) verbs.Status {
 	return verbs.StatusSuccess
 }
 
+// hold takes m shared. A caller that already holds regions passes flush
+// to release them should m be wanted exclusively (a Close waiting):
+// blocking while holding another share of m would deadlock.
+func (m *mr) hold(flush func()) {
+	if flush == nil {
+		m.use.RLock()
+		return
+	}
+	if !m.use.TryRLock() {
+		flush()
+		m.use.RLock()
+	}
+}
+
 // resolve finds the memory a remote access names, checking the STag's
 // protection domain, QP binding, bounds and rights. On success the
-// returned MR is held shared (use.RLock) and the caller must release it.
-func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Access) (*mr, []byte, *termError) {
+// returned MR is held shared and the caller must release it (use.RUnlock);
+// flush is as for hold.
+func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Access, flush func()) (*mr, []byte, *termError) {
 	r := d.lookup(stag)
 	var m *mr
 	switch r := r.(type) {
@@ -308,7 +323,7 @@ func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Acc
 	if to+n < to {
 		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapTOWrap, msg: "tagged offset wraps"}
 	}
-	m.use.RLock()
+	m.hold(flush)
 	if !m.valid {
 		m.use.RUnlock()
 		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered", stag)}
@@ -321,13 +336,14 @@ func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Acc
 	return m, b, nil
 }
 
-// local finds the local memory an SGE names, held shared on success.
-func (d *device) local(q *qp, s verbs.SGE, need verbs.Access) (*mr, []byte, bool) {
+// local finds the local memory an SGE names, held shared on success;
+// flush is as for hold.
+func (d *device) local(q *qp, s verbs.SGE, need verbs.Access, flush func()) (*mr, []byte, bool) {
 	m, ok := d.lookup(s.LKey).(*mr)
 	if !ok || m.pd != q.pd || m.access&need != need {
 		return nil, nil, false
 	}
-	m.use.RLock()
+	m.hold(flush)
 	if !m.valid {
 		m.use.RUnlock()
 		return nil, nil, false

@@ -1,6 +1,7 @@
 package iwarp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -362,7 +363,9 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 		sum = crc32.Update(sum, castagnoli, payload)
 		sum = crc32.Update(sum, castagnoli, tb[:pad])
 	}
-	tb[pad], tb[pad+1], tb[pad+2], tb[pad+3] = byte(sum>>24), byte(sum>>16), byte(sum>>8), byte(sum)
+	// The CRC goes least significant byte first, as iSCSI's does
+	// (RFC 5044 section 4.4; siw and Wireshark agree).
+	binary.LittleEndian.PutUint32(tb[pad:], sum)
 	f.scratch = f.scratch[:start+n+pad+crcLen]
 	if len(payload) > 0 {
 		f.bufs = append(f.bufs, hb, payload, tb)
@@ -372,18 +375,27 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 	f.bytes += len(payload)
 }
 
+// write sends what is gathered and releases the regions held for it.
 func (f *fpdus) write(c net.Conn) error {
+	err := f.writeBufs(c)
+	for _, m := range f.held {
+		m.use.RUnlock()
+	}
+	clear(f.held)
+	f.held = f.held[:0]
+	return err
+}
+
+// writeBufs sends what is gathered but keeps holding the regions: a
+// message still being emitted goes on reading its region.
+func (f *fpdus) writeBufs(c net.Conn) error {
 	var err error
 	if len(f.bufs) > 0 {
 		b := f.bufs
 		_, err = b.WriteTo(c)
 	}
-	for _, m := range f.held {
-		m.use.RUnlock()
-	}
 	clear(f.bufs)
 	f.bufs = f.bufs[:0]
-	f.held = f.held[:0]
 	f.scratch = f.scratch[:0]
 	f.bytes = 0
 	return err
@@ -403,7 +415,7 @@ func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) he
 			return nil
 		}
 		if f.full() {
-			if err := f.write(c); err != nil {
+			if err := f.writeBufs(c); err != nil {
 				return err
 			}
 		}
@@ -464,10 +476,22 @@ func (q *qp) writer() {
 
 // send writes READ responses and this side's requests.
 func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
+	var werr error
+	flush := func() {
+		if err := f.write(q.conn); err != nil && werr == nil {
+			werr = err
+		}
+	}
 	for _, r := range resp {
 		var data []byte
 		if r.req.size > 0 {
-			m, b, te := q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead)
+			m, b, te := q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead, flush)
+			if werr != nil {
+				if te == nil {
+					m.use.RUnlock()
+				}
+				return werr
+			}
 			if te != nil {
 				if err := f.write(q.conn); err != nil {
 					return err
@@ -505,7 +529,13 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
 		case verbs.OpSend, verbs.OpWrite:
 			var data []byte
 			if wr.Local.Length > 0 && !s.internal {
-				m, b, ok := q.dev.local(q, wr.Local, 0)
+				m, b, ok := q.dev.local(q, wr.Local, 0, flush)
+				if werr != nil {
+					if ok {
+						m.use.RUnlock()
+					}
+					return werr
+				}
 				if !ok {
 					f.write(q.conn)
 					q.fail(fmt.Errorf("%v: %w", wr.Op, verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
@@ -725,34 +755,37 @@ func (q *qp) readLoop(fr *frameReader) error {
 			sum = crc32.Update(0, castagnoli, hb)
 		}
 		n := ulpdu - hlen
+		pad := padLen(ulpdu)
 		if h.tagged {
-			sum, err = q.placeTagged(fr, &h, n, sum)
+			// Tagged data goes straight to its buffer; what it completes
+			// waits for the CRC below.
+			if sum, err = q.placeTagged(fr, &h, n, sum); err != nil {
+				return err
+			}
+			if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+				return err
+			}
+			if err := q.checkCRC(sum, fr.take(pad+crcLen), pad); err != nil {
+				return err
+			}
 		} else {
+			// Untagged segments are small: take the whole FPDU, check
+			// its CRC, and only then act on it.
 			if n > maxPayload+readReqLen {
 				return &termError{layer: layerLLP, etype: llpMPA, code: llpFPDUStart, msg: fmt.Sprintf("untagged segment of %d bytes", n)}
 			}
-			if err := fr.fill(n, 0); err != nil {
+			if err := fr.fill(n+pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
 				return err
 			}
 			body := fr.take(n)
 			if q.crc {
 				sum = crc32.Update(sum, castagnoli, body)
 			}
-			err = q.untagged(&h, body)
-		}
-		if err != nil {
-			return err
-		}
-		pad := padLen(ulpdu)
-		if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
-			return err
-		}
-		tb := fr.take(pad + crcLen)
-		if q.crc {
-			sum = crc32.Update(sum, castagnoli, tb[:pad])
-			got := uint32(tb[pad])<<24 | uint32(tb[pad+1])<<16 | uint32(tb[pad+2])<<8 | uint32(tb[pad+3])
-			if got != sum {
-				return &termError{layer: layerLLP, etype: llpMPA, code: llpBadCRC, msg: fmt.Sprintf("FPDU CRC %#08x, computed %#08x", got, sum)}
+			if err := q.checkCRC(sum, fr.take(pad+crcLen), pad); err != nil {
+				return err
+			}
+			if err := q.untagged(&h, body); err != nil {
+				return err
 			}
 		}
 		if q.gated {
@@ -767,13 +800,27 @@ func (q *qp) readLoop(fr *frameReader) error {
 	}
 }
 
+// checkCRC compares an FPDU's CRC field (after pad bytes of pad) with
+// sum, the CRC of everything before the pad.
+func (q *qp) checkCRC(sum uint32, tb []byte, pad int) error {
+	if !q.crc {
+		return nil
+	}
+	sum = crc32.Update(sum, castagnoli, tb[:pad])
+	got := binary.LittleEndian.Uint32(tb[pad:])
+	if got != sum {
+		return &termError{layer: layerLLP, etype: llpMPA, code: llpBadCRC, msg: fmt.Sprintf("FPDU CRC %#08x, computed %#08x", got, sum)}
+	}
+	return nil
+}
+
 // placeTagged lands a Read Response or Write segment of n bytes.
 func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32, error) {
 	if h.op == opWrite {
 		if n == 0 {
 			return sum, nil // zero-length Write: an RTR, never checked
 		}
-		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite)
+		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite, nil)
 		if te != nil {
 			return sum, te
 		}
@@ -810,7 +857,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32,
 	if n == 0 {
 		return sum, nil
 	}
-	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(n), LKey: h.stag}, verbs.AccessLocalWrite)
+	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(n), LKey: h.stag}, verbs.AccessLocalWrite, nil)
 	if !ok {
 		// The sink was deregistered or is not writable: a local error.
 		q.fail(fmt.Errorf("read: %w", verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
@@ -900,7 +947,7 @@ func (q *qp) untagged(h *header, body []byte) error {
 		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTTooLong, msg: fmt.Sprintf("message of at least %d bytes for a %d-byte receive", end, r.wr.Local.Length)}
 	}
 	if len(body) > 0 {
-		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite)
+		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite, nil)
 		if !ok {
 			q.rq = q.rq[1:]
 			q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalProtect, Op: verbs.OpRecv, QPN: q.qpn})

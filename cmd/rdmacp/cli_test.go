@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as rdmacp: with RDMACP_MAIN set it runs main.
+func TestMain(m *testing.M) {
+	if os.Getenv("RDMACP_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// binary is the program run as rdmacp.
+var binary = os.Args[0]
+
+func rdmacp(args ...string) *exec.Cmd {
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "RDMACP_MAIN=1")
+	return cmd
+}
+
+// run runs rdmacp and returns stdout, stderr and the exit code.
+func run(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := rdmacp(args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+type server struct {
+	cmd  *exec.Cmd
+	addr string
+	dir  string
+	logs *bytes.Buffer
+}
+
+var servingRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
+
+// serve starts `rdmacp serve` exporting dir as "data" and waits until it listens.
+func serve(t *testing.T, dir string, cred *syscall.Credential, extra ...string) *server {
+	t.Helper()
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--export", "data=" + dir, "--chunk-size", "64K"}, extra...)
+	cmd := rdmacp(args...)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, dir: dir, logs: &bytes.Buffer{}}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			s.logs.WriteString(line + "\n")
+			if m := servingRE.FindStringSubmatch(line); m != nil {
+				found <- m[1]
+			}
+		}
+	}()
+	select {
+	case s.addr = <-found:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("serve did not start: %s", s.logs)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	return s
+}
+
+func writeFile(t *testing.T, path string, n int) []byte {
+	b := make([]byte, n)
+	rand.NewChaCha8([32]byte{7}).Read(b)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestCpAndLs(t *testing.T) {
+	dir := t.TempDir()
+	want := writeFile(t, filepath.Join(dir, "file.bin"), 3<<20+5)
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "out.bin")
+
+	out, errs, code := run(t, "cp", "--qps", "2", s.addr+":data/file.bin", dst)
+	if code != 0 {
+		t.Fatalf("cp: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "transport: iwarp-soft") {
+		t.Errorf("cp did not say which transport it uses: %q", errs)
+	}
+	if !strings.Contains(out, "crc32c:") {
+		t.Errorf("summary lacks the digest: %q", out)
+	}
+	got, _ := os.ReadFile(dst)
+	if sha256.Sum256(got) != sha256.Sum256(want) {
+		t.Fatal("copy differs")
+	}
+
+	out, _, code = run(t, "ls", s.addr+":data")
+	if code != 0 || out != "file.bin\nsub/\n" {
+		t.Errorf("ls: exit %d, %q", code, out)
+	}
+	out, _, code = run(t, "ls", s.addr+":")
+	if code != 0 || out != "data/\n" {
+		t.Errorf("ls exports: exit %d, %q", code, out)
+	}
+}
+
+func TestCpJSON(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1<<20)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	out, errs, code := run(t, "cp", "--json", s.addr+":data/f", dst)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var sum map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+		t.Fatalf("last line %q: %v", lines[len(lines)-1], err)
+	}
+	if sum["message_type"] != "summary" || sum["bytes"] != float64(1<<20) || !strings.HasPrefix(sum["transport"].(string), "iwarp-soft") {
+		t.Errorf("summary: %v", sum)
+	}
+	for _, l := range lines[:len(lines)-1] {
+		var st map[string]any
+		if err := json.Unmarshal([]byte(l), &st); err != nil || st["message_type"] != "status" {
+			t.Errorf("status line %q: %v", l, err)
+		}
+	}
+
+	// Errors are JSON too, with the exit code.
+	out, _, code = run(t, "cp", "--json", s.addr+":data/missing", dst+"2")
+	var e map[string]any
+	if json.Unmarshal([]byte(strings.TrimSpace(out)), &e); code != exitRemote || e["message_type"] != "error" || e["exit_code"] != float64(exitRemote) {
+		t.Errorf("exit %d, %q", code, out)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1000)
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	secret := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secret, []byte("open sesame\n"), 0o600)
+	wrong := filepath.Join(t.TempDir(), "wrong")
+	os.WriteFile(wrong, []byte("nope\n"), 0o600)
+	s := serve(t, dir, nil, "--secret-file", secret)
+	dst := filepath.Join(t.TempDir(), "x")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"ok", []string{"cp", "--secret-file", secret, s.addr + ":data/f", dst}, exitOK, ""},
+		{"no secret", []string{"cp", s.addr + ":data/f", dst + "1"}, exitAuth, "requires a secret"},
+		{"wrong secret", []string{"cp", "--secret-file", wrong, s.addr + ":data/f", dst + "1"}, exitAuth, "refused our secret"},
+		{"missing", []string{"cp", "--secret-file", secret, s.addr + ":data/missing", dst + "1"}, exitRemote, "no such file"},
+		{"dir", []string{"cp", "--secret-file", secret, s.addr + ":data/d", dst + "1"}, exitRemote, "is a directory"},
+		{"traversal", []string{"cp", "--secret-file", secret, s.addr + ":data/../../etc/passwd", dst + "1"}, exitRemote, "outside export"},
+		{"bad flag", []string{"cp", "--qps", "zero", s.addr + ":data/f", dst + "1"}, exitUsage, ""},
+		{"local source", []string{"cp", "/etc/passwd", dst + "1"}, exitUsage, "not a remote path"},
+		{"unreachable", []string{"cp", "127.0.0.1:1:data/f", dst + "1"}, exitConnect, "connection"},
+		{"unknown transport", []string{"cp", "--transport", "carrier-pigeon", s.addr + ":data/f", dst + "1"}, exitUsage, "unknown transport"},
+	} {
+		_, errs, code := run(t, tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.msg) {
+			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", tc.name, code, tc.code, errs, tc.msg)
+		}
+	}
+	if _, err := os.Stat(dst + "1"); err == nil {
+		t.Error("a failed copy left its destination")
+	}
+}
+
+func TestKillTargetMidCopy(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "big"), 256<<20)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "big")
+	cp := rdmacp("cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
+	stdout, _ := cp.StdoutPipe()
+	var errb bytes.Buffer
+	cp.Stderr = &errb
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"status"`) {
+			s.cmd.Process.Kill() // SIGKILL: no goodbye from the target
+			break
+		}
+	}
+	for sc.Scan() {
+	}
+	err := cp.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitConnect {
+		t.Fatalf("cp after the target died: %v (want exit %d); stderr %s", err, exitConnect, errb.String())
+	}
+	if _, err := os.Stat(dst); err == nil {
+		t.Fatal("destination exists after the target died")
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*")); len(left) > 0 {
+		t.Fatalf("leftovers: %v", left)
+	}
+}
+
+func TestPermissionDenied(t *testing.T) {
+	dir, err := os.MkdirTemp("", "rdmacp-perm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	writeFile(t, filepath.Join(dir, "secret"), 10)
+	os.Chmod(filepath.Join(dir, "secret"), 0)
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		// Root reads anything: serve as nobody, from a copy of the
+		// binary that nobody may run.
+		cred = &syscall.Credential{Uid: 65534, Gid: 65534}
+		bin := filepath.Join(dir, "rdmacp")
+		b, err := os.ReadFile(os.Args[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(bin, b, 0o755)
+		defer func(old string) { binary = old }(binary)
+		binary = bin
+	}
+	s := serve(t, dir, cred)
+	binary = os.Args[0]
+	_, errs, code := run(t, "cp", s.addr+":data/secret", filepath.Join(t.TempDir(), "x"))
+	if code != exitRemote || !strings.Contains(errs, "permission denied") {
+		t.Fatalf("exit %d, %q", code, errs)
+	}
+}
+
+func TestServeRefusesOpenListenWithoutSecret(t *testing.T) {
+	_, errs, code := run(t, "serve", "--listen", "0.0.0.0:0", "--export", "x="+t.TempDir())
+	if code != exitUsage || !strings.Contains(errs, "without a secret") {
+		t.Fatalf("exit %d, %q", code, errs)
+	}
+}
+
+func TestServeStopsOnSIGTERM(t *testing.T) {
+	s := serve(t, t.TempDir(), nil)
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() != exitInterrupts && ee.ExitCode() != 0 {
+			t.Fatalf("serve exited %d after SIGTERM", ee.ExitCode())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop on SIGTERM")
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, c := range []string{"serve", "cp", "ls", "demo"} {
+		out, _, code := run(t, c, "--help")
+		if code != 0 || !strings.Contains(out, "USAGE") {
+			t.Errorf("%s --help: exit %d, %q", c, code, out)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	out, errs, code := run(t, "demo", "--size", "5MiB", "--quiet")
+	if code != 0 || !strings.Contains(out, "identical") {
+		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errs)
+	}
+}
+
+func TestParseRemote(t *testing.T) {
+	for in, want := range map[string]string{
+		"host:data/f":      "host:7362 data/f",
+		"host:9000:data/f": "host:9000 data/f",
+		"[::1]:data/f":     "[::1]:7362 data/f",
+		"[::1]:99:data":    "[::1]:99 data",
+		"10.0.0.1:":        "10.0.0.1:7362 ",
+		"./local:file":     "local",
+		"relative/path":    "local",
+	} {
+		r, ok, err := parseRemote(in)
+		got := "local"
+		if ok {
+			got = r.addr + " " + r.path
+		}
+		if err != nil || got != want {
+			t.Errorf("%q: %q %v, want %q", in, got, err, want)
+		}
+	}
+	if _, _, err := parseRemote("host:0:x"); err == nil {
+		t.Error("port 0 accepted")
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "64K": 64 << 10, "4MiB": 4 << 20, "1g": 1 << 30, "2 MB": 2 << 20} {
+		if got, err := parseSize(in); err != nil || got != want {
+			t.Errorf("%q: %d %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1", "1Q"} {
+		if _, err := parseSize(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
