@@ -621,6 +621,13 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 }
 
 func (f *fetch) mapErr(err error) error {
+	for i, qp := range f.s.data {
+		select {
+		case <-qp.Done():
+			return fmt.Errorf("%w: data QP %d: %v (target said: %v)", ErrConnect, i, qp.Err(), err)
+		default:
+		}
+	}
 	var pe *protocol.Error
 	if errors.As(err, &pe) && pe.Code == protocol.CodeChanged {
 		return fmt.Errorf("%w: %s: %s", ErrChanged, f.src, pe.Message)

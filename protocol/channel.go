@@ -227,7 +227,20 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	c.nextID++
 	req.SetID(id)
 	if err := c.Send(ctx, req); err != nil {
-		return nil, err
+		// The peer may have answered and hung up before our send's
+		// completion was counted: a reply already received still counts.
+		for {
+			m, rerr := c.Recv(ctx)
+			if rerr != nil {
+				return nil, err
+			}
+			if m.ID() == id {
+				if e, ok := m.(*Error); ok {
+					return nil, e
+				}
+				return m, nil
+			}
+		}
 	}
 	for {
 		m, err := c.Recv(ctx)

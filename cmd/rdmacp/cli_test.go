@@ -196,6 +196,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad flag", []string{"cp", "--qps", "zero", s.addr + ":data/f", dst + "1"}, exitUsage, ""},
 		{"local source", []string{"cp", "/etc/passwd", dst + "1"}, exitUsage, "not a remote path"},
 		{"unreachable", []string{"cp", "127.0.0.1:1:data/f", dst + "1"}, exitConnect, "connection"},
+		{"ibverbs not built", []string{"cp", "--transport", "ibverbs", s.addr + ":data/f", dst + "1"}, exitConnect, "built without rdma support"},
 		{"unknown transport", []string{"cp", "--transport", "carrier-pigeon", s.addr + ":data/f", dst + "1"}, exitUsage, "unknown transport"},
 	} {
 		_, errs, code := run(t, tc.args...)

@@ -70,7 +70,7 @@ func runDemo(c *cli.Context) error {
 	go func() { served <- srv.Serve(ctx, ln) }()
 	jsonOut := c.Bool("json")
 	if !jsonOut {
-		fmt.Fprintf(c.App.ErrWriter, "target: serving demo=%s on %s\ntransport: %s\n", exp, ln.Addr(), why)
+		fmt.Fprintf(c.App.ErrWriter, "target: serving demo=%s on %s over %s\n", exp, ln.Addr(), why)
 	}
 	remote := ln.Addr() + ":demo/demo.bin"
 	if err := copyOne(c, remote, filepath.Join(dir, "copy.bin"), c.App.Writer); err != nil {

@@ -1,7 +1,12 @@
 package main
 
-import "github.com/rdmacp/rdmacp/verbs"
+import (
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/ibverbs"
+)
 
 // rdmaProviders are the transports over real RDMA hardware, preferred
 // over the software one.
-func rdmaProviders() []verbs.Provider { return nil }
+func rdmaProviders() []verbs.Provider {
+	return []verbs.Provider{ibverbs.New(ibverbs.Config{})}
+}

@@ -16,6 +16,36 @@
 // netpoller; completion channels are waited on the same way, so no OS
 // thread is parked per QP or CQ. Work requests are posted and completions
 // polled in batches, one cgo call per batch.
+//
+// Behaviour worth knowing:
+//
+//   - Device selection follows perftest: DeviceConfig.Name is -d, Port
+//     is -i (0: the first active port), GIDIndex is -x; 0 or -1 choose
+//     automatically (a RoCE v2 IPv4-mapped GID first; index 0 is the
+//     link-local default GID, never what rdma_cm addresses by). The
+//     chosen GID's IP address is what listeners on ":port" bind to and
+//     what dials go out from; rdma_cm then picks the GID by that address.
+//   - READ depth: each side offers its device's max_qp_rd_atom (IRD) and
+//     max_qp_init_rd_atom (ORD), or less if QPConfig asks; ConnInfo
+//     reports what the QP really got (ibv_query_qp).
+//   - Private data: IB CM messages carry fixed-size private data, which
+//     rdma_cm delivers zero-padded; the provider sends one length byte
+//     first so the peer gets exactly the bytes sent. Limits: 55 bytes in a
+//     request (Caps.MaxPrivateData), 195 in an accept, 147 in a reject.
+//   - Every completion carries the caller's id and the right Op, flushed
+//     ones included: the provider posts its own wr_id and keeps the
+//     caller's in a slot table. Queue depths are enforced before the
+//     device sees a request (ErrQueueFull with the count taken).
+//   - Once a QP's Done is closed, posts are refused with an error
+//     wrapping verbs.ErrDisconnected rather than left to the device, which
+//     need not flush what is posted after the error (rdma_rxe's user-space
+//     receive queue has no doorbell to make it look).
+//   - Receiver-not-ready NAKs are retried indefinitely (rnr_retry 7), as
+//     most RDMA applications do: post receives before the peer sends.
+//   - Memory windows are type 2. Windows bound through a QP are reset
+//     (deallocated and allocated afresh, so unbound) before the QP is
+//     destroyed: rdma_rxe stalls each QP destroy ~50 s otherwise.
+//   - Registering file mappings: see ProbeFileMR.
 package ibverbs
 
 import (

@@ -206,8 +206,9 @@ func (d *device) newQP(cid *cmID, p verbs.PD, cfg verbs.QPConfig) (*qp, error) {
 }
 
 // postable refuses posts to a destroyed QP, and to one whose connection
-// is gone: a device may never flush what is posted after the error
-// (rdma_rxe leaves late receives in place), so the caller hears now.
+// is gone: a device need not flush what is posted after the error
+// (rdma_rxe's user-space receive queue has no doorbell), so the caller
+// hears now.
 func (q *qp) postable(op string) error {
 	if q.dead {
 		return opErr(op, verbs.ErrClosed)

@@ -1011,6 +1011,13 @@ type fzRaw struct {
 
 func fzRawPair(t *testing.T, crc bool, recvs func(verbs.PD) []verbs.RecvWR) *fzRaw {
 	t.Helper()
+	return fzRawPairReq(t, mpaFrame{crc: crc, enhanced: true, rev: mpaRev2, ird: 4, ord: 4}, recvs)
+}
+
+// fzRawPairReq is fzRawPair with the MPA request req.
+func fzRawPairReq(t *testing.T, req mpaFrame, recvs func(verbs.PD) []verbs.RecvWR) *fzRaw {
+	t.Helper()
+	crc := req.crc
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	dev, err := New(Config{NoCRC: true}).Open(ctx, verbs.DeviceConfig{})
@@ -1026,7 +1033,6 @@ func fzRawPair(t *testing.T, crc bool, recvs func(verbs.PD) []verbs.RecvWR) *fzR
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	req := mpaFrame{crc: crc, enhanced: true, rev: mpaRev2, ird: 4, ord: 4}
 	rb, _ := req.marshal()
 	if r.c, err = net.Dial("tcp", ln.Addr()); err != nil {
 		t.Fatal(err)
@@ -1248,5 +1254,84 @@ func TestMPACRCByteOrder(t *testing.T) {
 	cs := wait(t, r.rcq, 1)
 	if cs[0].Status != verbs.StatusSuccess || r.q.Err() != nil {
 		t.Errorf("Send with a least-significant-byte-first CRC: completion %v, QP error %v", cs[0].Status, r.q.Err())
+	}
+}
+
+// A peer that offers IRD 0 (RFC 6581 allows it) leaves the passive side
+// an ORD of 0 (cm.go accept: ord = min(ord, int(r.req.ird)), and dial
+// likewise with rep.ird). A READ posted then is neither refused nor ever
+// sent: the writer waits for len(q.reads) < ReadsOut, which never holds,
+// so the READ and everything posted after it hang until the connection
+// ends, with no error anywhere.
+func TestZeroORDReadDoesNotHang(t *testing.T) {
+	r := fzRawPairReq(t, mpaFrame{enhanced: true, rev: mpaRev2, ird: 0, ord: 4}, nil)
+	t.Logf("ORD %d, IRD %d", r.q.Info().ReadsOut, r.q.Info().ReadsIn)
+	b := buffer(t, 4096)
+	m, err := r.pd.RegMR(b, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.q.PostSend([]verbs.SendWR{{ID: 5, Op: verbs.OpRead, Local: verbs.SGE{Addr: m.Addr(), Length: 16, LKey: m.LKey()}, RemoteAddr: 0x1000, RKey: 0x1234}})
+	if n == 0 && err != nil {
+		return // refused at post: fine
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out := make([]verbs.Completion, 1)
+	for {
+		if k, _ := r.scq.Poll(out); k == 1 {
+			if out[0].Status == verbs.StatusSuccess {
+				t.Fatalf("READ on a connection with ORD 0 succeeded: %+v", out[0])
+			}
+			return // failed with a status: fine
+		}
+		if err := r.scq.Wait(ctx); err != nil {
+			t.Fatalf("READ posted with ORD %d was accepted by PostSend and neither sent nor completed within 2s", r.q.Info().ReadsOut)
+		}
+	}
+}
+
+// RDMAP Send with Invalidate (RFC 5040: "Send with Invalidate" and "Send
+// with Solicited Event and Invalidate", opcodes 0x4 and 0x6) asks the
+// receiver to invalidate the STag it names.
+// parseHeader accepts the opcodes and untagged() treats them as plain
+// Sends, ignoring the Invalidate STag: a peer that revokes its own access
+// to a window this way keeps that access, and the application is not
+// told. (Either invalidate, or refuse the opcode with a Terminate.)
+func TestSendWithInvalidateInvalidates(t *testing.T) {
+	r := fzRawPair(t, false, func(p verbs.PD) []verbs.RecvWR {
+		b := buffer(t, 4096)
+		m, err := p.RegMR(b, verbs.AccessLocalWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []verbs.RecvWR{{ID: 1, Local: verbs.SGE{Addr: m.Addr(), Length: 64, LKey: m.LKey()}}}
+	})
+	win := buffer(t, 4096)
+	m, err := r.pd.RegMR(win, verbs.AccessLocalWrite|verbs.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := r.pd.AllocMW()
+	if _, err := r.q.PostSend([]verbs.SendWR{{ID: 2, Op: verbs.OpBindMW, MW: w, BindMR: m, BindAddr: m.Addr(), BindLen: 4096, BindAccess: verbs.AccessRemoteRead}}); err != nil || w.RKey() == 0 {
+		t.Fatal("bind", err)
+	}
+	key := w.RKey()
+	inv := fzFPDU(false, header{last: true, op: opSendInv, qn: qnSend, msn: 1, inv: key}, nil, []byte("done with your window"))
+	if _, err := r.c.Write(inv); err != nil {
+		t.Fatal(err)
+	}
+	if cs := wait(t, r.rcq, 1); cs[0].Status != verbs.StatusSuccess {
+		t.Logf("Send with Invalidate refused: %+v (%v)", cs[0], r.q.Err())
+		return // refusing the opcode is acceptable
+	}
+	// The window must be gone: a READ through it must not be served.
+	if _, err := r.c.Write(fzReadReqFPDU(false, 1, readReq{sinkSTag: 3, size: 8, srcSTag: key, srcTO: m.Addr()})); err != nil {
+		t.Fatal(err)
+	}
+	r.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	hb := make([]byte, 4)
+	if _, err := io.ReadFull(r.c, hb); err == nil && hb[2]&ddpTagged != 0 && hb[3]&rdmapOpMask == opReadResp {
+		t.Fatalf("after a Send with Invalidate of STag %#x, a READ through it was served (window key now %#x)", key, w.RKey())
 	}
 }
