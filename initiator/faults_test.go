@@ -218,3 +218,23 @@ func TestConcurrentInitiators(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
+	// A kernel that refuses to pin read-only file mappings (rxe on 6.1)
+	// answers RegMR with EFAULT; the target stages through bounce buffers.
+	inj := &faulty.Injector{}
+	inj.FailRegMR(1, func(a verbs.Access) bool { return a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
+	e := startTarget(t, func(c *target.Config) { c.Device = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj)) })
+	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+3)
+	s := e.dial(t, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if inj.Stats().FailedRegs == 0 {
+		t.Fatal("no registration was refused: the staged path did not run")
+	}
+	if got, _ := os.ReadFile(dst); string(got) != string(want) {
+		t.Fatal("staged copy differs")
+	}
+}

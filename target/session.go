@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -461,8 +462,15 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	if ss.mws {
 		access |= verbs.AccessMWBind
 	}
-	if w.mr, err = ss.pd.RegMR(mapping, access); err != nil {
-		unix.Munmap(mapping)
+	w.mr, err = ss.pd.RegMR(mapping, access)
+	if errors.Is(err, syscall.EFAULT) {
+		// Some kernels (rxe on 6.1) can't pin a read-only shared file
+		// mapping: stage the window through a registered bounce buffer.
+		ss.srv.noteStaged(ss.log)
+		w.mr, err = ss.stage(h, w, access)
+	}
+	if err != nil {
+		ss.freeWindow(w)
 		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
 	}
 	rkeys := make([]uint32, len(qps))
@@ -483,6 +491,23 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	ss.windows++
 	h.windows[w.id] = w
 	return &protocol.MapReply{Handle: h.id, Window: protocol.Window{ID: w.id, Offset: w.off, Length: n, Addr: w.mr.Addr(), RKeys: rkeys}}
+}
+
+// stage replaces w's file mapping with anonymous memory holding a copy
+// of the same bytes, and registers that.
+func (ss *session) stage(h *handle, w *window, access verbs.Access) (verbs.MR, error) {
+	n := len(w.mapping)
+	unix.Munmap(w.mapping)
+	w.mapping = nil
+	buf, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, err
+	}
+	w.mapping = buf
+	if _, err := h.f.ReadAt(buf, int64(w.off)); err != nil {
+		return nil, fmt.Errorf("staging %s: %w", h.path, err)
+	}
+	return ss.pd.RegMR(buf, access)
 }
 
 // bind binds one memory window per data QP over the whole of w's MR.
@@ -539,7 +564,9 @@ func (ss *session) freeWindow(w *window) {
 	if w.mr != nil {
 		w.mr.Close()
 	}
-	unix.Munmap(w.mapping)
+	if w.mapping != nil {
+		unix.Munmap(w.mapping)
+	}
 }
 
 func (ss *session) closeHandle(h *handle) {

@@ -160,6 +160,14 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[[16]byte]*session
 	wg       sync.WaitGroup
+	staged   sync.Once
+}
+
+// noteStaged logs, once, that windows go through bounce buffers.
+func (s *Server) noteStaged(log *slog.Logger) {
+	s.staged.Do(func() {
+		log.Warn("this kernel can't register read-only file mappings (EFAULT): staging windows through registered bounce buffers filled with pread; not zero-copy")
+	})
 }
 
 // New checks cfg and opens the exports.

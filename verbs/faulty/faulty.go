@@ -56,7 +56,7 @@ func (d *Device) AllocPD() (verbs.PD, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &PD{inner: pd, mrs: map[uint32]*MR{}}, nil
+	return &PD{inner: pd, inj: d.inj, mrs: map[uint32]*MR{}}, nil
 }
 
 func (d *Device) CreateCQ(size int) (verbs.CQ, error) {
@@ -123,6 +123,7 @@ func innerConfig(cfg verbs.QPConfig) (verbs.QPConfig, *CQ) {
 // corrupt READ sinks. Memory windows are not wrapped.
 type PD struct {
 	inner verbs.PD
+	inj   *Injector
 	mu    sync.Mutex
 	mrs   map[uint32]*MR
 }
@@ -132,6 +133,9 @@ func (pd *PD) AllocMW() (verbs.MW, error) { return pd.inner.AllocMW() }
 func (pd *PD) Close() error               { return pd.inner.Close() }
 
 func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
+	if err := pd.inj.regFault(access); err != nil {
+		return nil, &verbs.OpError{Op: "reg_mr", Provider: "faulty", Err: err}
+	}
 	m, err := pd.inner.RegMR(buf, access)
 	if err != nil {
 		return nil, err

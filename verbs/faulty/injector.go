@@ -24,6 +24,7 @@ type Injector struct {
 	corrupt []*corruptRule
 	posts   []*postRule
 	dials   []*dialRule
+	regs    []*regRule
 	drop    int // successful READ completions left before a drop; 0: none
 	stats   Stats
 }
@@ -34,6 +35,41 @@ type Stats struct {
 	FailedPosts    int // PostSend and PostRecv calls failed
 	FailedDials    int // active-side Connect calls failed
 	Drops          int // QPs disconnected by DropAfter
+	FailedRegs     int // RegMR calls failed
+}
+
+type regRule struct {
+	left int
+	pred func(verbs.Access) bool
+	err  error
+}
+
+// FailRegMR makes the next n RegMR calls whose access matches pred (nil
+// matches all) fail with err (nil: ErrInjected), as a kernel that can't
+// pin some memory does (EFAULT).
+func (inj *Injector) FailRegMR(n int, pred func(verbs.Access) bool, err error) {
+	if err == nil {
+		err = ErrInjected
+	}
+	inj.mu.Lock()
+	inj.regs = append(inj.regs, &regRule{left: n, pred: pred, err: err})
+	inj.mu.Unlock()
+}
+
+func (inj *Injector) regFault(a verbs.Access) error {
+	if inj == nil {
+		return nil
+	}
+	inj.mu.Lock()
+	defer inj.mu.Unlock()
+	for _, r := range inj.regs {
+		if r.left > 0 && (r.pred == nil || r.pred(a)) {
+			r.left--
+			inj.stats.FailedRegs++
+			return r.err
+		}
+	}
+	return nil
 }
 
 type corruptRule struct {
