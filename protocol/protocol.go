@@ -7,7 +7,7 @@
 // RDMA READs from windows the target maps for it.
 //
 // Every message is an 8-byte header followed by a body whose layout the
-// message's type fixes. All integers are big-endian. docs/protocol-control.md
+// message's type fixes. All integers are big-endian. docs/protocol.md (section 2)
 // describes the wire format field by field.
 package protocol
 

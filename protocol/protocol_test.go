@@ -120,7 +120,7 @@ func TestZeroMessages(t *testing.T) {
 	}
 }
 
-// TestGolden pins the wire format that docs/protocol-control.md describes.
+// TestGolden pins the wire format that docs/protocol.md (section 2) describes.
 func TestGolden(t *testing.T) {
 	for _, tc := range []struct {
 		m   Message

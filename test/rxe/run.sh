@@ -5,6 +5,7 @@
 #
 # usage:
 #   test/rxe/run.sh [options]                 # build and run the ibverbs tests
+#   test/rxe/run.sh --e2e [options]           # ... then rdmacp end to end (e2e.sh)
 #   test/rxe/run.sh [options] -- CMD [ARG...] # run CMD in the guest instead
 #
 # The test binaries are built on the host (go test -c -tags rdma) and run
@@ -32,6 +33,12 @@
 #   --bench REGEX    passed as -test.bench (with -test.run '^$' unless --run)
 #   --args "ARGS"    more arguments for every test binary
 #   --race           build the test binaries with the race detector
+#   --e2e            also build rdmacp (go build -tags rdma) and, after the
+#                    test binaries, run test/rxe/e2e.sh in the same guest:
+#                    serve/cp/ls over ibverbs, sha256-verified copies. With
+#                    CMD, only build it: $RDMACP is its path in the guest.
+#   --perf           with --e2e: also ib_read_bw vs rdmacp cp bandwidth
+#   --no-tests       with --e2e: skip the test binaries (build none by default)
 #   --env K=V        set K in the guest (repeatable)
 #   --timeout SECS   stop the guest after SECS (default 1500)
 #   --smp N          guest vCPUs (default 1: TCG eats a host core per vCPU)
@@ -44,8 +51,9 @@
 #   RDMACP_RXE_CACHE    cache directory (default ${XDG_CACHE_HOME:-~/.cache}/rdmacp-rxe)
 #   RDMACP_RXE_REQUIRE  1: a SKIP becomes a failure (exit 3)
 #
-# exit status: the tests' (or CMD's); 0 after "SKIP: <reason>" when qemu
-# cannot run here; 124 the guest timed out; 125 the guest failed to report.
+# exit status: the tests' (or CMD's; with --e2e, the first failure of
+# tests and e2e); 0 after "SKIP: <reason>" when qemu cannot run here; 124
+# the guest timed out; 125 the guest failed to report.
 set -euo pipefail
 
 ME=rxe
@@ -64,7 +72,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO=$(cd "$HERE/../.." && pwd -P)
 CACHE=${RDMACP_RXE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdmacp-rxe}
 SUITE= PKGS=() BINS=() RUN= BENCH= ARGS= ENVS=() TIMEOUT=1500 SMP=1 MEM=2G
-SETUP_ONLY=0 REFRESH=0 VERBOSE=0 RACE=()
+SETUP_ONLY=0 REFRESH=0 VERBOSE=0 RACE=() E2E=0 PERF=0 NOTESTS=0
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 while [ $# -gt 0 ]; do
@@ -76,6 +84,9 @@ while [ $# -gt 0 ]; do
 	--bench) BENCH=${2?}; shift 2 ;;
 	--args) ARGS=${2?}; shift 2 ;;
 	--race) RACE=(-race); shift ;;
+	--e2e) E2E=1; shift ;;
+	--perf) PERF=1; E2E=1; shift ;;
+	--no-tests) NOTESTS=1; shift ;;
 	--env) ENVS+=("${2:?}"); shift 2 ;;
 	--timeout) TIMEOUT=${2:?}; shift 2 ;;
 	--smp) SMP=${2:?}; shift 2 ;;
@@ -338,12 +349,17 @@ mkdir -p "$JOB"
 
 # Test binaries, built here (the guest is far too slow to compile) and
 # copied into the job: the guest's tmpfs hides the host's /tmp.
-[ ${#CMD[@]} -gt 0 ] || [ ${#PKGS[@]} -gt 0 ] || [ ${#BINS[@]} -gt 0 ] || PKGS=(./verbs/ibverbs)
+[ ${#CMD[@]} -gt 0 ] || [ ${#PKGS[@]} -gt 0 ] || [ ${#BINS[@]} -gt 0 ] || [ $NOTESTS = 1 ] || PKGS=(./verbs/ibverbs)
 mkdir -p "$JOB/bin"
 : >"$JOB/tests"
 GUESTBINS=()
-if [ ${#PKGS[@]} -gt 0 ]; then
+if [ ${#PKGS[@]} -gt 0 ] || [ $E2E = 1 ]; then
 	command -v go >/dev/null || die "go is needed to build the test binaries"
+fi
+if [ $E2E = 1 ]; then
+	say "building rdmacp (go build -tags rdma${RACE[*]:+ ${RACE[*]}})"
+	(cd "$REPO" && CGO_ENABLED=1 go build -tags rdma "${RACE[@]}" -o "$JOB/bin/rdmacp" ./cmd/rdmacp) || exit 1
+	cp "$HERE/e2e.sh" "$JOB/e2e.sh"
 fi
 for p in "${PKGS[@]}"; do
 	name=$(echo "${p#./}" | tr / _).test
@@ -379,6 +395,10 @@ if [ ${#CMD[@]} -eq 0 ]; then
 		printf ' %q' "${targs[@]}"
 		echo ') </dev/null || { r=$?; echo "=== $(basename "$bin"): exit status $r"; rc=$r; }'
 		echo 'done </run/rxe-job/tests'
+		if [ $E2E = 1 ]; then
+			echo 'echo "=== e2e (rdmacp serve/cp/ls over ibverbs)"'
+			printf 'bash /run/rxe-job/e2e.sh%s </dev/null || { r=$?; [ $rc = 0 ] && rc=$r; }\n' "$([ $PERF = 1 ] && echo ' --perf')"
+		fi
 		echo 'exit $rc'
 	} >"$JOB/cmd.sh"
 else
@@ -399,6 +419,7 @@ fi
 	done
 	for kv in "${ENVS[@]}"; do printf 'export %q\n' "$kv"; done
 	printf 'export RXE_TEST_BINS=%q\n' "${GUESTBINS[*]}"
+	if [ $E2E = 1 ]; then echo 'export RDMACP=/run/rxe-job/bin/rdmacp'; fi
 } >"$JOB/env.sh"
 
 # Runs as PID 1 in the guest, on the host's root.

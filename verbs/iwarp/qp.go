@@ -243,6 +243,9 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 			if wr.Local.Length == 0 || uint64(wr.Local.Length) > q.dev.Caps().MaxMsgSize {
 				return i, opErr("post_send", fmt.Errorf("%w: READ of %d bytes", verbs.ErrInvalid, wr.Local.Length))
 			}
+			if q.info.ReadsOut == 0 {
+				return i, opErr("post_send", fmt.Errorf("%w: the peer accepts no READs (IRD 0)", verbs.ErrInvalid))
+			}
 		case verbs.OpBindMW:
 			w, ok := wr.MW.(*mw)
 			m, ok2 := wr.BindMR.(*mr)
@@ -957,6 +960,14 @@ func (q *qp) untagged(h *header, body []byte) error {
 		m.use.RUnlock()
 	}
 	q.recvMO = uint32(end)
+	if h.last && (h.op == opSendInv || h.op == opSendSEInv) {
+		// Send with Invalidate: the named window of ours dies with the
+		// message (RFC 5040 section 6.10). Anything else can't be.
+		w, ok := q.dev.lookup(h.inv).(*mw)
+		if !ok || w.pd != q.pd || w.invalidate(h.inv) != verbs.StatusSuccess {
+			return &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapCannotInvalid, msg: fmt.Sprintf("STag %#x cannot be invalidated", h.inv)}
+		}
+	}
 	if h.last {
 		q.rq = q.rq[1:]
 		q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(end), QPN: q.qpn})

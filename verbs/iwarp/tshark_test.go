@@ -69,7 +69,7 @@ type tsCapture struct {
 // capturing is not allowed here.
 func tsStartCapture(t *testing.T, capturer, file string, port int) *tsCapture {
 	t.Helper()
-	cmd := exec.Command(capturer, "-i", "lo", "-f", fmt.Sprintf("tcp port %d", port), "-w", file)
+	cmd := exec.Command(capturer, "-i", "lo", "-B", "32", "-f", fmt.Sprintf("tcp port %d", port), "-w", file)
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func (c *tsCapture) stop(t *testing.T) {
 }
 
 // tsConnect makes the passive side listen on ln and connects to it.
-func tsConnect(t *testing.T, cfg Config, ln verbs.Listener, a, b *side, recvs []verbs.RecvWR) {
+func tsConnect(t *testing.T, ln verbs.Listener, a, b *side, recvs []verbs.RecvWR) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -221,7 +221,7 @@ func tsCaptureAndCheck(t *testing.T, tshark, capturer, pcap string, cfg Config) 
 		}
 	}()
 
-	tsConnect(t, cfg, ln, &a, &b, recvs)
+	tsConnect(t, ln, &a, &b, recvs)
 	t.Logf("connected: %s", a.qp.Info().Detail)
 	var sends []verbs.SendWR
 	for i, n := range sendSizes {

@@ -524,7 +524,8 @@ func fzFixCRC(s []byte) {
 // fzPeerReads lists the Read Requests in the stream the QP will queue,
 // in order, framing the stream exactly as readLoop does. It may list a
 // few the QP ends up refusing (the QP then terminates, so those get no
-// response); it never leaves out one the QP serves.
+// response); it never leaves out one the QP may serve. A Read Request
+// whose FPDU fails the CRC check is not listed: the QP must not serve it.
 func fzPeerReads(s []byte, crc bool) []readReq {
 	var out []readReq
 	msn := uint32(1)
@@ -542,8 +543,10 @@ func fzPeerReads(s []byte, crc bool) []readReq {
 			return out
 		}
 		n := ulpdu - hlen
+		total := fpduLen(ulpdu)
+		crcOK := total <= len(s) && (!crc || fzCRCOrder.Uint32(s[total-crcLen:]) == crc32.Checksum(s[:total-crcLen], castagnoli))
 		if !h.tagged {
-			if n > maxPayload+readReqLen || len(s) < mpaLenLen+ulpdu {
+			if n > maxPayload+readReqLen || !crcOK {
 				return out
 			}
 			if h.op == opReadReq {
@@ -558,11 +561,7 @@ func fzPeerReads(s []byte, crc bool) []readReq {
 				return out
 			}
 		}
-		total := fpduLen(ulpdu)
-		if total > len(s) {
-			return out
-		}
-		if crc && fzCRCOrder.Uint32(s[total-crcLen:]) != crc32.Checksum(s[:total-crcLen], castagnoli) {
+		if !crcOK {
 			return out
 		}
 		s = s[total:]
@@ -1072,10 +1071,10 @@ func fzRawPairReq(t *testing.T, req mpaFrame, recvs func(verbs.PD) []verbs.RecvW
 }
 
 // A Send whose FPDU fails the CRC check must not complete successfully:
-// RFC 5044 section 7.2 has the receiver verify the CRC before it passes the
-// ULPDU to DDP, and the data placed from a corrupted FPDU is not to be
-// trusted. qp.go's untagged() pushes the receive's successful completion
-// before readLoop compares the CRC.
+// RFC 5044 has the receiver verify the CRC before it passes the ULPDU to
+// DDP, and the data placed from a corrupted FPDU is not to be
+// trusted. (qp.go's untagged() used to push the receive's successful
+// completion before readLoop compared the CRC.)
 func TestBadCRCSendDoesNotComplete(t *testing.T) {
 	var recvBuf []byte
 	r := fzRawPair(t, true, func(p verbs.PD) []verbs.RecvWR {
@@ -1103,11 +1102,11 @@ func TestBadCRCSendDoesNotComplete(t *testing.T) {
 }
 
 // MR.Close promises that once it returns nothing touches the memory. A
-// Read Response longer than one write batch (flushBytes, 8 MiB) breaks
-// that: fpdus.write releases every held region after each batch, so the
-// rest of the response is sent from the region's memory with no hold on
-// it (qp.go: fpdus.message calls f.write mid-message; send() took the
-// hold once, before the message). A peer then reads memory that was
+// Read Response longer than one write batch (flushBytes, 8 MiB) used to
+// break that: fpdus.write released every held region after each batch,
+// so the rest of the response was sent from the region's memory with no
+// hold on it (fpdus.message flushed mid-message; send() took the hold
+// once, before the message). A peer then read memory that was
 // deregistered, and possibly reused, after Close returned.
 func TestCloseWaitsForLongReadResponse(t *testing.T) {
 	r := fzRawPair(t, true, nil)
@@ -1172,9 +1171,10 @@ func firstDiff(a, b []byte) int {
 // hold (use.RLock) on a region for every Read Response of a batch and
 // releases them all only after the batch is written, so a batch of two
 // responses from one region takes the read lock twice in one goroutine;
-// if MR.Close's use.Lock arrives between the two, the second RLock waits
-// for the writer lock, which waits for the first RLock: both hang for
-// ever (sync.RWMutex forbids recursive read locking). Through a memory
+// if MR.Close's use.Lock arrived between the two, the second RLock waited
+// for the writer lock, which waited for the first RLock: both hung for
+// ever (sync.RWMutex forbids recursive read locking; mr.hold now
+// releases the batch's holds first when a Close is waiting). Through a memory
 // window the window is wide: closing the MR does not drop the window's
 // STag, so the second lookup still succeeds while Close waits.
 func TestCloseDuringReadBatchNoDeadlock(t *testing.T) {
@@ -1219,15 +1219,14 @@ func TestCloseDuringReadBatchNoDeadlock(t *testing.T) {
 	}
 }
 
-// The MPA CRC goes on the wire as iSCSI's does (RFC 5044 section 4.4 takes
-// CRC32c from [iSCSI]; RFC 3720 appendix B.4's first example, 32 bytes of
+// The MPA CRC goes on the wire as iSCSI's does (RFC 5044 takes CRC32c from
+// iSCSI; RFC 3720 appendix B.4's first example, 32 bytes of
 // zeros, has CRC 0x8a9136aa sent as aa 36 91 8a): least significant byte
 // of the CRC value first. Wireshark's iwarp_mpa dissector and Linux siw
-// (whose CRC field is a __le32) expect exactly that. qp.go writes the
-// value big-endian (fpdus.add: tb[pad] = byte(sum>>24), ...) and its
-// reader reads it big-endian (readLoop: got := uint32(tb[pad])<<24 | ...),
-// so two of these providers agree with each other and with no one else:
-// every FPDU fails the CRC check of a conforming peer.
+// (whose CRC field is a __le32) expect exactly that. qp.go used to write
+// and read the value most significant byte first (fpdus.add, readLoop),
+// so two of these providers agreed with each other and with no one else:
+// every FPDU failed the CRC check of a conforming peer.
 func TestMPACRCByteOrder(t *testing.T) {
 	if got := crc32.Checksum(make([]byte, 32), castagnoli); got != 0x8a9136aa {
 		t.Fatalf("CRC32c of 32 zero bytes is %#08x, want 0x8a9136aa (RFC 3720 B.4)", got)
