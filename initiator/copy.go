@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/blockdev"
 	"io/fs"
 	"os"
 	"path"
@@ -35,6 +36,10 @@ type GetOptions struct {
 	// Progress, if set, is called from the copying goroutine about every
 	// 100 ms and once at the end.
 	Progress func(Progress)
+	// Force allows DEST to be a block device, which is overwritten in
+	// place. Mounted devices and ones smaller than the source are
+	// refused even so.
+	Force bool
 }
 
 // Result describes a finished copy.
@@ -89,20 +94,22 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
 		return nil, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
 	}
+	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
+		return nil, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
+	}
 
-	tmp, err := createTemp(dst, layout.Size)
+	land, err := openDest(dst, layout.Size, opt.Force)
 	if err != nil {
 		return nil, err
 	}
 	keep := false
 	defer func() {
 		if !keep {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			land.abort()
 		}
 	}()
 
-	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: tmp, src: src, progress: opt.Progress}
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: land.f, src: src, progress: opt.Progress}
 	sums, err := f.run()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
@@ -131,7 +138,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	if !chunker.Equal(local, or.FileDigest) {
 		return nil, fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
 	}
-	if err := finish(tmp, dst, or.Entry); err != nil {
+	if err := land.commit(or.Entry); err != nil {
 		return nil, err
 	}
 	keep = true
@@ -140,6 +147,75 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		Chunks: layout.Chunks(), ChunkSize: layout.ChunkSize, Retries: f.retries,
 		Algorithm: alg, Digest: chunker.FormatDigest(alg, local),
 	}, nil
+}
+
+// landing is where a copy's bytes go: a temporary file renamed onto
+// DEST at the end, or (with Force) a block device written in place.
+type landing struct {
+	f      *os.File
+	dst    string
+	device bool
+}
+
+// ErrDest reports a destination rdmacp will not write.
+var ErrDest = errors.New("destination refused")
+
+func openDest(dst string, size int64, force bool) (*landing, error) {
+	fi, err := os.Stat(dst)
+	if err != nil || !blockdev.Is(fi) {
+		f, err := createTemp(dst, size)
+		if err != nil {
+			return nil, err
+		}
+		return &landing{f: f, dst: dst}, nil
+	}
+	refuse := func(why string) (*landing, error) {
+		return nil, fmt.Errorf("%w: %s: %s", ErrDest, dst, why)
+	}
+	if !force {
+		return refuse("is a block device; add --force to overwrite it")
+	}
+	if m, err := blockdev.Mounted(fi); err != nil || m {
+		return refuse("is mounted")
+	}
+	// O_EXCL on a block device fails if anything holds it: a mount, a
+	// device-mapper or md user, another exclusive opener.
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_EXCL, 0)
+	if err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			return refuse("is in use (mounted, or part of another device)")
+		}
+		return nil, err
+	}
+	n, err := blockdev.Size(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if n < size {
+		f.Close()
+		return refuse(fmt.Sprintf("holds %d bytes, the source has %d", n, size))
+	}
+	return &landing{f: f, dst: dst, device: true}, nil
+}
+
+// abort undoes what it can: a temporary file goes; a device keeps what
+// was written (the copy reports failure).
+func (l *landing) abort() {
+	l.f.Close()
+	if !l.device {
+		os.Remove(l.f.Name())
+	}
+}
+
+func (l *landing) commit(e protocol.Entry) error {
+	if !l.device {
+		return finish(l.f, l.dst, e)
+	}
+	if err := l.f.Sync(); err != nil {
+		return &fs.PathError{Op: "sync", Path: l.dst, Err: err}
+	}
+	return l.f.Close()
 }
 
 // createTemp makes the temporary file a copy lands in and reserves its

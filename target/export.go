@@ -3,6 +3,7 @@ package target
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/blockdev"
 	"io/fs"
 	"os"
 	"path"
@@ -27,6 +28,9 @@ func openExport(e Export) (*export, error) {
 		return nil, fmt.Errorf("export %q: %w", e.Name, err)
 	}
 	x := &export{Export: e}
+	if fi.Mode()&fs.ModeCharDevice != 0 || (!fi.IsDir() && !fi.Mode().IsRegular() && !blockdev.Is(fi)) {
+		return nil, fmt.Errorf("export %q: %s is not a file, directory or block device", e.Name, e.Path)
+	}
 	if fi.IsDir() {
 		if x.root, err = os.OpenRoot(e.Path); err != nil {
 			return nil, fmt.Errorf("export %q: %w", e.Name, err)
@@ -151,8 +155,16 @@ func (x *export) entry(rel string) (protocol.Entry, error) {
 		name = x.Name
 	}
 	e := entryOf(name, fi)
-	if e.Type == protocol.FileSymlink {
+	switch e.Type {
+	case protocol.FileSymlink:
 		e.Target = x.readlink(rel)
+	case protocol.FileBlockDev:
+		if f, err := x.open(rel); err == nil {
+			if n, err := blockdev.Size(f); err == nil {
+				e.Size = uint64(n)
+			}
+			f.Close()
+		}
 	}
 	return e, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/blockdev"
 	"log/slog"
 	"os"
 	"sync"
@@ -46,14 +47,15 @@ type session struct {
 }
 
 type handle struct {
-	id      uint32
-	path    string
-	f       *os.File
-	size    int64
-	mtime   int64
-	layout  chunker.Layout
-	digests chunker.Digests
-	windows map[uint32]*window
+	id       uint32
+	path     string
+	f        *os.File
+	size     int64
+	mtime    int64 // for a block device: its write generation
+	blockdev bool
+	layout   chunker.Layout
+	digests  chunker.Digests
+	windows  map[uint32]*window
 }
 
 type window struct {
@@ -373,11 +375,23 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		f.Close()
 		return errf(protocol.CodeIsDir, "%s is a directory", m.Path)
 	}
-	if !fi.Mode().IsRegular() {
+	size, mtime := fi.Size(), fi.ModTime().UnixNano()
+	isDev := blockdev.Is(fi)
+	switch {
+	case isDev:
+		if size, err = blockdev.Size(f); err != nil {
+			f.Close()
+			return errf(protocol.CodeInternal, "%v", err)
+		}
+		mtime = blockdev.Generation(fi)
+		if bs, err := blockdev.LogicalBlockSize(f); err == nil {
+			ss.log.Debug("block device", "path", m.Path, "size", size, "logical_block", bs)
+		}
+	case !fi.Mode().IsRegular():
 		f.Close()
-		return errf(protocol.CodeUnsupported, "%s is not a regular file", m.Path)
+		return errf(protocol.CodeUnsupported, "%s is neither a regular file nor a block device", m.Path)
 	}
-	layout := chunker.Layout{Size: fi.Size(), ChunkSize: cs}
+	layout := chunker.Layout{Size: size, ChunkSize: cs}
 	digests, cached, err := cfg.Cache.Digests(ctx, f, layout, alg)
 	if err != nil {
 		f.Close()
@@ -388,7 +402,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		f.Close()
 		return errf(protocol.CodeInternal, "%v", err)
 	}
-	h := &handle{id: ss.nextHandle, path: m.Path, f: f, size: fi.Size(), mtime: fi.ModTime().UnixNano(),
+	h := &handle{id: ss.nextHandle, path: m.Path, f: f, size: size, mtime: mtime, blockdev: isDev,
 		layout: layout, digests: digests, windows: map[uint32]*window{}}
 	if h.changed() {
 		f.Close()
@@ -397,15 +411,24 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	ss.nextHandle++
 	ss.handles[h.id] = h
 	e := entryOf(fi.Name(), fi)
+	e.Size = uint64(size)
 	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg, "digests_cached", cached)
 	return &protocol.OpenReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
 		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}
 }
 
-// changed reports whether the file's size or mtime differ from open time.
+// changed reports whether the file's size or mtime (for a block device,
+// its size or write counters) differ from open time.
 func (h *handle) changed() bool {
 	fi, err := h.f.Stat()
-	return err != nil || fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
+	if err != nil {
+		return true
+	}
+	if h.blockdev {
+		size, err := blockdev.Size(h.f)
+		return err != nil || size != h.size || blockdev.Generation(fi) != h.mtime
+	}
+	return fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
 }
 
 func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {

@@ -23,6 +23,7 @@ func cpCommand() *cli.Command {
 		Flags: append(append(initiatorFlags(), transportFlags()...),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines (status while running, one summary) on stdout"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
+			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "allow DEST to be a block device, overwritten in place (never a mounted one, or one smaller than the source)"},
 		),
 		Action: runCp,
 	}
@@ -137,7 +138,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return &protocol.Error{Code: protocol.CodeIsDir, Message: src.path + " is a directory (copying trees with -r is not supported yet)"}
 	}
 	r := newRenderer(jsonOut, c.Bool("quiet"), stdout)
-	res, err := s.Get(ctx, src.path, dst, initiator.GetOptions{Progress: r.update})
+	res, err := s.Get(ctx, src.path, dst, initiator.GetOptions{Progress: r.update, Force: c.Bool("force")})
 	r.finish()
 	if err != nil {
 		return err

@@ -30,7 +30,7 @@ const (
 	exitRemote     = 5   // remote path not found, permission denied, is a directory…
 	exitVerify     = 6   // a chunk failed its digest after every retry
 	exitChanged    = 7   // the source changed during the copy
-	exitLocalIO    = 8   // writing the destination failed (disk full, permissions…)
+	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
 	exitInterrupts = 130 // SIGINT or SIGTERM
 )
 
@@ -70,7 +70,7 @@ func exitCode(ctx context.Context, err error) int {
 		return exitRemote
 	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
 		return exitConnect
-	case errors.As(err, &fe), errors.Is(err, syscall.ENOSPC):
+	case errors.As(err, &fe), errors.Is(err, syscall.ENOSPC), errors.Is(err, initiator.ErrDest):
 		return exitLocalIO
 	}
 	return exitError

@@ -211,31 +211,45 @@ ibbw() {
 if [ "$PERF" = 1 ]; then
 	echo "e2e: perf: ib_read_bw -d $RXE_DEV -s 1048576 (${BIG_MIB} MiB per run) vs rdmacp cp of the ${BIG_MIB} MiB file, $RUNS runs each"
 	declare -A IB CP
+	# cpbw FILE FLAGS...: one copy of big, its mb_per_s appended to FILE.
+	cpbw() {
+		local f=$1
+		shift
+		rm -f "$DST/big"
+		if timeout -k 5 180 "$RDMACP" cp "${T[@]}" --json "$@" "$REMOTE:data/big" "$DST/big" >"$W/cpq" 2>&1; then
+			sed -n 's/.*"message_type":"summary".*"mb_per_s":\([0-9.eE+-]*\).*/\1/p' "$W/cpq" | tail -1 >>"$f"
+		else
+			fail "rdmacp cp $* of big"
+			cat "$W/cpq"
+		fi
+	}
 	for q in 4 1; do
 		: >"$W/ib.$q"
 		: >"$W/cpr.$q"
 		for i in $(seq "$RUNS"); do
 			v=$(ibbw "$q") && echo "$v" >>"$W/ib.$q" || fail "ib_read_bw -q $q run $i"
-			rm -f "$DST/big"
-			if timeout -k 5 180 "$RDMACP" cp "${T[@]}" --json --qps "$q" "$REMOTE:data/big" "$DST/big" >"$W/cpq" 2>&1; then
-				sed -n 's/.*"message_type":"summary".*"mb_per_s":\([0-9.eE+-]*\).*/\1/p' "$W/cpq" | tail -1 >>"$W/cpr.$q"
-			else
-				fail "rdmacp cp --qps $q run $i"
-				cat "$W/cpq"
-			fi
+			cpbw "$W/cpr.$q" --qps "$q"
 			echo "e2e: perf run $i -q $q: ib_read_bw $(tail -1 "$W/ib.$q") MiB/s, rdmacp cp $(tail -1 "$W/cpr.$q") MB/s"
 		done
 		IB[$q]=$(median <"$W/ib.$q")
 		CP[$q]=$(median <"$W/cpr.$q")
 	done
+	# The same copy without chunk digests: how much verification costs.
+	: >"$W/cpr.none"
+	for i in $(seq "$RUNS"); do
+		cpbw "$W/cpr.none" --qps 4 --checksum none
+	done
+	echo "e2e: perf cp --qps 4 --checksum none: $(tr '\n' ' ' <"$W/cpr.none")MB/s"
+	IB[4n]=${IB[4]}
+	CP[4n]=$(median <"$W/cpr.none")
 	cmp -s "$SRC/big" "$DST/big" || fail "perf: the last copy of big differs from its source"
 	echo "e2e: bandwidth on $KERNEL ($RXE_DEV, median of $RUNS; MB = 10^6 bytes, ib_read_bw's MiB/s converted):"
-	printf 'e2e: | %-5s | %-22s | %-24s | %-16s |\n' QPs "ib_read_bw MB/s (MiB/s)" "rdmacp cp --qps N MB/s" "rdmacp/ib_read_bw"
-	for q in 4 1; do
-		awk -v q="$q" -v ib="${IB[$q]}" -v cp="${CP[$q]}" 'BEGIN {
-			if (ib == "-" || cp == "-") { printf "e2e: | %-5s | %-22s | %-24s | %-16s |\n", q, ib, cp, "-"; exit }
+	printf 'e2e: | %-25s | %-23s | %-22s | %-17s |\n' QPs "ib_read_bw MB/s (MiB/s)" "rdmacp cp MB/s" "rdmacp/ib_read_bw"
+	for q in 4 1 4n; do
+		awk -v q="${q/4n/4 (cp --checksum none)}" -v ib="${IB[$q]}" -v cp="${CP[$q]}" 'BEGIN {
+			if (ib == "-" || cp == "-") { printf "e2e: | %-25s | %-23s | %-22s | %-17s |\n", q, ib, cp, "-"; exit }
 			mb = ib * 1.048576
-			printf "e2e: | %-5s | %-22s | %-24s | %-16s |\n", q, sprintf("%.1f (%.1f)", mb, ib), sprintf("%.1f", cp), sprintf("%.2f", cp / mb) }'
+			printf "e2e: | %-25s | %-23s | %-22s | %-17s |\n", q, sprintf("%.1f (%.1f)", mb, ib), sprintf("%.1f", cp), sprintf("%.2f", cp / mb) }'
 	done
 	echo "e2e: (cp's MB/s is the whole copy: open, READs, CRC32C of every chunk, writing and syncing the file; ib_read_bw moves bytes only)"
 fi
@@ -282,7 +296,8 @@ if grep -q 'level=ERROR' "$W/serve.log"; then
 	grep 'level=ERROR' "$W/serve.log"
 fi
 echo "e2e: target log (warnings and session events):"
-grep -E 'level=(WARN|ERROR)|msg="session (refused|closed)"' "$W/serve.log" | sort | uniq -c | sort -rn | head -12 | sed 's/^/e2e:   /'
+grep -E 'level=(WARN|ERROR)|msg="session (refused|closed)' "$W/serve.log" |
+	sed -E 's/^time=[^ ]* //; s/ peer=[^ ]*//; s/ session=[^ ]*//' | sort | uniq -c | sort -rn | head -12 | sed 's/^/e2e:   /'
 if dmesg >/dev/null 2>&1; then
 	dmesg | tail -n +$((DMESG0 + 1)) >"$W/dmesg"
 	if grep -qE 'WARNING:|BUG:|cleanup failed' "$W/dmesg"; then

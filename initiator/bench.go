@@ -1,0 +1,379 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// BenchOptions tune a READ bandwidth test (Session.Bench). Zero fields
+// take the defaults noted.
+type BenchOptions struct {
+	// Size is the bytes one READ moves; default the session's ReadSize.
+	// It is capped by the window the target maps and the device's
+	// message limit.
+	Size int
+	// Iters, when above zero, is the READs each data QP completes, as
+	// perftest's -n: the test moves QPs × Iters × Size bytes. Otherwise
+	// the test runs for Duration.
+	Iters int
+	// Duration is how long READs are posted; default 5 s.
+	Duration time.Duration
+	// Interval is the width of the slices the minimum and peak rates are
+	// taken over; default 100 ms.
+	Interval time.Duration
+	// Progress, if set, is called from the benchmarking goroutine at the
+	// end of each interval with the bytes moved so far.
+	Progress func(BenchProgress)
+}
+
+// BenchProgress is a snapshot of a test in flight.
+type BenchProgress struct {
+	Bytes   int64
+	Elapsed time.Duration
+}
+
+// BenchResult is what a READ bandwidth test measured.
+type BenchResult struct {
+	Path      string
+	Transport string
+	QPs       int
+	Depth     int           // READs kept in flight per QP
+	Size      int           // bytes per READ
+	Window    int64         // bytes of the file the READs cycle over
+	Reads     int64         // READs completed, every one successfully
+	Bytes     int64         // bytes those READs moved
+	Elapsed   time.Duration // from the first post to the last completion
+	Interval  time.Duration
+	// Rates, in bytes per second: the whole test, its slowest interval
+	// and its fastest. Intervals partition the test (a short last slice
+	// is merged into the one before), so Min <= Avg <= Peak.
+	Avg, Min, Peak float64
+	Intervals      []float64 // the rate of each interval, bytes per second
+	// CPU is the initiator process's user+system time over the test;
+	// CPUPerGB is that per 1e9 bytes moved. In-process targets (tests,
+	// demo) count too.
+	CPU      time.Duration
+	CPUPerGB float64
+}
+
+// benchStageLimit caps the staging memory of a test. Below it every READ
+// in flight lands in its own slot; above it slots are shared (the data is
+// never looked at).
+const benchStageLimit = 64 << 20
+
+// Bench measures RDMA READ bandwidth from the target, in the spirit of
+// ib_read_bw: it opens path (without digests), maps one window of it, as
+// large as the target allows and at most the file, and READs that window
+// over and over into a registered staging buffer, keeping every data QP
+// at its depth, with no verification and no file landing. It returns
+// once the Duration or Iters is done and every READ has completed; any
+// unsuccessful completion fails the test.
+func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*BenchResult, error) {
+	if opt.Size == 0 {
+		opt.Size = s.cfg.ReadSize
+	}
+	if opt.Duration == 0 {
+		opt.Duration = 5 * time.Second
+	}
+	if opt.Interval == 0 {
+		opt.Interval = 100 * time.Millisecond
+	}
+	switch {
+	case opt.Size < 1:
+		return nil, fmt.Errorf("initiator: bench READ size %d", opt.Size)
+	case opt.Iters < 0, opt.Duration < 0, opt.Interval < 0:
+		return nil, errors.New("initiator: bench: negative iterations, duration or interval")
+	}
+
+	m, err := s.call(ctx, &protocol.Open{Path: path, Algorithm: uint8(chunker.None)})
+	if err != nil {
+		return nil, err
+	}
+	or, ok := m.(*protocol.OpenReply)
+	if !ok {
+		return nil, unexpected(m)
+	}
+	// Let go of the window and the file even when ctx has ended, but
+	// don't hang on a target that is gone.
+	cleanup := func(msg protocol.Message) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		s.call(cctx, msg)
+		cancel()
+	}
+	defer cleanup(&protocol.Close{Handle: or.Handle})
+	size := or.Entry.Size
+	if size == 0 {
+		return nil, fmt.Errorf("%s is empty: nothing to READ", path)
+	}
+	m, err = s.call(ctx, &protocol.Map{Handle: or.Handle, Offset: 0, Length: min(size, s.ch0.MaxWindow)})
+	if err != nil {
+		return nil, err
+	}
+	mr, ok := m.(*protocol.MapReply)
+	if !ok {
+		return nil, unexpected(m)
+	}
+	w := mr.Window
+	defer cleanup(&protocol.Unmap{Handle: or.Handle, WindowID: w.ID})
+	if w.Offset != 0 || w.Length == 0 || len(w.RKeys) != len(s.data) {
+		return nil, fmt.Errorf("%w: window at %d+%d with %d keys for a request at 0 with %d QPs", protocol.ErrMalformed, w.Offset, w.Length, len(w.RKeys), len(s.data))
+	}
+
+	b := &bench{s: s, opt: opt, win: w}
+	b.size = int(min(uint64(opt.Size), w.Length, s.cfg.Device.Caps().MaxMsgSize, 1<<31-1))
+	if err := b.setup(); err != nil {
+		b.teardown()
+		return nil, err
+	}
+	res, err := b.run(ctx)
+	b.teardown()
+	if err != nil {
+		return nil, err
+	}
+	res.Path = path
+	res.Transport = s.Transport()
+	return res, nil
+}
+
+type bench struct {
+	s    *Session
+	opt  BenchOptions
+	win  protocol.Window
+	size int // bytes per READ
+
+	stage *verbs.Buffer
+	mr    verbs.MR
+	slots int // staging slots per QP
+
+	positions int     // READ-sized positions in the window
+	next      []int   // per QP: the next position to READ
+	posted    []int64 // per QP: READs posted
+	inflight  []int
+	wrs       []verbs.SendWR
+}
+
+func (b *bench) setup() error {
+	s := b.s
+	qps := len(s.data)
+	b.slots = max(1, min(s.reads, benchStageLimit/qps/b.size))
+	var err error
+	if b.stage, err = verbs.AllocBuffer(qps * b.slots * b.size); err != nil {
+		return err
+	}
+	if b.mr, err = s.pd.RegMR(b.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+		return err
+	}
+	b.positions = int(b.win.Length / uint64(b.size))
+	b.next = make([]int, qps)
+	b.posted = make([]int64, qps)
+	b.inflight = make([]int, qps)
+	for q := range b.next {
+		// Start the QPs at different places in the window.
+		b.next[q] = q * b.positions / qps
+	}
+	b.wrs = make([]verbs.SendWR, 0, s.reads)
+	return nil
+}
+
+func (b *bench) teardown() {
+	// The MR's Close waits for READs still being placed (after an error).
+	if b.mr != nil {
+		b.mr.Close()
+	}
+	if b.stage != nil {
+		b.stage.Free()
+	}
+}
+
+// post puts n more READs on QP q.
+func (b *bench) post(q, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	s := b.s
+	base := b.mr.Addr() + uint64(q*b.slots*b.size)
+	b.wrs = b.wrs[:0]
+	for i := range n {
+		k := b.posted[q] + int64(i)
+		slot := int(k % int64(b.slots))
+		pos := b.next[q]
+		b.next[q] = (pos + 1) % b.positions
+		b.wrs = append(b.wrs, verbs.SendWR{
+			ID:         uint64(q)<<32 | uint64(slot),
+			Op:         verbs.OpRead,
+			Local:      verbs.SGE{Addr: base + uint64(slot*b.size), Length: uint32(b.size), LKey: b.mr.LKey()},
+			RemoteAddr: b.win.Addr + uint64(pos)*uint64(b.size),
+			RKey:       b.win.RKeys[q],
+		})
+	}
+	posted, err := s.data[q].PostSend(b.wrs)
+	b.posted[q] += int64(posted)
+	b.inflight[q] += posted
+	if err != nil {
+		return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
+	}
+	return nil
+}
+
+func (b *bench) run(ctx context.Context) (*BenchResult, error) {
+	s := b.s
+	qps := len(s.data)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	for i, qp := range s.data {
+		go func() {
+			select {
+			case <-qp.Done():
+				cancel(fmt.Errorf("%w: data QP %d: %v", ErrConnect, i, qp.Err()))
+			case <-ctx.Done():
+			}
+		}()
+	}
+	iters := int64(b.opt.Iters)
+	more := func(q int, now time.Time, start time.Time) int {
+		if iters > 0 {
+			return int(min(int64(s.reads-b.inflight[q]), iters-b.posted[q]))
+		}
+		if now.Sub(start) >= b.opt.Duration {
+			return 0
+		}
+		return s.reads - b.inflight[q]
+	}
+
+	var ru0 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+	start := time.Now()
+	for q := range qps {
+		if err := b.post(q, more(q, start, start)); err != nil {
+			return nil, err
+		}
+	}
+	var (
+		buckets  []int64 // bytes completed in each interval
+		reads    int64
+		last     = start
+		total    int
+		comps    = make([]verbs.Completion, 64)
+		reported int
+	)
+	for _, n := range b.inflight {
+		total += n
+	}
+	for total > 0 {
+		k, err := s.dataCQ.Poll(comps)
+		if err != nil {
+			return nil, err
+		}
+		if k == 0 {
+			if err := s.dataCQ.Wait(ctx); err != nil {
+				if c := context.Cause(ctx); c != nil && !errors.Is(c, err) {
+					return nil, c
+				}
+				return nil, err
+			}
+			continue
+		}
+		now := time.Now()
+		i := int(now.Sub(start) / b.opt.Interval)
+		for len(buckets) <= i {
+			buckets = append(buckets, 0)
+		}
+		for _, c := range comps[:k] {
+			q := int(c.WRID >> 32)
+			if q >= qps || b.inflight[q] == 0 {
+				return nil, fmt.Errorf("completion for unknown request %#x", c.WRID)
+			}
+			if c.Status != verbs.StatusSuccess {
+				why := ""
+				if err := s.data[q].Err(); err != nil {
+					why = ": " + err.Error()
+				}
+				return nil, fmt.Errorf("%w: READ on data QP %d: %v%s", ErrConnect, q, c.Status, why)
+			}
+			b.inflight[q]--
+			total--
+			reads++
+			buckets[i] += int64(b.size)
+		}
+		last = now
+		for q := range qps {
+			n := more(q, now, start)
+			if err := b.post(q, n); err != nil {
+				return nil, err
+			}
+			total += max(n, 0)
+		}
+		if b.opt.Progress != nil && i > reported {
+			reported = i
+			b.opt.Progress(BenchProgress{Bytes: reads * int64(b.size), Elapsed: now.Sub(start)})
+		}
+	}
+	var ru1 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
+
+	res := &BenchResult{
+		QPs: qps, Depth: s.reads, Size: b.size, Window: int64(b.positions) * int64(b.size),
+		Reads: reads, Bytes: reads * int64(b.size), Elapsed: last.Sub(start), Interval: b.opt.Interval,
+		CPU: cpuTime(ru1) - cpuTime(ru0),
+	}
+	res.Intervals = intervalRates(buckets, res.Elapsed, b.opt.Interval)
+	res.Avg = float64(res.Bytes) / math.Max(res.Elapsed.Seconds(), 1e-9)
+	res.Min, res.Peak = res.Avg, res.Avg
+	for i, r := range res.Intervals {
+		if i == 0 || r < res.Min {
+			res.Min = r
+		}
+		if i == 0 || r > res.Peak {
+			res.Peak = r
+		}
+	}
+	// The average is a duration-weighted mean of the intervals; keep
+	// rounding from putting it outside them.
+	res.Min, res.Peak = math.Min(res.Min, res.Avg), math.Max(res.Peak, res.Avg)
+	if res.Bytes > 0 {
+		res.CPUPerGB = res.CPU.Seconds() / (float64(res.Bytes) / 1e9)
+	}
+	return res, nil
+}
+
+// intervalRates turns bytes per interval into rates. The intervals
+// partition [0, elapsed]: a last slice shorter than half an interval is
+// merged into the one before, so that no rate rests on a sliver of time.
+func intervalRates(buckets []int64, elapsed, iv time.Duration) []float64 {
+	if elapsed <= 0 || len(buckets) == 0 {
+		return nil
+	}
+	full := int(elapsed / iv)
+	tail := elapsed - time.Duration(full)*iv
+	for len(buckets) <= full {
+		buckets = append(buckets, 0)
+	}
+	// Bytes stamped at exactly elapsed (the last completion) fall in
+	// bucket full even when there is no tail.
+	var rates []float64
+	for i := range full {
+		rates = append(rates, float64(buckets[i])/iv.Seconds())
+	}
+	switch {
+	case full == 0:
+		rates = append(rates, float64(buckets[0])/elapsed.Seconds())
+	case tail >= iv/2:
+		rates = append(rates, float64(buckets[full])/tail.Seconds())
+	default:
+		rates[full-1] = float64(buckets[full-1]+buckets[full]) / (iv + tail).Seconds()
+	}
+	return rates
+}
+
+func cpuTime(ru unix.Rusage) time.Duration {
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
