@@ -377,3 +377,24 @@ func intervalRates(buckets []int64, elapsed, iv time.Duration) []float64 {
 func cpuTime(ru unix.Rusage) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TargetInfo is what the target said about itself in the session's hello.
+type TargetInfo struct {
+	Server        string
+	Version       int
+	AuthRequired  bool
+	MaxDataQPs    int
+	MaxReadsPerQP int
+	MaxWindow     uint64
+}
+
+// Target reports the target's hello: its software, limits and whether it
+// asked for a secret.
+func (s *Session) Target() TargetInfo {
+	if s.ch0 == nil {
+		return TargetInfo{}
+	}
+	c := s.ch0
+	return TargetInfo{Server: c.Server, Version: int(c.Version), AuthRequired: c.AuthRequired,
+		MaxDataQPs: int(c.MaxDataQPs), MaxReadsPerQP: int(c.MaxReadsPerQP), MaxWindow: c.MaxWindow}
+}

@@ -628,7 +628,7 @@ func (f *fetch) judge(v verdict, done *int) error {
 
 // maxWindows is how many windows a copy keeps mapped at once, within the
 // target's default limit of 8 per session.
-const maxWindows = 4
+const maxWindows = 3
 
 type winOrErr struct {
 	w   *win
@@ -657,7 +657,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return
 		}
 		off := int64(first) * cs
-		m, err := s.call(ctx, &protocol.Map{Handle: f.handle, Offset: uint64(off), Length: want})
+		m, err := f.mapWindow(ctx, uint64(off), want)
 		if err != nil {
 			send(winOrErr{err: f.mapErr(err)})
 			return
@@ -693,6 +693,26 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return
 		}
 		first = end
+	}
+}
+
+// mapWindow asks for a window, waiting while the target's window budget
+// is used up by other sessions.
+func (f *fetch) mapWindow(ctx context.Context, off, n uint64) (protocol.Message, error) {
+	backoff := 10 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := f.s.call(ctx, &protocol.Map{Handle: f.handle, Offset: off, Length: n})
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany || time.Now().After(deadline) {
+			return m, err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 

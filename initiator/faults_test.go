@@ -238,3 +238,27 @@ func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
 		t.Fatal("staged copy differs")
 	}
 }
+
+func TestWindowBudgetSharedBySessions(t *testing.T) {
+	// A budget of one window: three copies take turns, none fails.
+	e := startTarget(t, func(c *target.Config) { c.MaxWindow, c.WindowBudget = 256<<10, 256<<10 })
+	want := randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
+	var wg sync.WaitGroup
+	out := t.TempDir()
+	for i := range 3 {
+		s := e.dial(t, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dst := filepath.Join(out, fmt.Sprint(i))
+			if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
+				t.Error(err)
+				return
+			}
+			if got, _ := os.ReadFile(dst); string(got) != string(want) {
+				t.Errorf("copy %d differs", i)
+			}
+		}()
+	}
+	wg.Wait()
+}

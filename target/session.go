@@ -61,6 +61,7 @@ type handle struct {
 type window struct {
 	id      uint32
 	off     uint64
+	size    uint64 // bytes of the window budget it holds
 	mapping []byte
 	mr      verbs.MR
 	mws     []verbs.MW
@@ -137,7 +138,14 @@ func (ss *session) run(ctx context.Context) {
 	}
 	ss.log.Info("session open", "data_qps_max", ss.srv.cfg.MaxDataQPs)
 	for {
-		m, err := ss.ch.Recv(ctx)
+		rctx, cancelRecv := context.WithTimeout(ctx, ss.srv.cfg.IdleTimeout)
+		m, err := ss.ch.Recv(rctx)
+		idle := rctx.Err() != nil && ctx.Err() == nil
+		cancelRecv()
+		if idle {
+			ss.log.Info("session closed: idle timeout", "idle", ss.srv.cfg.IdleTimeout)
+			return
+		}
 		if err != nil {
 			if errors.Is(err, protocol.ErrMalformed) {
 				ss.log.Warn("malformed request", "err", err)
@@ -476,11 +484,15 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
 	}
 	n := min(m.Length, cfg.MaxWindow, size-m.Offset)
+	if !ss.srv.reserve(n) {
+		return errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", cfg.WindowBudget)
+	}
 	mapping, err := unix.Mmap(int(h.f.Fd()), int64(m.Offset), int(n), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
+		ss.srv.release(n)
 		return errf(protocol.CodeInternal, "mmap %s: %v", h.path, err)
 	}
-	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping}
+	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping, size: n}
 	access := verbs.AccessRemoteRead
 	if ss.mws {
 		access |= verbs.AccessMWBind
@@ -590,6 +602,7 @@ func (ss *session) freeWindow(w *window) {
 	if w.mapping != nil {
 		unix.Munmap(w.mapping)
 	}
+	ss.srv.release(w.size)
 }
 
 func (ss *session) closeHandle(h *handle) {

@@ -39,8 +39,14 @@ type Config struct {
 	Secret    []byte
 	ChunkSize int64             // default chunker.DefaultChunkSize
 	Algorithm chunker.Algorithm // default CRC32C
-	// MaxWindow caps the bytes one window maps and registers; default 256 MiB.
+	// MaxWindow caps the bytes one window maps and registers; default
+	// 32 MiB. Larger windows register less often (which matters on NICs
+	// where pinning is slow) but keep more of the file resident.
 	MaxWindow uint64
+	// WindowBudget caps the bytes mapped and registered by all sessions
+	// together; default 1 GiB. A Map beyond it is answered TooMany, and
+	// the initiator retries once windows are released.
+	WindowBudget uint64
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
 	MaxSessions          int // default 64
@@ -49,6 +55,9 @@ type Config struct {
 	// HelloTimeout bounds the wait for a new session's Hello and Auth;
 	// default 10 s.
 	HelloTimeout time.Duration
+	// IdleTimeout ends a session whose initiator sent no request for
+	// that long, revoking its keys; default 5 min.
+	IdleTimeout time.Duration
 	// DrainTimeout bounds how long Serve waits for sessions to end after
 	// its context is cancelled; default 5 s.
 	DrainTimeout time.Duration
@@ -61,7 +70,13 @@ func (c *Config) setDefaults() {
 		c.ChunkSize = chunker.DefaultChunkSize
 	}
 	if c.MaxWindow == 0 {
-		c.MaxWindow = 256 << 20
+		c.MaxWindow = 32 << 20
+	}
+	if c.WindowBudget == 0 {
+		c.WindowBudget = max(1<<30, c.MaxWindow)
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 5 * time.Minute
 	}
 	if c.MaxWindowsPerSession == 0 {
 		c.MaxWindowsPerSession = 8
@@ -119,6 +134,9 @@ func (c *Config) Validate() error {
 	if c.MaxWindow < uint64(c.ChunkSize) {
 		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
 	}
+	if c.WindowBudget < c.MaxWindow {
+		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)
+	}
 	return nil
 }
 
@@ -161,6 +179,24 @@ type Server struct {
 	sessions map[[16]byte]*session
 	wg       sync.WaitGroup
 	staged   sync.Once
+	mapped   uint64 // bytes in windows, all sessions; under mu
+}
+
+// reserve takes n bytes of the window budget.
+func (s *Server) reserve(n uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mapped+n > s.cfg.WindowBudget {
+		return false
+	}
+	s.mapped += n
+	return true
+}
+
+func (s *Server) release(n uint64) {
+	s.mu.Lock()
+	s.mapped -= n
+	s.mu.Unlock()
 }
 
 // noteStaged logs, once, that windows go through bounce buffers.
