@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -30,7 +31,9 @@ func serveCommand() *cli.Command {
 			secretFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
 			&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
-			&cli.StringFlag{Name: "max-window", Value: "256MiB", Usage: "largest file range one window maps and registers"},
+			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
+			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered"},
+			&cli.DurationFlag{Name: "idle-timeout", Value: 5 * time.Minute, Usage: "end a session (revoking its keys) after this long without a request"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		}, transportFlags()...),
@@ -40,12 +43,13 @@ func serveCommand() *cli.Command {
 
 // serveFile is the --config file.
 type serveFile struct {
-	Listen     string `json:"listen"`
-	SecretFile string `json:"secret_file"`
-	ChunkSize  string `json:"chunk_size"`
-	Checksum   string `json:"checksum"`
-	MaxWindow  string `json:"max_window"`
-	Exports    []struct {
+	Listen       string `json:"listen"`
+	SecretFile   string `json:"secret_file"`
+	ChunkSize    string `json:"chunk_size"`
+	Checksum     string `json:"checksum"`
+	MaxWindow    string `json:"max_window"`
+	WindowBudget string `json:"window_budget"`
+	Exports      []struct {
 		Name string `json:"name"`
 		Path string `json:"path"`
 	} `json:"exports"`
@@ -99,6 +103,10 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return usagef("--max-window: %v", err)
 	}
+	budget, err := parseSize(pick("window-budget", file.WindowBudget))
+	if err != nil {
+		return usagef("--window-budget: %v", err)
+	}
 	alg, err := chunker.ParseAlgorithm(pick("checksum", file.Checksum))
 	if err != nil {
 		return usagef("--checksum: %v", err)
@@ -126,7 +134,8 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	defer dev.Close()
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg, MaxWindow: uint64(mw), Logger: log})
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg,
+		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"), Logger: log})
 	if err != nil {
 		return usageError{err}
 	}
