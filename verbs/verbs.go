@@ -38,7 +38,7 @@ type DeviceInfo struct {
 type DeviceConfig struct {
 	Name     string // -d; empty means the first active device
 	Port     int    // -i; 0 means the first active port
-	GIDIndex int    // -x / --gid-index; -1 means choose automatically
+	GIDIndex int    // -x / --gid-index; -1 (or 0, the zero value) means choose automatically
 }
 
 // AddrMode says how a provider's endpoints are addressed.
