@@ -349,3 +349,35 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+func TestInterruptedCopyLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "big"), 128<<20)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "big")
+	cp := rdmacp("cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
+	stdout, _ := cp.StdoutPipe()
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"status"`) {
+			cp.Process.Signal(syscall.SIGINT)
+			break
+		}
+	}
+	for sc.Scan() {
+	}
+	err := cp.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupts {
+		t.Fatalf("interrupted cp: %v, want exit %d", err, exitInterrupts)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), "*")); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*")); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
