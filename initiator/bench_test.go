@@ -9,6 +9,8 @@ import (
 
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
 
 func TestBench(t *testing.T) {
@@ -82,5 +84,49 @@ func checkRates(t *testing.T, res *initiator.BenchResult) {
 	t.Helper()
 	if !(res.Min >= 0 && res.Avg > 0 && res.Min <= res.Avg && res.Avg <= res.Peak) {
 		t.Errorf("rates: min %.0f avg %.0f peak %.0f B/s (intervals %v)", res.Min, res.Avg, res.Peak, res.Intervals)
+	}
+}
+
+// BenchmarkSessionBench is Session.Bench in one process (target and
+// initiator together), for profiling the READ path:
+//
+//	go test -run '^$' -bench SessionBench -cpuprofile cpu.out ./initiator
+func BenchmarkSessionBench(b *testing.B) {
+	dir := b.TempDir()
+	f, err := os.Create(filepath.Join(dir, "f"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.Truncate(64 << 20)
+	f.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	defer tdev.Close()
+	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	defer idev.Close()
+	s, err := initiator.Dial(ctx, ln.Addr(), initiator.Config{Device: idev, QPs: 4, Depth: 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const iters = 64 // READs of 1 MiB per QP
+	b.SetBytes(4 * iters << 20)
+	for b.Loop() {
+		if _, err := s.Bench(ctx, "data/f", initiator.BenchOptions{Size: 1 << 20, Iters: iters}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -223,7 +223,9 @@ func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
 	// A kernel that refuses to pin read-only file mappings (rxe on 6.1)
 	// answers RegMR with EFAULT; the target stages through bounce buffers.
 	inj := &faulty.Injector{}
-	inj.FailRegMR(1, func(a verbs.Access) bool { return a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
+	// Both the MW_BIND and the READ-only registration of the first
+	// window fail; the bounce buffer's registration (the third) succeeds.
+	inj.FailRegMR(2, func(a verbs.Access) bool { return a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
 	e := startTarget(t, func(c *target.Config) { c.Device = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj)) })
 	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+3)
 	s := e.dial(t, nil)
@@ -231,8 +233,8 @@ func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
 	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if inj.Stats().FailedRegs == 0 {
-		t.Fatal("no registration was refused: the staged path did not run")
+	if n := inj.Stats().FailedRegs; n != 2 {
+		t.Fatalf("%d registrations refused, want 2: the staged path did not run", n)
 	}
 	if got, _ := os.ReadFile(dst); string(got) != string(want) {
 		t.Fatal("staged copy differs")
@@ -261,4 +263,24 @@ func TestWindowBudgetSharedBySessions(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+func TestReadOnlyMRWhenWindowsCantBind(t *testing.T) {
+	// Kernels pin MW_BIND regions for writing, which read-only file
+	// mappings refuse: the target then registers for READ alone.
+	inj := &faulty.Injector{}
+	inj.FailRegMR(1000, func(a verbs.Access) bool { return a&verbs.AccessMWBind != 0 && a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
+	e := startTarget(t, func(c *target.Config) { c.Device = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj)) })
+	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+3)
+	s := e.dial(t, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if inj.Stats().FailedRegs == 0 {
+		t.Fatal("no MW_BIND registration was refused")
+	}
+	if got, _ := os.ReadFile(dst); string(got) != string(want) {
+		t.Fatal("copy differs")
+	}
 }

@@ -494,14 +494,29 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	}
 	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping, size: n}
 	access := verbs.AccessRemoteRead
-	if ss.mws {
+	useMWs := ss.mws
+	if useMWs {
 		access |= verbs.AccessMWBind
 	}
 	w.mr, err = ss.pd.RegMR(mapping, access)
+	if errors.Is(err, syscall.EFAULT) && useMWs {
+		// The kernel pins MW_BIND regions for writing, which a read-only
+		// file mapping refuses: register for READ alone (still zero-copy
+		// where the kernel allows it) and hand out the MR's key, which is
+		// this session's alone and dies with the window all the same.
+		access = verbs.AccessRemoteRead
+		if w.mr, err = ss.pd.RegMR(mapping, access); err == nil {
+			useMWs = false
+		}
+	}
 	if errors.Is(err, syscall.EFAULT) {
 		// Some kernels (rxe on 6.1) can't pin a read-only shared file
 		// mapping: stage the window through a registered bounce buffer.
 		ss.srv.noteStaged(ss.log)
+		if ss.mws {
+			access |= verbs.AccessMWBind
+			useMWs = true
+		}
 		w.mr, err = ss.stage(h, w, access)
 	}
 	if err != nil {
@@ -509,7 +524,7 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
 	}
 	rkeys := make([]uint32, len(qps))
-	if ss.mws {
+	if useMWs {
 		if err := ss.bind(ctx, w, qps); err != nil {
 			ss.freeWindow(w)
 			return errf(protocol.CodeInternal, "bind windows: %v", err)

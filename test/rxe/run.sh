@@ -37,7 +37,7 @@
 #                    test binaries, run test/rxe/e2e.sh in the same guest:
 #                    serve/cp/ls over ibverbs, sha256-verified copies. With
 #                    CMD, only build it: $RDMACP is its path in the guest.
-#   --perf           with --e2e: also ib_read_bw vs rdmacp cp bandwidth
+#   --perf           --e2e, and then ib_read_bw vs rdmacp cp bandwidth
 #   --no-tests       with --e2e: skip the test binaries (build none by default)
 #   --env K=V        set K in the guest (repeatable)
 #   --timeout SECS   stop the guest after SECS (default 1500)

@@ -95,6 +95,12 @@ func (notBuiltError) Unwrap() error { return verbs.ErrUnsupported }
 // file data through registered bounce buffers instead, and (false, err)
 // when the probe itself could not run.
 //
+// The probe registers for REMOTE_READ alone. Adding MW_BIND (or any
+// write access) makes the kernel pin the pages for writing
+// (ib_access_writable counts MW_BIND), which a read-only mapping refuses
+// with EFAULT on every kernel: memory windows can only be bound over file
+// data that was copied into writable memory.
+//
 // The probe works with any provider's PD.
 func ProbeFileMR(pd verbs.PD, dir string) (bool, error) {
 	if pd == nil {

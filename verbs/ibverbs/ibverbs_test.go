@@ -147,6 +147,20 @@ func TestProbeFileMR(t *testing.T) {
 	} else {
 		mr.Close()
 	}
+	// MW_BIND counts as write access for the kernel's pin
+	// (ib_access_writable), so a read-only file mapping registered with
+	// it is refused on every kernel, 6.12 included: a target that binds
+	// windows over file MRs never gets zero-copy. Log what this one does.
+	mr, err = pd.RegMR(b, verbs.AccessRemoteRead|verbs.AccessMWBind)
+	if err != nil {
+		t.Logf("RegMR with MW_BIND: %v", err)
+		if !IsFileMRRefused(err) {
+			t.Errorf("RegMR of a read-only file mapping with MW_BIND: %v, want an OpError wrapping EFAULT", err)
+		}
+	} else {
+		t.Logf("kernel %s: read-only shared file mappings registrable with MW_BIND too", rel)
+		mr.Close()
+	}
 }
 
 func utsString(b []int8) string {
