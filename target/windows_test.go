@@ -194,3 +194,7 @@ func TestWindowBudget(t *testing.T) {
 		t.Fatalf("map after the budget was freed: %v", err)
 	}
 }
+
+func targetConfig(dir string, window, budget uint64) target.Config {
+	return target.Config{Exports: []target.Export{{Name: "data", Path: dir}}, MaxWindow: window, WindowBudget: budget}
+}
