@@ -55,7 +55,7 @@ func errf(code protocol.Code, format string, args ...any) *protocol.Error {
 // elements are refused here; symlinks leading out are refused by os.Root.
 func (s *Server) resolve(p string) (*export, string, *protocol.Error) {
 	name, rel, _ := strings.Cut(p, "/")
-	x := s.exports[name]
+	x := s.export(name)
 	if x == nil {
 		return nil, "", errf(protocol.CodeNotFound, "no export %q", name)
 	}

@@ -37,6 +37,7 @@ type session struct {
 	data    []verbs.QP
 	closing bool
 
+	hmu        sync.Mutex // held while a request is served, and to revoke
 	handles    map[uint32]*handle
 	nextHandle uint32
 	nextWindow uint32
@@ -48,6 +49,7 @@ type session struct {
 
 type handle struct {
 	id       uint32
+	export   *export
 	path     string
 	f        *os.File
 	size     int64
@@ -166,7 +168,9 @@ func (ss *session) run(ctx context.Context) {
 			ss.log.Info("session closed by initiator")
 			return
 		}
+		ss.hmu.Lock()
 		reply := ss.serve(ctx, m)
+		ss.hmu.Unlock()
 		reply.SetID(m.ID())
 		if err := ss.ch.Send(ctx, reply); err != nil {
 			ss.log.Info("session closed", "reason", err)
@@ -301,11 +305,9 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 func (ss *session) list(m *protocol.List) protocol.Message {
 	var all []protocol.Entry
 	if m.Path == "" || m.Path == "/" {
-		for _, e := range ss.srv.cfg.Exports {
-			if x := ss.srv.exports[e.Name]; x != nil {
-				if en, err := x.entry("."); err == nil {
-					all = append(all, en)
-				}
+		for _, x := range ss.srv.exportList() {
+			if en, err := x.entry("."); err == nil {
+				all = append(all, en)
 			}
 		}
 	} else {
@@ -410,7 +412,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		f.Close()
 		return errf(protocol.CodeInternal, "%v", err)
 	}
-	h := &handle{id: ss.nextHandle, path: m.Path, f: f, size: size, mtime: mtime, blockdev: isDev,
+	h := &handle{id: ss.nextHandle, export: x, path: m.Path, f: f, size: size, mtime: mtime, blockdev: isDev,
 		layout: layout, digests: digests, windows: map[uint32]*window{}}
 	if h.changed() {
 		f.Close()
@@ -620,6 +622,18 @@ func (ss *session) freeWindow(w *window) {
 	ss.srv.release(w.size)
 }
 
+// revoke closes the files the session opened from x.
+func (ss *session) revoke(x *export) {
+	ss.hmu.Lock()
+	defer ss.hmu.Unlock()
+	for _, h := range ss.handles {
+		if h.export == x {
+			ss.log.Info("export removed: closing file", "path", h.path)
+			ss.closeHandle(h)
+		}
+	}
+}
+
 func (ss *session) closeHandle(h *handle) {
 	for _, w := range h.windows {
 		ss.unmap(h, w)
@@ -636,9 +650,11 @@ func (ss *session) release() {
 	data := ss.data
 	ss.data = nil
 	ss.mu.Unlock()
+	ss.hmu.Lock()
 	for _, h := range ss.handles {
 		ss.closeHandle(h)
 	}
+	ss.hmu.Unlock()
 	for _, qp := range data {
 		qp.Close()
 	}

@@ -172,8 +172,11 @@ func CheckListen(addr string, secret []byte) error {
 
 // Server serves exports to initiators.
 type Server struct {
-	cfg     Config
+	cfg Config
+
+	emu     sync.RWMutex
 	exports map[string]*export
+	order   []string // export names in configuration order
 
 	mu       sync.Mutex
 	sessions map[[16]byte]*session
@@ -220,14 +223,97 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 		s.exports[e.Name] = x
+		s.order = append(s.order, e.Name)
 	}
 	return s, nil
 }
 
 func (s *Server) closeExports() {
+	s.emu.Lock()
+	defer s.emu.Unlock()
 	for _, x := range s.exports {
 		x.close()
 	}
+	s.exports = map[string]*export{}
+}
+
+// export returns the export called name, or nil.
+func (s *Server) export(name string) *export {
+	s.emu.RLock()
+	defer s.emu.RUnlock()
+	return s.exports[name]
+}
+
+// exportList returns the exports in configuration order.
+func (s *Server) exportList() []*export {
+	s.emu.RLock()
+	defer s.emu.RUnlock()
+	out := make([]*export, 0, len(s.order))
+	for _, n := range s.order {
+		out = append(out, s.exports[n])
+	}
+	return out
+}
+
+// SetExports replaces the exports while serving. Sessions keep running,
+// but files they opened from an export that is gone or now points
+// elsewhere are closed: their windows are unmapped and their keys die.
+func (s *Server) SetExports(exps []Export) (added, removed []string, err error) {
+	c := s.cfg
+	c.Exports = exps
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	next := map[string]*export{}
+	var order []string
+	s.emu.RLock()
+	for _, e := range exps {
+		if old := s.exports[e.Name]; old != nil && old.Export == e {
+			next[e.Name] = old
+		} else {
+			x, err := openExport(e)
+			if err != nil {
+				s.emu.RUnlock()
+				for n, x := range next {
+					if s.exports[n] != x {
+						x.close()
+					}
+				}
+				return nil, nil, err
+			}
+			next[e.Name] = x
+			added = append(added, e.Name)
+		}
+		order = append(order, e.Name)
+	}
+	s.emu.RUnlock()
+
+	s.emu.Lock()
+	var gone []*export
+	for n, x := range s.exports {
+		if next[n] != x {
+			gone = append(gone, x)
+			removed = append(removed, n)
+		}
+	}
+	s.exports, s.order = next, order
+	s.emu.Unlock()
+
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range sessions {
+		for _, x := range gone {
+			ss.revoke(x)
+		}
+	}
+	for _, x := range gone {
+		x.close()
+	}
+	return added, removed, nil
 }
 
 // Serve accepts connections on ln until ctx ends, then closes every

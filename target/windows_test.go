@@ -198,3 +198,44 @@ func TestWindowBudget(t *testing.T) {
 func targetConfig(dir string, window, budget uint64) target.Config {
 	return target.Config{Exports: []target.Export{{Name: "data", Path: dir}}, MaxWindow: window, WindowBudget: budget}
 }
+
+func TestRemovedExportRevokesKeys(t *testing.T) {
+	keep, gone := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(gone, "f"), bytes.Repeat([]byte("x"), 64<<10), 0o644)
+	cfg := target.Config{Exports: []target.Export{{Name: "keep", Path: keep}, {Name: "gone", Path: gone}}, ChunkSize: 4096}
+	cfg.Device = device(t)
+	srv, err := target.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, _ := cfg.Device.Listen(ctx, "127.0.0.1:0")
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(done) }()
+	defer func() { cancel(); <-done; ln.Close() }()
+
+	p := newPeer(t, ln.Addr())
+	h, w := p.mapFile("gone/f", 64<<10)
+	if st := p.read(w.Addr, w.RKeys[0], 4096); st != verbs.StatusSuccess {
+		t.Fatalf("before removal: %v", st)
+	}
+	added, removed, err := srv.SetExports([]target.Export{{Name: "keep", Path: keep}})
+	if err != nil || len(added) != 0 || len(removed) != 1 || removed[0] != "gone" {
+		t.Fatalf("SetExports: added %v removed %v, %v", added, removed, err)
+	}
+	if st := p.read(w.Addr, w.RKeys[0], 4096); st == verbs.StatusSuccess {
+		t.Fatal("a removed export's window still reads")
+	}
+	q := newPeer(t, ln.Addr())
+	if _, err := q.call(&protocol.Map{Handle: h, Length: 4096}); err == nil {
+		t.Fatal("a removed export's handle still maps")
+	}
+	var pe *protocol.Error
+	if _, err := q.call(&protocol.Open{Path: "gone/f"}); !errors.As(err, &pe) || pe.Code != protocol.CodeNotFound {
+		t.Fatalf("open in a removed export: %v", err)
+	}
+	m, err := q.call(&protocol.List{})
+	if err != nil || len(m.(*protocol.ListReply).Entries) != 1 {
+		t.Fatalf("exports after removal: %v %v", m, err)
+	}
+}

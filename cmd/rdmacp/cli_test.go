@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,7 +57,25 @@ type server struct {
 	cmd  *exec.Cmd
 	addr string
 	dir  string
-	logs *bytes.Buffer
+	logs *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a goroutine writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) WriteString(v string) {
+	s.mu.Lock()
+	s.b.WriteString(v)
+	s.mu.Unlock()
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 var servingRE = regexp.MustCompile(`msg=serving addr=(\S+)`)
@@ -73,7 +92,7 @@ func serve(t *testing.T, dir string, cred *syscall.Credential, extra ...string) 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, dir: dir, logs: &bytes.Buffer{}}
+	s := &server{cmd: cmd, dir: dir, logs: &syncBuffer{}}
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -379,5 +398,29 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*")); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
+	}
+}
+
+func TestServeReloadsExportsOnSIGHUP(t *testing.T) {
+	other := t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "serve.json")
+	os.WriteFile(cfg, []byte(`{"exports": [{"name": "other", "path": "`+other+`"}]}`), 0o600)
+	s := serve(t, t.TempDir(), nil, "--config", cfg)
+	out, _, code := run(t, "ls", s.addr+":")
+	if code != 0 || out != "other/\ndata/\n" {
+		t.Fatalf("before reload: exit %d, %q", code, out)
+	}
+	os.WriteFile(cfg, []byte(`{"exports": []}`), 0o600)
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(s.logs.String(), "exports reloaded") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload logged: %s", s.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out, _, code = run(t, "ls", s.addr+":")
+	if code != 0 || out != "data/\n" {
+		t.Fatalf("after reload: exit %d, %q", code, out)
 	}
 }

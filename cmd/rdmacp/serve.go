@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -55,25 +57,27 @@ type serveFile struct {
 	} `json:"exports"`
 }
 
-func runServe(c *cli.Context) error {
+// readServeFile reads --config, if given.
+func readServeFile(c *cli.Context) (serveFile, error) {
 	var file serveFile
-	if p := c.String("config"); p != "" {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return usagef("--config: %v", err)
-		}
-		dec := json.NewDecoder(strings.NewReader(string(b)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&file); err != nil {
-			return usagef("--config %s: %v", p, err)
-		}
+	p := c.String("config")
+	if p == "" {
+		return file, nil
 	}
-	pick := func(flag, fromFile string) string {
-		if c.IsSet(flag) || fromFile == "" {
-			return c.String(flag)
-		}
-		return fromFile
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return file, usagef("--config: %v", err)
 	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&file); err != nil {
+		return file, usagef("--config %s: %v", p, err)
+	}
+	return file, nil
+}
+
+// exportsOf lists the exports of the config file and the flags.
+func exportsOf(c *cli.Context, file serveFile) ([]target.Export, error) {
 	var exports []target.Export
 	for _, e := range file.Exports {
 		exports = append(exports, target.Export{Name: e.Name, Path: e.Path})
@@ -81,12 +85,30 @@ func runServe(c *cli.Context) error {
 	for _, s := range c.StringSlice("export") {
 		name, path, ok := strings.Cut(s, "=")
 		if !ok || name == "" || path == "" {
-			return usagef("--export %q: want NAME=PATH", s)
+			return nil, usagef("--export %q: want NAME=PATH", s)
 		}
 		exports = append(exports, target.Export{Name: name, Path: path})
 	}
 	if len(exports) == 0 {
-		return usagef("nothing to export: give --export NAME=PATH")
+		return nil, usagef("nothing to export: give --export NAME=PATH")
+	}
+	return exports, nil
+}
+
+func runServe(c *cli.Context) error {
+	file, err := readServeFile(c)
+	if err != nil {
+		return err
+	}
+	pick := func(flag, fromFile string) string {
+		if c.IsSet(flag) || fromFile == "" {
+			return c.String(flag)
+		}
+		return fromFile
+	}
+	exports, err := exportsOf(c, file)
+	if err != nil {
+		return err
 	}
 	if file.SecretFile != "" && !c.IsSet("secret-file") {
 		c.Set("secret-file", file.SecretFile)
@@ -149,6 +171,7 @@ func runServe(c *cli.Context) error {
 		names[i] = e.Name + "=" + e.Path
 	}
 	log.Info("serving", "addr", ln.Addr(), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
+	go reloadOnHUP(c, srv, log)
 	err = srv.Serve(c.Context, ln)
 	log.Info("stopped")
 	return err
@@ -167,4 +190,33 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", format)
+}
+
+// reloadOnHUP re-reads the exports (--config and --export) on SIGHUP.
+// Files open from an export that is gone are closed and their keys die.
+func reloadOnHUP(c *cli.Context, srv *target.Server, log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+		case <-c.Context.Done():
+			return
+		}
+		file, err := readServeFile(c)
+		var exports []target.Export
+		if err == nil {
+			exports, err = exportsOf(c, file)
+		}
+		if err == nil {
+			var added, removed []string
+			added, removed, err = srv.SetExports(exports)
+			if err == nil {
+				log.Info("exports reloaded", "added", strings.Join(added, ","), "removed", strings.Join(removed, ","))
+				continue
+			}
+		}
+		log.Error("reload failed; keeping the exports as they were", "err", err)
+	}
 }
