@@ -7,6 +7,7 @@
 #   test/rxe/run.sh [options]                 # build and run the ibverbs tests
 #   test/rxe/run.sh --e2e [options]           # ... then rdmacp end to end (e2e.sh)
 #   test/rxe/run.sh [options] -- CMD [ARG...] # run CMD in the guest instead
+#   test/rxe/run.sh --interop [options]       # ... then iWARP interop with siw (interop.sh)
 #
 # The test binaries are built on the host (go test -c -tags rdma) and run
 # in the guest, one after another, each in its package directory, with
@@ -38,7 +39,23 @@
 #                    serve/cp/ls over ibverbs, sha256-verified copies. With
 #                    CMD, only build it: $RDMACP is its path in the guest.
 #   --perf           --e2e, and then ib_read_bw vs rdmacp cp bandwidth
-#   --no-tests       with --e2e: skip the test binaries (build none by default)
+#   --no-tests       with --e2e or --interop: skip the test binaries (build
+#                    none by default)
+#   --siw            also load the kernel's soft-iWARP driver: siw.ko is built
+#                    on the host from Debian's linux-headers-<kver> and
+#                    linux-source-<x.y> of the same version (build-siw.sh,
+#                    cached), and the guest creates siw0 on its own dummy
+#                    netdev siwnet0 (203.0.113.1/24, so that rdma_cm never
+#                    confuses it with rxe0) and exports SIW_DEV=siw0
+#                    SIW_ADDR=203.0.113.1 SIW_NETDEV=siwnet0. When siw.ko
+#                    cannot be built: "SKIP: siw: <reason>" (exit 0)
+#   --interop        --siw, build rdmacp and the pure-Go iWARP provider's
+#                    tests (./verbs/iwarp), and after the test binaries and
+#                    e2e run test/rxe/interop.sh: rdmacp iwarp-soft <-> siw
+#                    both ways, rping against the pure-Go provider, a tshark
+#                    capture. With CMD, only build: $RDMACP, $IWARP_TEST
+#   --out DIR        a writable directory the guest sees as $RXE_OUT
+#                    (/run/rxe-out); what it leaves there is copied to DIR
 #   --env K=V        set K in the guest (repeatable)
 #   --timeout SECS   stop the guest after SECS (default 1500)
 #   --smp N          guest vCPUs (default 1: TCG eats a host core per vCPU)
@@ -72,7 +89,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 REPO=$(cd "$HERE/../.." && pwd -P)
 CACHE=${RDMACP_RXE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rdmacp-rxe}
 SUITE= PKGS=() BINS=() RUN= BENCH= ARGS= ENVS=() TIMEOUT=1500 SMP=1 MEM=2G
-SETUP_ONLY=0 REFRESH=0 VERBOSE=0 RACE=() E2E=0 PERF=0 NOTESTS=0
+SETUP_ONLY=0 REFRESH=0 VERBOSE=0 RACE=() E2E=0 PERF=0 NOTESTS=0 SIW=0 INTEROP=0 OUTDIR=
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 while [ $# -gt 0 ]; do
@@ -87,6 +104,9 @@ while [ $# -gt 0 ]; do
 	--e2e) E2E=1; shift ;;
 	--perf) PERF=1; E2E=1; shift ;;
 	--no-tests) NOTESTS=1; shift ;;
+	--siw) SIW=1; shift ;;
+	--interop) INTEROP=1; SIW=1; shift ;;
+	--out) OUTDIR=${2:?--out needs a directory}; shift 2 ;;
 	--env) ENVS+=("${2:?}"); shift 2 ;;
 	--timeout) TIMEOUT=${2:?}; shift 2 ;;
 	--smp) SMP=${2:?}; shift 2 ;;
@@ -208,7 +228,8 @@ extract_vmlinux() {
 # Modules the guest loads, in this order, with their dependencies.
 # crc32_generic must precede rdma_rxe: rxe needs the crypto crc32 and the
 # guest has no modprobe to fetch it.
-MODS=(virtio_pci virtio_console 9pnet_virtio 9p crc32_generic dummy ib_uverbs rdma_rxe rdma_ucm)
+# crc32c_generic + libcrc32c: siw (when --siw loads it) needs the crypto crc32c.
+MODS=(virtio_pci virtio_console 9pnet_virtio 9p crc32_generic crc32c_generic libcrc32c dummy ib_uverbs rdma_rxe rdma_ucm)
 
 prepare_kernel() { # sets KDIR
 	local pfile=$CACHE/suite-$SUITE.pkg pkg=
@@ -324,6 +345,16 @@ T0=$(date +%s.%N)
 prepare_kernel
 prepare_initrd
 KVER=$(cat "$KDIR/kver")
+SIWKO=
+if [ $SIW = 1 ]; then
+	# siw.ko for exactly this kernel; build-siw.sh exits 2 when it can't.
+	src=0
+	SIWKO=$("$HERE/build-siw.sh" "$KVER" "$CACHE/siw/$KVER" 2>"$CACHE/siw-$KVER.err" | tail -1) || src=$?
+	cat "$CACHE/siw-$KVER.err" >&2
+	if [ $src != 0 ] || [ ! -f "$SIWKO" ]; then
+		skip "siw: $(grep -o 'cannot build: .*' "$CACHE/siw-$KVER.err" | tail -1 || echo "build-siw.sh failed ($src)")"
+	fi
+fi
 if [ $SETUP_ONLY = 1 ]; then
 	say "ready: kernel $KVER in $KDIR"
 	exit 0
@@ -353,14 +384,21 @@ mkdir -p "$JOB"
 mkdir -p "$JOB/bin"
 : >"$JOB/tests"
 GUESTBINS=()
-if [ ${#PKGS[@]} -gt 0 ] || [ $E2E = 1 ]; then
+if [ ${#PKGS[@]} -gt 0 ] || [ $E2E = 1 ] || [ $INTEROP = 1 ]; then
 	command -v go >/dev/null || die "go is needed to build the test binaries"
 fi
-if [ $E2E = 1 ]; then
+if [ $E2E = 1 ] || [ $INTEROP = 1 ]; then
 	say "building rdmacp (go build -tags rdma${RACE[*]:+ ${RACE[*]}})"
 	(cd "$REPO" && CGO_ENABLED=1 go build -tags rdma "${RACE[@]}" -o "$JOB/bin/rdmacp" ./cmd/rdmacp) || exit 1
 	cp "$HERE/e2e.sh" "$JOB/e2e.sh"
 fi
+if [ $INTEROP = 1 ]; then
+	say "building ./verbs/iwarp tests (go test -c${RACE[*]:+ ${RACE[*]}})"
+	(cd "$REPO" && go test -c "${RACE[@]}" -o "$JOB/bin/iwarp.test" ./verbs/iwarp) || exit 1
+	cp "$HERE/interop.sh" "$JOB/interop.sh"
+fi
+[ -n "$SIWKO" ] && cp "$SIWKO" "$JOB/siw.ko"
+mkdir -p "$RUNDIR/outdir"
 for p in "${PKGS[@]}"; do
 	name=$(echo "${p#./}" | tr / _).test
 	say "building $p (go test -c -tags rdma${RACE[*]:+ ${RACE[*]}})"
@@ -399,6 +437,10 @@ if [ ${#CMD[@]} -eq 0 ]; then
 			echo 'echo "=== e2e (rdmacp serve/cp/ls over ibverbs)"'
 			printf 'bash /run/rxe-job/e2e.sh%s </dev/null || { r=$?; [ $rc = 0 ] && rc=$r; }\n' "$([ $PERF = 1 ] && echo ' --perf')"
 		fi
+		if [ $INTEROP = 1 ]; then
+			echo 'echo "=== interop (pure-Go iWARP <-> kernel siw)"'
+			echo 'bash /run/rxe-job/interop.sh </dev/null || { r=$?; [ $rc = 0 ] && rc=$r; }'
+		fi
 		echo 'exit $rc'
 	} >"$JOB/cmd.sh"
 else
@@ -419,7 +461,9 @@ fi
 	done
 	for kv in "${ENVS[@]}"; do printf 'export %q\n' "$kv"; done
 	printf 'export RXE_TEST_BINS=%q\n' "${GUESTBINS[*]}"
-	if [ $E2E = 1 ]; then echo 'export RDMACP=/run/rxe-job/bin/rdmacp'; fi
+	if [ $E2E = 1 ] || [ $INTEROP = 1 ]; then echo 'export RDMACP=/run/rxe-job/bin/rdmacp'; fi
+	if [ $INTEROP = 1 ]; then echo 'export IWARP_TEST=/run/rxe-job/bin/iwarp.test'; fi
+	printf 'export RXE_SRCDIR=%q\n' "$REPO"
 } >"$JOB/env.sh"
 
 # Runs as PID 1 in the guest, on the host's root.
@@ -469,6 +513,26 @@ done
 . /run/rxe-job/env.sh
 export RXE_DEV=$DEV RXE_ADDR=$ADDR RXE_GID_INDEX=$GIDX RXE_NETDEV=$NETDEV RXE_KERNEL=$(uname -r) RXE_VM=1
 echo "rxe: guest $(uname -r): $DEV up on $NETDEV $ADDR (RoCE v2 gid $GIDX, mtu $(cat /sys/class/net/$NETDEV/mtu)) after $(cut -d' ' -f1 /proc/uptime)s"
+if mkdir -p /run/rxe-out && mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none out /run/rxe-out 2>/dev/null; then
+	export RXE_OUT=/run/rxe-out
+fi
+if [ -f /run/rxe-job/siw.ko ]; then
+	# soft-iWARP on its own dummy netdev and subnet, so that rdma_cm's
+	# address resolution never picks rxe0 for it (nor siw0 for rxe0's).
+	SNET=siwnet0 SADDR=203.0.113.1 SDEV=siw0
+	insmod /run/rxe-job/siw.ko || bad "insmod siw.ko failed"
+	ip link add $SNET type dummy || bad "cannot create $SNET"
+	ip link set $SNET mtu 9000 up
+	ip addr add $SADDR/24 dev $SNET
+	rdma link add $SDEV type siw netdev $SNET || bad "rdma link add $SDEV failed"
+	for _ in $(seq 200); do
+		grep -q ACTIVE /sys/class/infiniband/$SDEV/ports/1/state 2>/dev/null && break
+		sleep 0.05
+	done
+	grep -q ACTIVE /sys/class/infiniband/$SDEV/ports/1/state 2>/dev/null || bad "$SDEV port not active"
+	export SIW_DEV=$SDEV SIW_ADDR=$SADDR SIW_NETDEV=$SNET
+	echo "rxe: $SDEV (iWARP, $(modinfo -F vermagic /run/rxe-job/siw.ko | cut -d' ' -f1)) up on $SNET $SADDR after $(cut -d' ' -f1 /proc/uptime)s"
+fi
 bash /run/rxe-job/cmd.sh </dev/null
 finish $?
 EOF
@@ -489,6 +553,7 @@ command -v setpriv >/dev/null && PDEATH=(setpriv --pdeathsig TERM --)
 	-serial "file:$RUNDIR/console" \
 	-fsdev local,id=hostfs,path=/,security_model=none,readonly=on,multidevs=remap -device virtio-9p-pci,fsdev=hostfs,mount_tag=host \
 	-fsdev local,id=jobfs,path="$JOB",security_model=none,readonly=on -device virtio-9p-pci,fsdev=jobfs,mount_tag=job \
+	-fsdev local,id=outfs,path="$RUNDIR/outdir",security_model=none -device virtio-9p-pci,fsdev=outfs,mount_tag=out \
 	-device virtio-serial-pci \
 	-chardev file,id=out,path="$RUNDIR/out" -device virtserialport,chardev=out,name=out \
 	-chardev file,id=status,path="$RUNDIR/status" -device virtserialport,chardev=status,name=status \
@@ -504,6 +569,9 @@ TAILPID=
 T1=$(date +%s.%N)
 WALL=$(awk -v a="$T0" -v b="$T1" 'BEGIN { printf "%.1f", b - a }')
 [ $VERBOSE = 1 ] && { say "--- guest console"; tr -d '\r' <"$RUNDIR/console" >&2 || true; }
+if [ -n "$OUTDIR" ] && [ -n "$(ls -A "$RUNDIR/outdir" 2>/dev/null)" ]; then
+	mkdir -p "$OUTDIR" && cp -r "$RUNDIR/outdir/." "$OUTDIR/" && say "guest output copied to $OUTDIR"
+fi
 RC=$(sed -n 's/^rc=\([0-9]*\).*/\1/p' "$RUNDIR/status" | tail -1)
 if [ -n "$RC" ]; then
 	say "guest $KVER: exit status $RC after ${WALL}s"

@@ -36,6 +36,25 @@ const rejConsumer = 28
 
 func frame(b []byte) []byte { return append([]byte{byte(len(b))}, b...) }
 
+// iWARP's MPA frames carry private data with its exact length, and a peer
+// there may be any iWARP stack: no length byte on that transport.
+func (d *device) frame(b []byte) []byte {
+	if C.rc_transport(d.ctx) == C.IBV_TRANSPORT_IWARP {
+		return append([]byte(nil), b...)
+	}
+	return frame(b)
+}
+
+func (d *device) unframe(raw []byte) []byte {
+	if C.rc_transport(d.ctx) == C.IBV_TRANSPORT_IWARP {
+		if len(raw) == 0 {
+			return nil
+		}
+		return append([]byte(nil), raw...)
+	}
+	return unframe(raw)
+}
+
 func unframe(raw []byte) []byte {
 	if len(raw) == 0 {
 		return nil
@@ -231,7 +250,7 @@ func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error
 // push queues a connection request; false if the listener is closed.
 func (l *listener) push(child *cmID, e cmEvent) bool {
 	r := &connReq{
-		d: l.d, cid: child, private: unframe(e.private),
+		d: l.d, cid: child, private: l.d.unframe(e.private),
 		respRes: e.respRes, initDepth: e.initDepth, remoteQPN: e.qpNum,
 	}
 	r.local, r.remote = child.addrs()
@@ -358,7 +377,7 @@ func (r *connReq) Reject(private []byte) error {
 	}
 	r.used = true
 	r.forget()
-	b := frame(private)
+	b := r.d.frame(private)
 	p, n := cbytes(b)
 	rc, err := C.rdma_reject(r.cid.id, p, n)
 	r.cid.destroy()
@@ -532,7 +551,7 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		ird = min(ird, p.req.respRes)
 		ord = min(ord, p.req.initDepth)
 	}
-	b := frame(cp.PrivateData)
+	b := d.frame(cp.PrivateData)
 	pd, n := cbytes(b)
 	accept := C.int(0)
 	if p.req != nil {
@@ -556,12 +575,12 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		switch e.typ {
 		case C.RDMA_CM_EVENT_ESTABLISHED:
 			if p.req == nil {
-				peer, remoteQPN = unframe(e.private), e.qpNum
+				peer, remoteQPN = d.unframe(e.private), e.qpNum
 			}
 		case C.RDMA_CM_EVENT_REJECTED:
 			p.teardown()
 			if e.status == rejConsumer || (C.rc_transport(d.ctx) == C.IBV_TRANSPORT_IWARP && len(e.private) > 0) {
-				return fail(&verbs.RejectedError{PrivateData: unframe(e.private)})
+				return fail(&verbs.RejectedError{PrivateData: d.unframe(e.private)})
 			}
 			return fail(fmt.Errorf("%w (rdma_cm reject reason %d: no listener?)", syscall.ECONNREFUSED, e.status))
 		case C.RDMA_CM_EVENT_UNREACHABLE, C.RDMA_CM_EVENT_CONNECT_ERROR:

@@ -137,3 +137,24 @@ func TestSmokeRead(t *testing.T) {
 		t.Log(a.qp.Info().Detail)
 	}
 }
+
+func TestSendDeliveredThenPeerHangsUp(t *testing.T) {
+	// A SEND whose bytes the peer received completes with success, even
+	// when the peer disconnects right after receiving it.
+	for i := range 50 {
+		a, b := pair(t, Config{}, 1)
+		rbuf := buffer(t, 64)
+		rmr, _ := b.pd.RegMR(rbuf, verbs.AccessLocalWrite)
+		b.qp.PostRecv([]verbs.RecvWR{{ID: 1, Local: verbs.SGE{Addr: rmr.Addr(), Length: 64, LKey: rmr.LKey()}}})
+		sbuf := buffer(t, 64)
+		smr, _ := a.pd.RegMR(sbuf, 0)
+		a.qp.PostSend([]verbs.SendWR{{ID: 9, Op: verbs.OpSend, Local: verbs.SGE{Addr: smr.Addr(), Length: 64, LKey: smr.LKey()}}})
+		if c := wait(t, b.rcq, 1)[0]; c.Status != verbs.StatusSuccess {
+			t.Fatalf("round %d: receive %+v", i, c)
+		}
+		b.qp.Disconnect()
+		if c := wait(t, a.scq, 1)[0]; c.Status != verbs.StatusSuccess {
+			t.Fatalf("round %d: the delivered SEND completed with %v", i, c.Status)
+		}
+	}
+}

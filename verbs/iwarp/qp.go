@@ -25,6 +25,7 @@ type swr struct {
 	status   verbs.Status
 	done     bool
 	internal bool // an RTR READ: no completion
+	writing  bool // a SEND or WRITE the writer has taken: it completes it
 	placed   uint64
 }
 
@@ -155,7 +156,9 @@ func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 	q.dead = true
 	q.err = err
 	for _, s := range q.sq {
-		if s.done {
+		if s.done || (s.writing && s != culprit) {
+			// The writer has this one: if its bytes went out, it
+			// completes with success even though the peer is gone.
 			continue
 		}
 		s.done = true
@@ -222,11 +225,12 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 	defer q.close2()
 	defer q.mu.Unlock()
 	if q.dead {
-		cs := make([]verbs.Completion, len(wrs))
-		for i, wr := range wrs {
-			cs[i] = verbs.Completion{WRID: wr.ID, Status: verbs.StatusWRFlush, Op: wr.Op, QPN: q.qpn}
+		// Flushed, behind whatever the writer still has to complete.
+		for _, wr := range wrs {
+			q.sq = append(q.sq, &swr{wr: wr, done: true, status: verbs.StatusWRFlush})
+			q.posted++
 		}
-		q.sendCQ.push(cs...)
+		q.flushSQLocked()
 		return len(wrs), nil
 	}
 	for i, wr := range wrs {
@@ -457,6 +461,9 @@ func (q *qp) writer() {
 						}
 						q.reads = append(q.reads, s)
 					}
+					if s.wr.Op != verbs.OpRead {
+						s.writing = true
+					}
 					work = append(work, s)
 					q.next++
 				}
@@ -518,7 +525,26 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
 			}
 		}
 	}
-	var sent []*swr
+	// SENDs and WRITEs complete once their bytes are in the socket, even
+	// if the peer hangs up right after; otherwise they are flushed.
+	ok := false
+	defer func() {
+		q.mu.Lock()
+		for _, s := range work {
+			if s.writing {
+				s.writing = false
+				if !s.done {
+					s.done = true
+					s.status = verbs.StatusWRFlush
+					if ok {
+						s.status = verbs.StatusSuccess
+					}
+				}
+			}
+		}
+		q.flushSQLocked()
+		q.mu.Unlock()
+	}()
 	for _, s := range work {
 		wr := &s.wr
 		switch wr.Op {
@@ -565,7 +591,6 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
 					return err
 				}
 			}
-			sent = append(sent, s)
 		}
 		if f.full() {
 			if err := f.write(q.conn); err != nil {
@@ -576,17 +601,7 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
 	if err := f.write(q.conn); err != nil {
 		return err
 	}
-	if len(sent) > 0 {
-		q.mu.Lock()
-		for _, s := range sent {
-			if !s.done {
-				s.done = true
-				s.status = verbs.StatusSuccess
-			}
-		}
-		q.flushSQLocked()
-		q.mu.Unlock()
-	}
+	ok = true
 	return nil
 }
 
