@@ -840,7 +840,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32,
 		}
 		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite, nil)
 		if te != nil {
-			return sum, te
+			return sum, asDDPTagged(te)
 		}
 		defer m.use.RUnlock()
 		if err := fr.readInto(b); err != nil {
@@ -890,6 +890,22 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32,
 	}
 	s.placed += uint64(n)
 	return sum, nil
+}
+
+// asDDPTagged restates a placement fault of an incoming RDMA Write at
+// the DDP layer, where RFC 5041 section 7.2 puts STag, bounds, stream and
+// wrap errors of tagged buffers; access rights stay an RDMAP matter.
+func asDDPTagged(te *termError) *termError {
+	code, ok := map[uint8]uint8{
+		rdmapInvalidSTag:  ddpTInvalidSTag,
+		rdmapBaseBounds:   ddpTBaseBounds,
+		rdmapSTagNotAssoc: ddpTSTagNotAssoc,
+		rdmapTOWrap:       ddpTTOWrap,
+	}[te.code]
+	if te.layer != layerRDMAP || !ok {
+		return te
+	}
+	return &termError{layer: layerDDP, etype: ddpTaggedBuf, code: code, msg: te.msg}
 }
 
 // afterSegment completes what a verified segment finished.
@@ -947,7 +963,11 @@ func (q *qp) untagged(h *header, body []byte) error {
 	}
 	// Send: in order, by MSN and MO.
 	if h.msn != q.recvMSN || h.mo != q.recvMO {
-		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTInvalidMSN, msg: fmt.Sprintf("send MSN %d MO %d, want %d/%d", h.msn, h.mo, q.recvMSN, q.recvMO)}
+		code := uint8(ddpUTInvalidMSN)
+		if h.msn == q.recvMSN {
+			code = ddpUTInvalidMO
+		}
+		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: code, msg: fmt.Sprintf("send MSN %d MO %d, want %d/%d", h.msn, h.mo, q.recvMSN, q.recvMO)}
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -268,6 +268,9 @@ func parseHeader(b []byte, ulpdu int) (header, error) {
 	}
 	c, r := b[0], b[1]
 	if c&ddpVerMsk != ddpVer1 {
+		if c&ddpTagged == 0 {
+			return h, &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTVersion, msg: fmt.Sprintf("DDP version %d", c&ddpVerMsk)}
+		}
 		return h, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTVersion, msg: fmt.Sprintf("DDP version %d", c&ddpVerMsk)}
 	}
 	if r&rdmapVerMsk != rdmapVer1 {
