@@ -95,7 +95,7 @@ func newApp() *cli.App {
 		Version: version,
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
 			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.",
-		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand()},
+		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand()},
 		HideHelpCommand: true,
 		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits
 		OnUsageError:    onUsage,
