@@ -16,8 +16,10 @@ import (
 var errTransport = errors.New("transport unavailable")
 
 // registry lists the transports in order of preference for auto.
-func registry() *verbs.Registry {
-	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(iwarp.Config{}))...)
+func registry() *verbs.Registry { return registryWith(iwarp.Config{}) }
+
+func registryWith(soft iwarp.Config) *verbs.Registry {
+	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(soft))...)
 }
 
 // transportFlags are the flags every command that moves data takes.
@@ -27,6 +29,7 @@ func transportFlags() []cli.Flag {
 		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one"},
 		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
+		&cli.StringFlag{Name: "mpa-crc", Value: "on", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU (on) or not (off; still used if the peer asks). Chunk digests check the data end to end either way"},
 	}
 }
 
@@ -34,7 +37,15 @@ func transportFlags() []cli.Flag {
 // chosen. Asked for by name, a transport that can't run is an error: no
 // silent fallback.
 func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, error) {
-	reg := registry()
+	var soft iwarp.Config
+	switch c.String("mpa-crc") {
+	case "on", "":
+	case "off":
+		soft.NoCRC = true
+	default:
+		return nil, "", usagef("--mpa-crc %q: want on or off", c.String("mpa-crc"))
+	}
+	reg := registryWith(soft)
 	dc := verbs.DeviceConfig{Name: c.String("device"), Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
 	name := c.String("transport")
 	if name != "auto" {
