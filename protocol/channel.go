@@ -211,9 +211,14 @@ func (c *Channel) Recv(ctx context.Context) (Message, error) {
 	}
 	off := i * MaxMessage
 	m, derr := Unmarshal(c.mem.Bytes()[off : off+int(comp.Bytes)])
-	// Repost the slot whether or not the message decoded.
+	// Repost the slot whether or not the message decoded. If the peer
+	// has hung up since, the message it sent last still counts.
 	if err := postAll(c.qp, []verbs.RecvWR{{ID: comp.WRID, Local: c.slot(i)}}); err != nil {
-		return nil, err
+		select {
+		case <-c.qp.Done():
+		default:
+			return nil, err
+		}
 	}
 	return m, derr
 }

@@ -278,16 +278,37 @@ if [ "$PERF" = 1 ]; then
 			cat "$W/cpq"
 		fi
 	}
+	# benchbw FILE FLAGS...: rdmacp bench (READs only, no landing, the
+	# same work as ib_read_bw), its avg_mb_per_s appended to FILE.
+	benchbw() {
+		local f=$1
+		shift
+		if timeout -k 5 60 "$RDMACP" bench "${T[@]}" --json -s 1MiB --depth 16 -D 3 "$@" "$REMOTE:data/big" >"$W/bq" 2>&1; then
+			sed -n 's/.*"avg_mb_per_s":\([0-9.eE+-]*\).*/\1/p' "$W/bq" | tail -1 >>"$f"
+		else
+			echo "e2e: note: rdmacp bench $* failed:"
+			tail -3 "$W/bq"
+		fi
+	}
+	declare -A BN
 	for q in 4 1; do
 		: >"$W/ib.$q"
 		: >"$W/cpr.$q"
+		: >"$W/bn.$q"
 		for i in $(seq "$RUNS"); do
 			v=$(ibbw "$q") && echo "$v" >>"$W/ib.$q" || echo "e2e: note: ib_read_bw -q $q run $i gave no result"
 			cpbw "$W/cpr.$q" --qps "$q"
-			echo "e2e: perf run $i -q $q: ib_read_bw $(tail -1 "$W/ib.$q") MiB/s, rdmacp cp $(tail -1 "$W/cpr.$q") MB/s"
+			benchbw "$W/bn.$q" -q "$q"
+			echo "e2e: perf run $i -q $q: ib_read_bw $(tail -1 "$W/ib.$q") MiB/s, rdmacp bench $(tail -1 "$W/bn.$q") MB/s, rdmacp cp $(tail -1 "$W/cpr.$q") MB/s"
 		done
 		IB[$q]=$(median <"$W/ib.$q")
 		CP[$q]=$(median <"$W/cpr.$q")
+		BN[$q]=$(median <"$W/bn.$q")
+	done
+	for q in 4 1; do
+		awk -v q="$q" -v ib="${IB[$q]}" -v bn="${BN[$q]}" 'BEGIN {
+			if (ib == "-" || bn == "-") { printf "e2e: bench -q %s: no figure\n", q; exit }
+			printf "e2e: | %s QPs: rdmacp bench %.1f MB/s vs ib_read_bw %.1f MB/s: ratio %.2f |\n", q, bn, ib * 1.048576, bn / (ib * 1.048576) }'
 	done
 	# The same copy without chunk digests: how much verification costs.
 	: >"$W/cpr.none"
