@@ -40,6 +40,13 @@ type GetOptions struct {
 	// place. Mounted devices and ones smaller than the source are
 	// refused even so.
 	Force bool
+	// Partial keeps an interrupted copy's temporary file and a sidecar
+	// (DEST.rdmacp-partial) saying which chunks it holds verified, and
+	// resumes from them when the same copy runs again.
+	Partial bool
+	// SkipSame leaves DEST alone when it already has the source's size
+	// and whole-file digest.
+	SkipSame bool
 }
 
 // Result describes a finished copy.
@@ -53,6 +60,15 @@ type Result struct {
 	Retries   int // chunks read again after failing their digest
 	Algorithm chunker.Algorithm
 	Digest    string // whole-file digest, e.g. "crc32c:0a1b2c3d"
+	// BytesRead is what this copy pulled over RDMA READs: less than
+	// Bytes when a resumed copy found chunks already in place, 0 for a
+	// skipped file.
+	BytesRead int64
+	// Skipped: SkipSame found the destination already matching.
+	Skipped bool
+
+	entry protocol.Entry
+	start time.Time
 }
 
 // DestPath is where a copy of src to dst lands, cp-style: into dst, or
@@ -71,17 +87,106 @@ func DestPath(src, dst string) string {
 // The bytes land in a temporary file beside dst, which is renamed to dst
 // only after every chunk has been verified, the target has confirmed the
 // source did not change, and the data is synced. A failed copy leaves
-// nothing at dst.
+// nothing at dst (with Partial, it leaves its temporary file and a
+// sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
-	start := time.Now()
 	dst = DestPath(src, dst)
+	sp := pullSpec{progress: opt.Progress}
+	var rs *resumer
+	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		if opt.SkipSame {
+			if same, err := sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
+				return nil, err
+			} else if same {
+				return nil, errSame
+			}
+		}
+		if opt.Partial {
+			if fi, err := os.Stat(dst); err != nil || !blockdev.Is(fi) {
+				dir, err := os.OpenRoot(filepath.Dir(dst))
+				if err != nil {
+					return nil, err
+				}
+				rs, err = openResumer(ctx, dir, filepath.Base(dst), src, or, layout, s.cfg.Logger)
+				if err != nil {
+					dir.Close()
+					return nil, err
+				}
+				rs.ownDir = true
+				return &landing{f: rs.f, dst: dst, partial: rs}, nil
+			}
+		}
+		return openDest(dst, layout.Size, opt.Force)
+	}
+	sp.resume = func() *resumer { return rs }
+	res, land, err := s.pull(ctx, src, dst, sp)
+	if errors.Is(err, errSame) {
+		return res, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	if err := land.commit(res.entry); err != nil {
+		land.abort()
+		return res, err
+	}
+	res.Elapsed = time.Since(res.start)
+	return res, nil
+}
+
+// errSame is pull's way of saying the destination already holds the file.
+var errSame = errors.New("destination already matches")
+
+// sameFile reports whether the file open opens is a regular file with src's whole-file
+// digest, computed locally over the target's layout.
+func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
+	alg := chunker.Algorithm(or.Algorithm)
+	if alg == chunker.None {
+		return false, nil
+	}
+	f, err := open()
+	if err != nil {
+		return false, nil
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != layout.Size {
+		return false, nil
+	}
+	d, err := chunker.HashFile(ctx, f, layout, alg, 2)
+	if err != nil {
+		return false, err
+	}
+	fd, err := chunker.FileDigest(alg, layout, d)
+	if err != nil {
+		return false, err
+	}
+	return chunker.Equal(fd, or.FileDigest), nil
+}
+
+// pullSpec says where one file's bytes go.
+type pullSpec struct {
+	progress func(Progress)
+	// land opens where the bytes go, once the target's layout is known.
+	// It may return errSame to skip the file.
+	land func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error)
+	// resume, if set, returns the resumer land set up, if any.
+	resume func() *resumer
+}
+
+// pull opens src, lands it where sp says and verifies it: every chunk,
+// the target's word that the source did not change, the whole-file
+// digest. On success the landing is returned uncommitted, for the caller
+// to commit (or abort); on failure it has been aborted.
+func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Result, *landing, error) {
+	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	m, err := s.call(ctx, &protocol.Open{Path: src, Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize)})
 	if err != nil {
-		return nil, err
+		return res, nil, err
 	}
 	or, ok := m.(*protocol.OpenReply)
 	if !ok {
-		return nil, unexpected(m)
+		return res, nil, unexpected(m)
 	}
 	closed := false
 	defer func() {
@@ -92,15 +197,23 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	alg := chunker.Algorithm(or.Algorithm)
 	layout := chunker.Layout{Size: int64(or.Entry.Size), ChunkSize: int64(or.ChunkSize)}
 	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
-		return nil, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
+		return res, nil, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
 	}
 	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
-		return nil, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
+		return res, nil, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
 	}
+	res.entry = or.Entry
+	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
-	land, err := openDest(dst, layout.Size, opt.Force)
+	land, err := sp.land(or, layout)
+	if errors.Is(err, errSame) {
+		res.Skipped = true
+		res.Bytes = layout.Size
+		res.Digest = chunker.FormatDigest(alg, or.FileDigest)
+		return res, nil, errSame
+	}
 	if err != nil {
-		return nil, err
+		return res, nil, err
 	}
 	keep := false
 	defer func() {
@@ -109,52 +222,55 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		}
 	}()
 
-	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: land.f, src: src, progress: opt.Progress}
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: land.f, src: src, progress: sp.progress}
+	if sp.resume != nil {
+		if rs := sp.resume(); rs != nil {
+			f.have, f.pre, f.onDone = rs.have, rs.pre, rs.done
+		}
+	}
 	sums, err := f.run()
+	res.Retries, res.BytesRead = f.retries, f.bytesRead
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
 			closed = true
 			if m, cerr := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: or.Handle}); cerr == nil {
 				if cr, ok := m.(*protocol.CloseReply); ok && cr.Changed {
-					return nil, fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
+					return res, nil, fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
 				}
 			}
 		}
-		return nil, err
+		return res, nil, err
 	}
 	closed = true
 	m, err = s.call(ctx, &protocol.Close{Handle: or.Handle})
 	if err != nil {
-		return nil, err
+		return res, nil, err
 	}
 	if cr, ok := m.(*protocol.CloseReply); !ok || cr.Changed {
-		return nil, fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
+		return res, nil, fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
 	}
 	local, err := chunker.FileDigest(alg, layout, sums)
 	if err != nil {
-		return nil, err
+		return res, nil, err
 	}
 	if !chunker.Equal(local, or.FileDigest) {
-		return nil, fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
+		return res, nil, fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
 	}
-	if err := land.commit(or.Entry); err != nil {
-		return nil, err
-	}
+	res.Bytes = layout.Size
+	res.Digest = chunker.FormatDigest(alg, local)
 	keep = true
-	return &Result{
-		Source: src, Dest: dst, Bytes: layout.Size, Elapsed: time.Since(start),
-		Chunks: layout.Chunks(), ChunkSize: layout.ChunkSize, Retries: f.retries,
-		Algorithm: alg, Digest: chunker.FormatDigest(alg, local),
-	}, nil
+	return res, land, nil
 }
 
 // landing is where a copy's bytes go: a temporary file renamed onto
 // DEST at the end, or (with Force) a block device written in place.
 type landing struct {
-	f      *os.File
-	dst    string
-	device bool
+	f       *os.File
+	dst     string
+	device  bool
+	partial *resumer // with --partial: kept on failure, for a later run
+	remove  func()   // if set, how abort removes the file
 }
 
 // ErrDest reports a destination rdmacp will not write.
@@ -202,13 +318,26 @@ func openDest(dst string, size int64, force bool) (*landing, error) {
 // abort undoes what it can: a temporary file goes; a device keeps what
 // was written (the copy reports failure).
 func (l *landing) abort() {
+	if l.partial != nil {
+		l.partial.keep()
+		return
+	}
 	l.f.Close()
-	if !l.device {
+	if l.remove != nil {
+		l.remove()
+	} else if !l.device {
 		os.Remove(l.f.Name())
 	}
 }
 
 func (l *landing) commit(e protocol.Entry) error {
+	if l.partial != nil {
+		if err := finish(l.f, l.dst, e); err != nil {
+			return err
+		}
+		l.partial.finished()
+		return nil
+	}
 	if !l.device {
 		return finish(l.f, l.dst, e)
 	}
@@ -228,19 +357,27 @@ func createTemp(dst string, size int64) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if size > 0 {
-		err = unix.Fallocate(int(f.Fd()), 0, 0, size)
-		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
-			err = f.Truncate(size)
-		}
-		if err != nil {
-			f.Close()
-			os.Remove(name)
-			return nil, &fs.PathError{Op: "allocate", Path: dst, Err: err}
-		}
+	if err := allocate(f, size); err != nil {
+		f.Close()
+		os.Remove(name)
+		return nil, &fs.PathError{Op: "allocate", Path: dst, Err: err}
 	}
 	return f, nil
 }
+
+// allocate reserves size bytes for f.
+func allocate(f *os.File, size int64) error {
+	if size <= 0 {
+		return nil
+	}
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		err = f.Truncate(size)
+	}
+	return err
+}
+
+func randRead(b []byte) { rand.Read(b) }
 
 // finish gives the temporary file the source's mode and mtime, syncs it,
 // renames it to dst and syncs the directory.
@@ -291,6 +428,15 @@ type fetch struct {
 	sums     []byte  // local digests, chunk by chunk
 	written  int64
 	retries  int
+
+	// Resuming: have marks chunks the destination is believed to hold,
+	// whose local digests pre holds (chunk by chunk); a chunk whose
+	// digest matches the target's is not read again. onDone is told of
+	// every chunk verified in place.
+	have      []bool
+	pre       []byte
+	onDone    func(idx int)
+	bytesRead int64 // bytes READ successfully
 }
 
 type chunk struct {
@@ -390,6 +536,12 @@ func (f *fetch) run() (chunker.Digests, error) {
 				if cur == nil || next >= cur.end {
 					break
 				}
+			}
+			if f.haveChunk(cur, next) {
+				f.chunkDone(cur, next, &done)
+				next++
+				busy = true
+				continue
 			}
 			slot := f.free[len(f.free)-1]
 			f.free = f.free[:len(f.free)-1]
@@ -552,6 +704,9 @@ func (f *fetch) complete(c verbs.Completion, jobs chan<- *chunk) error {
 		}
 		return fmt.Errorf("%w: READ of chunk %d on data QP %d: %v%s", ErrConnect, ch.idx, q, c.Status, why)
 	}
+	piece := int(c.WRID & 0xffffff)
+	f.bytesRead += int64(min(f.readSize, ch.n-piece*f.readSize))
+	f.s.bytesRead.Add(int64(min(f.readSize, ch.n-piece*f.readSize)))
 	ch.left--
 	if ch.left == 0 {
 		jobs <- ch
@@ -613,17 +768,43 @@ func (f *fetch) judge(v verdict, done *int) error {
 	}
 	f.slots[c.slot] = nil
 	f.free = append(f.free, c.slot)
-	f.written += int64(c.n)
+	f.chunkDone(c.win, c.idx, done)
+	return nil
+}
+
+// haveChunk reports whether chunk i is already in place: marked by a
+// resumed copy, and its local digest matches the target's.
+func (f *fetch) haveChunk(w *win, i int) bool {
+	size := f.alg.Size()
+	if f.have == nil || i >= len(f.have) || !f.have[i] || size == 0 {
+		return false
+	}
+	j := i - w.first
+	local := f.pre[i*size : (i+1)*size]
+	if !chunker.Equal(local, w.digests[j*size:(j+1)*size]) {
+		f.s.cfg.Logger.Debug("resumed chunk differs from the target's; reading it again", "chunk", i)
+		return false
+	}
+	copy(f.sums[i*size:], local)
+	return true
+}
+
+// chunkDone accounts for a verified chunk, and unmaps its window when it
+// was the window's last.
+func (f *fetch) chunkDone(w *win, i int, done *int) {
+	_, n := f.layout.Chunk(i)
+	f.written += n
 	*done++
-	c.win.left--
-	if c.win.left == 0 {
-		w := c.win
+	if f.onDone != nil {
+		f.onDone(i)
+	}
+	w.left--
+	if w.left == 0 {
 		go func() {
 			f.s.call(context.WithoutCancel(f.ctx), &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
 			<-f.windows
 		}()
 	}
-	return nil
 }
 
 // maxWindows is how many windows a copy keeps mapped at once, within the

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -98,7 +99,15 @@ type Session struct {
 	dataCQ verbs.CQ
 	rcq    verbs.CQ
 	reads  int // READs in flight per data QP
+
+	bytesRead atomic.Int64
+	lister    lister // tests: a fake target's listings for GetTree
+	noPack    bool   // the target does not know Pack
+	packs     int    // Packs answered
 }
+
+// BytesRead is how many bytes the session has pulled with RDMA READs.
+func (s *Session) BytesRead() int64 { return s.bytesRead.Load() }
 
 // Dial opens a session to the target at addr and joins its data QPs.
 func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {

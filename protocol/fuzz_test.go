@@ -16,7 +16,7 @@ func FuzzUnmarshal(f *testing.F) {
 		f.Add(b)
 		f.Add(b[:len(b)-1])
 	}
-	for ty := Type(1); ty <= TypeBye; ty++ {
+	for ty := Type(1); ty <= typeMax; ty++ {
 		b, _ := Marshal(newMessage(ty))
 		f.Add(b)
 	}

@@ -287,6 +287,61 @@ type Bye struct {
 	RequestID uint32
 }
 
+// Pack asks the target to copy whole small files into one window, so
+// that one round trip and a few READs move many of them. Algorithm is as
+// in Open. The target answers PackReply for a prefix of Paths (at least
+// one): the initiator asks again for the rest.
+type Pack struct {
+	RequestID uint32
+	Algorithm uint8
+	Paths     []string
+}
+
+// PackReply answers Pack. Files[i] answers Paths[i]; there may be fewer
+// Files than Paths, never more. Handle is closed with Close, which frees
+// the window; Window.Offset is 0 and Window.Length the bytes packed
+// (0, with no keys needed, when every packed file is empty or failed).
+type PackReply struct {
+	RequestID uint32
+	Handle    uint32
+	Window    Window
+	Files     []PackedFile
+}
+
+// PackedFile is one file of a PackReply. Code 0 means the file's
+// Entry.Size bytes are at Offset in the window, with digest Digest
+// (chunker.Sum over the whole file, empty for algorithm none); any other
+// Code says, with Message, why the file was not packed (CodeTooMany: too
+// large to pack, to be copied with Open instead).
+type PackedFile struct {
+	Code    Code
+	Offset  uint64
+	Digest  []byte
+	Entry   Entry
+	Message string
+}
+
+// packedMin is the encoded size of a PackedFile with empty strings and digest.
+const packedMin = 2 + 8 + 4 + entryMin + 2
+
+// PackedFileSize is the number of bytes f takes in a PackReply.
+func PackedFileSize(f PackedFile) int {
+	return packedMin + len(f.Digest) + len(f.Entry.Name) + len(f.Entry.Target) + len(f.Message)
+}
+
+// PackReplyOverhead is the size of a PackReply with no files, whose
+// window has keys for qps data QPs.
+func PackReplyOverhead(qps int) int { return HeaderSize + 4 + 4 + 8 + 8 + 8 + 4 + 4*qps + 4 }
+
+// PackSize is the size of a Pack carrying paths.
+func PackSize(paths []string) int {
+	n := HeaderSize + 1 + 4
+	for _, p := range paths {
+		n += 2 + len(p)
+	}
+	return n
+}
+
 // Type, ID and SetID for each message.
 
 func (m *Hello) Type() Type             { return TypeHello }
@@ -349,6 +404,12 @@ func (m *Error) SetID(id uint32)        { m.RequestID = id }
 func (m *Bye) Type() Type               { return TypeBye }
 func (m *Bye) ID() uint32               { return m.RequestID }
 func (m *Bye) SetID(id uint32)          { m.RequestID = id }
+func (m *Pack) Type() Type              { return TypePack }
+func (m *Pack) ID() uint32              { return m.RequestID }
+func (m *Pack) SetID(id uint32)         { m.RequestID = id }
+func (m *PackReply) Type() Type         { return TypePackReply }
+func (m *PackReply) ID() uint32         { return m.RequestID }
+func (m *PackReply) SetID(id uint32)    { m.RequestID = id }
 
 // Bodies. Each encode writes the fields in wire order; each decode reads
 // them back in the same order.
@@ -515,7 +576,10 @@ func (m *Map) decode(d *decoder) {
 
 func (m *MapReply) encode(e *encoder) {
 	e.u32(m.Handle)
-	w := &m.Window
+	encodeWindow(e, &m.Window)
+}
+
+func encodeWindow(e *encoder, w *Window) {
 	e.u32(w.ID)
 	e.u64(w.Offset)
 	e.u64(w.Length)
@@ -528,7 +592,10 @@ func (m *MapReply) encode(e *encoder) {
 
 func (m *MapReply) decode(d *decoder) {
 	m.Handle = d.u32()
-	w := &m.Window
+	decodeWindow(d, &m.Window)
+}
+
+func decodeWindow(d *decoder, w *Window) {
 	w.ID = d.u32()
 	w.Offset = d.u64()
 	w.Length = d.u64()
@@ -574,3 +641,55 @@ func (m *Error) decode(d *decoder) {
 
 func (m *Bye) encode(e *encoder) {}
 func (m *Bye) decode(d *decoder) {}
+
+func (m *Pack) encode(e *encoder) {
+	e.u8(m.Algorithm)
+	e.count(len(m.Paths))
+	for _, p := range m.Paths {
+		e.str(p)
+	}
+}
+
+func (m *Pack) decode(d *decoder) {
+	m.Algorithm = d.u8()
+	n := d.count(2)
+	if n == 0 {
+		return
+	}
+	m.Paths = make([]string, n)
+	for i := range m.Paths {
+		m.Paths[i] = d.str()
+	}
+}
+
+func (m *PackReply) encode(e *encoder) {
+	e.u32(m.Handle)
+	encodeWindow(e, &m.Window)
+	e.count(len(m.Files))
+	for i := range m.Files {
+		f := &m.Files[i]
+		e.u16(uint16(f.Code))
+		e.u64(f.Offset)
+		e.blob(f.Digest)
+		encodeEntry(e, &f.Entry)
+		e.str(f.Message)
+	}
+}
+
+func (m *PackReply) decode(d *decoder) {
+	m.Handle = d.u32()
+	decodeWindow(d, &m.Window)
+	n := d.count(packedMin)
+	if n == 0 {
+		return
+	}
+	m.Files = make([]PackedFile, n)
+	for i := range m.Files {
+		f := &m.Files[i]
+		f.Code = Code(d.u16())
+		f.Offset = d.u64()
+		f.Digest = d.blob()
+		decodeEntry(d, &f.Entry)
+		f.Message = d.str()
+	}
+}

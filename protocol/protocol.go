@@ -86,6 +86,11 @@ const (
 	TypeCloseReply   Type = 18
 	TypeError        Type = 19
 	TypeBye          Type = 20
+	TypePack         Type = 21
+	TypePackReply    Type = 22
+
+	// typeMax is the highest type this package knows.
+	typeMax = TypePackReply
 )
 
 var typeNames = [...]string{
@@ -109,6 +114,8 @@ var typeNames = [...]string{
 	TypeCloseReply:   "CloseReply",
 	TypeError:        "Error",
 	TypeBye:          "Bye",
+	TypePack:         "Pack",
+	TypePackReply:    "PackReply",
 }
 
 func (t Type) String() string {
@@ -161,6 +168,10 @@ func newMessage(t Type) Message {
 		return new(Error)
 	case TypeBye:
 		return new(Bye)
+	case TypePack:
+		return new(Pack)
+	case TypePackReply:
+		return new(PackReply)
 	}
 	return nil
 }

@@ -57,6 +57,13 @@ func samples() []Message {
 		&CloseReply{RequestID: 9, Changed: true},
 		&Error{RequestID: 10, Code: CodeNotFound, Message: "dir/missing: no such file"},
 		&Bye{RequestID: 0xffffffff},
+		&Pack{RequestID: 11, Algorithm: 0, Paths: []string{"data/a", "data/sub/b", "\xff odd"}},
+		&PackReply{RequestID: 11, Handle: 78, Window: Window{ID: 6, Length: 8195, Addr: 0x7f00_0000_1000, RKeys: []uint32{9, 10}},
+			Files: []PackedFile{
+				{Offset: 0, Digest: []byte{1, 2, 3, 4}, Entry: sampleEntry},
+				{Code: CodeNotFound, Message: "data/sub/b: no such file"},
+				{Code: CodeTooMany, Entry: Entry{Type: FileRegular, Size: 1 << 30, Name: "big"}, Message: "too large to pack"},
+			}},
 	}
 }
 
@@ -108,7 +115,7 @@ func TestRoundTrip(t *testing.T) {
 
 func TestZeroMessages(t *testing.T) {
 	// Empty slices and strings come back as nil and "".
-	for ty := Type(1); ty <= TypeBye; ty++ {
+	for ty := Type(1); ty <= typeMax; ty++ {
 		m := newMessage(ty)
 		got, err := Unmarshal(mustMarshal(t, m))
 		if err != nil {
@@ -134,6 +141,12 @@ func TestGolden(t *testing.T) {
 			"01 0e 0000 00000001" + "00000002 00000003 0000000000000004 0000000000000005 0000000000000006 00000002 00000007 00000008"},
 		{&CloseReply{RequestID: 1, Changed: true}, "01 12 0000 00000001 01"},
 		{&Bye{}, "01 14 0000 00000000"},
+		{&Pack{RequestID: 2, Algorithm: 1, Paths: []string{"a", "bc"}},
+			"01 15 0000 00000002" + "01 00000002 0001 61 0002 6263"},
+		{&PackReply{RequestID: 2, Handle: 3, Window: Window{ID: 4, Length: 5, Addr: 6, RKeys: []uint32{7}},
+			Files: []PackedFile{{Code: 0, Offset: 1, Digest: []byte{0xaa}, Entry: Entry{Type: FileRegular, Mode: 0o644, Size: 5, MtimeNs: 9, Name: "a"}}}},
+			"01 16 0000 00000002" + "00000003 00000004 0000000000000000 0000000000000005 0000000000000006 00000001 00000007" +
+				"00000001" + "0000 0000000000000001 00000001 aa" + "01 000001a4 0000000000000005 0000000000000009 0001 61 0000" + "0000"},
 	} {
 		want, err := hex.DecodeString(strings.ReplaceAll(tc.hex, " ", ""))
 		if err != nil {
@@ -211,7 +224,7 @@ func TestParseHeader(t *testing.T) {
 }
 
 func TestUnknownTypeAndFlags(t *testing.T) {
-	for _, ty := range []byte{0, byte(TypeBye) + 1, 255} {
+	for _, ty := range []byte{0, byte(typeMax) + 1, 255} {
 		b := mustMarshal(t, &Bye{})
 		b[1] = ty
 		if _, err := Unmarshal(b); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "unknown message type") {
@@ -469,5 +482,24 @@ func TestPrivateData(t *testing.T) {
 	}
 	if _, err := MarshalPrivate(PrivateData{Kind: KindData}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("marshal without magic: err = %v", err)
+	}
+}
+
+func TestPackSizes(t *testing.T) {
+	for _, m := range samples() {
+		switch m := m.(type) {
+		case *Pack:
+			if n := len(mustMarshal(t, m)); n != PackSize(m.Paths) {
+				t.Errorf("Pack: %d bytes, PackSize says %d", n, PackSize(m.Paths))
+			}
+		case *PackReply:
+			want := PackReplyOverhead(len(m.Window.RKeys))
+			for _, f := range m.Files {
+				want += PackedFileSize(f)
+			}
+			if n := len(mustMarshal(t, m)); n != want {
+				t.Errorf("PackReply: %d bytes, sizes say %d", n, want)
+			}
+		}
 	}
 }

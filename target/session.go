@@ -55,6 +55,7 @@ type handle struct {
 	size     int64
 	mtime    int64 // for a block device: its write generation
 	blockdev bool
+	packed   bool // a Pack's window: no file stays open
 	layout   chunker.Layout
 	digests  chunker.Digests
 	windows  map[uint32]*window
@@ -283,6 +284,11 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		return ss.digestsReply(m)
 	case *protocol.Map:
 		return ss.mapWindow(ctx, m)
+	case *protocol.Pack:
+		if ss.srv.cfg.NoPack {
+			break
+		}
+		return ss.pack(ctx, m)
 	case *protocol.Unmap:
 		h := ss.handles[m.Handle]
 		if h == nil || h.windows[m.WindowID] == nil {
@@ -295,7 +301,7 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		if h == nil {
 			return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
 		}
-		changed := h.changed()
+		changed := !h.packed && h.changed()
 		ss.closeHandle(h)
 		return &protocol.CloseReply{Changed: changed}
 	}
@@ -443,8 +449,8 @@ func (h *handle) changed() bool {
 
 func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 	h := ss.handles[m.Handle]
-	if h == nil {
-		return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
+	if h == nil || h.packed {
+		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
 	}
 	n := h.digests.Len()
 	if int64(m.First) > int64(n) {
@@ -466,8 +472,8 @@ func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Message {
 	cfg := &ss.srv.cfg
 	h := ss.handles[m.Handle]
-	if h == nil {
-		return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
+	if h == nil || h.packed {
+		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
 	}
 	if ss.windows >= cfg.MaxWindowsPerSession {
 		return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
@@ -638,7 +644,9 @@ func (ss *session) closeHandle(h *handle) {
 	for _, w := range h.windows {
 		ss.unmap(h, w)
 	}
-	h.f.Close()
+	if h.f != nil {
+		h.f.Close()
+	}
 	delete(ss.handles, h.id)
 }
 

@@ -61,8 +61,11 @@ type Config struct {
 	// DrainTimeout bounds how long Serve waits for sessions to end after
 	// its context is cancelled; default 5 s.
 	DrainTimeout time.Duration
-	Cache        *chunker.Cache // default: a 64 MiB cache
-	Logger       *slog.Logger   // default: discard
+	// NoPack answers Pack with Unsupported, as a target from before Pack
+	// would (for tests and for comparisons).
+	NoPack bool
+	Cache  *chunker.Cache // default: a 64 MiB cache
+	Logger *slog.Logger   // default: discard
 }
 
 func (c *Config) setDefaults() {

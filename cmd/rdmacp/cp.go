@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 
@@ -16,14 +17,21 @@ func cpCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "cp",
 		Usage:     "copy a remote file to a local path",
-		ArgsUsage: "HOST[:PORT]:EXPORT/PATH DEST",
+		ArgsUsage: "HOST[:PORT]:EXPORT/PATH DEST  |  --from MANIFEST",
 		Description: "Pulls the file with RDMA READs striped over --qps queue pairs, verifies every chunk\n" +
 			"against the target's digest (re-reading a chunk that fails), and renames the result into\n" +
-			"place only when it is complete. DEST may be a directory.",
+			"place only when it is complete. DEST may be a directory. With -r, copies a directory tree;\n" +
+			"with --from, every SRC DEST pair of a manifest; both over one session.",
 		Flags: append(append(initiatorFlags(), transportFlags()...),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines (status while running, one summary) on stdout"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "allow DEST to be a block device, overwritten in place (never a mounted one, or one smaller than the source)"},
+			&cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy a directory tree: files, directories and symlinks (as links), with modes and mtimes"},
+			&cli.StringFlag{Name: "from", Usage: "copy the SRC DEST pairs of a manifest (`FILE`, or - for stdin), one per line or as JSON lines {\"src\":..,\"dest\":..}"},
+			&cli.StringFlag{Name: "shard", Usage: "`I/N`: copy only the files (of a tree) or lines (of a manifest) whose source path hashes to I mod N"},
+			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a DEST.rdmacp-partial sidecar; a rerun reads only what is missing"},
+			&cli.BoolFlag{Name: "no-pack", Usage: "with -r, copy small files one by one instead of many per round trip"},
+			&cli.BoolFlag{Name: "skip-same", Aliases: []string{"c"}, Usage: "skip files whose size and whole-file digest already match (computed locally)"},
 		),
 		Action: runCp,
 	}
@@ -80,6 +88,8 @@ type summaryLine struct {
 	ChunkSize int64   `json:"chunk_size"`
 	Retries   int     `json:"chunk_retries"`
 	Digest    string  `json:"digest"`
+	BytesRead int64   `json:"bytes_read"`
+	Skipped   bool    `json:"skipped,omitempty"`
 }
 
 type errorLine struct {
@@ -89,11 +99,20 @@ type errorLine struct {
 }
 
 func runCp(c *cli.Context) error {
-	if c.NArg() != 2 {
+	var err error
+	switch {
+	case c.String("from") != "":
+		if c.NArg() != 0 {
+			return usagef("cp --from takes no other arguments, got %d", c.NArg())
+		}
+		err = copyManifest(c, c.String("from"), c.App.Writer)
+	case c.NArg() != 2:
 		return usagef("cp wants SOURCE and DEST, got %d arguments", c.NArg())
+	default:
+		err = copyOne(c, c.Args().Get(0), c.Args().Get(1), c.App.Writer)
 	}
-	err := copyOne(c, c.Args().Get(0), c.Args().Get(1), c.App.Writer)
-	if err != nil && c.Bool("json") {
+	var pe *partialError
+	if err != nil && c.Bool("json") && !errors.As(err, &pe) {
 		json.NewEncoder(c.App.Writer).Encode(errorLine{Type: "error", Error: err.Error(), ExitCode: exitCode(c.Context, err)})
 	}
 	return err
@@ -101,6 +120,9 @@ func runCp(c *cli.Context) error {
 
 func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	ctx := c.Context
+	if err := checkCpFlags(c); err != nil {
+		return err
+	}
 	src, ok, err := parseRemote(srcArg)
 	if err != nil {
 		return usageError{err}
@@ -135,20 +157,36 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return err
 	}
 	if e.Type == protocol.FileDir {
-		return &protocol.Error{Code: protocol.CodeIsDir, Message: src.path + " is a directory (copying trees with -r is not supported yet)"}
+		if !c.Bool("recursive") {
+			return &protocol.Error{Code: protocol.CodeIsDir, Message: src.path + " is a directory (add -r to copy the tree)"}
+		}
+		return copyTree(c, s, srcArg, src.path, dst, stdout)
+	}
+	if sh := shard(c); !sh.Has(src.path) {
+		fmt.Fprintf(c.App.ErrWriter, "%s is not in shard %d/%d: nothing to do\n", srcArg, sh.I, sh.N)
+		return nil
 	}
 	r := newRenderer(jsonOut, c.Bool("quiet"), stdout)
-	res, err := s.Get(ctx, src.path, dst, initiator.GetOptions{Progress: r.update, Force: c.Bool("force")})
+	res, err := s.Get(ctx, src.path, dst, getOptions(c, r.update))
 	r.finish()
 	if err != nil {
 		return err
+	}
+	if res.Skipped {
+		if jsonOut {
+			return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
+				Bytes: res.Bytes, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
+				ChunkSize: res.ChunkSize, Digest: res.Digest, Skipped: true})
+		}
+		fmt.Fprintf(stdout, "%s -> %s: already the same (%s), skipped\n", srcArg, res.Dest, res.Digest)
+		return nil
 	}
 	secs := res.Elapsed.Seconds()
 	mbps := float64(res.Bytes) / 1e6 / max(secs, 1e-9)
 	if jsonOut {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
-			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest})
+			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead})
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), %d QPs x %d READs, %s, %d chunk retries\n",
 		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries)

@@ -31,6 +31,7 @@ const (
 	exitVerify     = 6   // a chunk failed its digest after every retry
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
+	exitPartial    = 23  // a tree or manifest copied some files but others failed (as rsync's 23); if none was copied, the first failure's code
 	exitInterrupts = 130 // SIGINT or SIGTERM
 )
 
@@ -47,9 +48,15 @@ func exitCode(ctx context.Context, err error) int {
 	var ue usageError
 	var pe *protocol.Error
 	var fe *fs.PathError
+	var part *partialError
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.As(err, &part):
+		if part.ok == 0 && part.first != nil {
+			return exitCode(ctx, part.first)
+		}
+		return exitPartial
 	case ctx.Err() != nil && errors.Is(err, context.Canceled):
 		return exitInterrupts
 	case errors.As(err, &ue):
@@ -58,6 +65,8 @@ func exitCode(ctx context.Context, err error) int {
 		return exitAuth
 	case errors.Is(err, initiator.ErrVerify):
 		return exitVerify
+	case errors.Is(err, initiator.ErrName):
+		return exitRemote
 	case errors.Is(err, initiator.ErrChanged):
 		return exitChanged
 	case errors.As(err, &pe):

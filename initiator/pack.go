@@ -1,0 +1,269 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// errNoPack: the target does not know Pack (an older one).
+var errNoPack = errors.New("target does not pack files")
+
+// packMax is the largest file a tree copy packs: small files gain most
+// from sharing a round trip, and a pack's window holds at most the
+// target's window limit.
+func (s *Session) packMax() int64 {
+	return min(256<<10, int64(s.ch0.MaxWindow)/4)
+}
+
+// getPacked pulls whole files with Pack, as many per round trip as the
+// target packs, READs each pack's window in one go and checks every
+// file against its digest (reading a file's range again if it fails).
+// fn is called for every path, in order, with the file's entry and bytes
+// (valid only during the call) or with why it was not packed: a
+// *protocol.Error whose Code is CodeTooMany for a file too large to
+// pack. An error fn returns, or one that breaks the session, stops it.
+func (s *Session) getPacked(ctx context.Context, paths []string, fn func(i int, e protocol.Entry, data []byte, err error) error) error {
+	alg := s.cfg.Algorithm
+	type answer struct {
+		r   *protocol.PackReply
+		err error
+	}
+	// ask sends the Pack for the paths from i on, answering on the
+	// channel it returns; nil when paths[i] alone cannot fit a Pack.
+	ask := func(i int) <-chan answer {
+		j := i
+		for j < len(paths) && j-i < 1024 && protocol.PackSize(paths[i:j+1]) <= protocol.MaxMessage {
+			j++
+		}
+		if j == i {
+			return nil
+		}
+		c := make(chan answer, 1)
+		go func() {
+			r, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[i:j]})
+			c <- answer{r, err}
+		}()
+		return c
+	}
+	closePack := func(r *protocol.PackReply) error {
+		m, err := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
+		if err == nil {
+			if _, ok := m.(*protocol.CloseReply); !ok {
+				err = unexpected(m)
+			}
+		}
+		return err
+	}
+	var next <-chan answer
+	if len(paths) > 0 {
+		next = ask(0)
+	}
+	for i := 0; i < len(paths); {
+		if next == nil {
+			if err := fn(i, protocol.Entry{}, nil, fmt.Errorf("%s: path too long to pack", paths[i])); err != nil {
+				return err
+			}
+			i++
+			if i < len(paths) {
+				next = ask(i)
+			}
+			continue
+		}
+		a := <-next
+		next = nil
+		if a.err != nil {
+			return a.err
+		}
+		r := a.r
+		s.packs++
+		end := i + len(r.Files)
+		// Ask for the next pack while this one is read and written out:
+		// the target packs while we write.
+		if end < len(paths) {
+			next = ask(end)
+		}
+		err := s.readPack(ctx, r, func(k int, e protocol.Entry, data []byte, err error) error {
+			return fn(i+k, e, data, err)
+		})
+		if cerr := closePack(r); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			if next != nil {
+				if a := <-next; a.err == nil {
+					closePack(a.r)
+				}
+			}
+			return err
+		}
+		i = end
+	}
+	return nil
+}
+
+// packCall sends a Pack, waiting while the target's window budget is in
+// use by others, and checks the reply adds up.
+func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, error) {
+	backoff := 10 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := s.call(ctx, p)
+		var pe *protocol.Error
+		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
+			return nil, fmt.Errorf("%w: %w", errNoPack, err)
+		}
+		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany && time.Now().Before(deadline) {
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		r, ok := m.(*protocol.PackReply)
+		if !ok {
+			return nil, unexpected(m)
+		}
+		w := r.Window
+		bad := len(r.Files) == 0 || len(r.Files) > len(p.Paths) || w.Offset != 0 || w.Length > s.ch0.MaxWindow ||
+			(w.Length > 0 && len(w.RKeys) != len(s.data))
+		for _, f := range r.Files {
+			if f.Code == 0 && (f.Offset > w.Length || f.Entry.Size > w.Length-f.Offset || len(f.Digest) != chunker.Algorithm(p.Algorithm).Size()) {
+				bad = true
+			}
+		}
+		if bad {
+			s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
+			return nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
+		}
+		return r, nil
+	}
+}
+
+// readPack READs a pack's window into registered memory and hands each
+// file to fn, verified.
+func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func(k int, e protocol.Entry, data []byte, err error) error) error {
+	alg := s.cfg.Algorithm
+	var buf []byte
+	if n := r.Window.Length; n > 0 {
+		b, err := verbs.AllocBuffer(int(n))
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+		if err != nil {
+			return err
+		}
+		defer mr.Close()
+		if err := s.readRange(ctx, mr, r.Window, 0, n); err != nil {
+			return err
+		}
+		buf = b.Bytes()
+	}
+	for k, f := range r.Files {
+		if f.Code != 0 {
+			if err := fn(k, f.Entry, nil, &protocol.Error{Code: f.Code, Message: f.Message}); err != nil {
+				return err
+			}
+			continue
+		}
+		data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
+		var ferr error
+		for try := 0; alg.Size() > 0 && !chunker.Equal(chunker.Sum(alg, data), f.Digest); try++ {
+			if try >= max(s.cfg.Retries, 0) {
+				ferr = fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, f.Entry.Name, alg, try+1)
+				break
+			}
+			s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", try+1)
+			// The MR is gone: read again through a fresh one.
+			if err := s.reread(ctx, r.Window, f.Offset, data); err != nil {
+				return err
+			}
+		}
+		if err := fn(k, f.Entry, data, ferr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reread READs window bytes [off, off+len(dst)) again into dst.
+func (s *Session) reread(ctx context.Context, w protocol.Window, off uint64, dst []byte) error {
+	b, err := verbs.AllocBuffer(len(dst))
+	if err != nil {
+		return err
+	}
+	defer b.Free()
+	mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		return err
+	}
+	err = s.readRange(ctx, mr, w, off, uint64(len(dst)))
+	mr.Close()
+	copy(dst, b.Bytes())
+	return err
+}
+
+// readRange READs window bytes [off, off+n) into mr, from its start,
+// striped over the data QPs with each kept at its depth.
+func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, off, n uint64) error {
+	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
+	pieces := int((n + rs - 1) / rs)
+	inflight := make([]int, len(s.data))
+	comps := make([]verbs.Completion, 64)
+	next, done := 0, 0
+	for done < pieces {
+		for q := range s.data {
+			var wrs []verbs.SendWR
+			for ; next < pieces && inflight[q]+len(wrs) < s.reads; next++ {
+				po := uint64(next) * rs
+				ln := min(rs, n-po)
+				wrs = append(wrs, verbs.SendWR{ID: uint64(q)<<48 | uint64(next), Op: verbs.OpRead,
+					Local:      verbs.SGE{Addr: mr.Addr() + po, Length: uint32(ln), LKey: mr.LKey()},
+					RemoteAddr: w.Addr + off + po, RKey: w.RKeys[q]})
+			}
+			if len(wrs) == 0 {
+				continue
+			}
+			posted, err := s.data[q].PostSend(wrs)
+			inflight[q] += posted
+			if err != nil {
+				return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
+			}
+		}
+		k, err := s.dataCQ.Poll(comps)
+		if err != nil {
+			return err
+		}
+		for _, c := range comps[:k] {
+			q := int(c.WRID >> 48)
+			p := int(c.WRID & 0xffffffff)
+			if q >= len(inflight) || p >= pieces {
+				return fmt.Errorf("completion for unknown request %#x", c.WRID)
+			}
+			if c.Status != verbs.StatusSuccess {
+				return fmt.Errorf("%w: READ of a pack on data QP %d: %v", ErrConnect, q, c.Status)
+			}
+			inflight[q]--
+			done++
+			s.bytesRead.Add(int64(min(rs, n-uint64(p)*rs)))
+		}
+		if k == 0 {
+			if err := s.dataCQ.Wait(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

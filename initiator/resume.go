@@ -1,0 +1,191 @@
+package initiator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// PartialSuffix names the sidecar a --partial copy keeps beside DEST.
+const PartialSuffix = ".rdmacp-partial"
+
+// Sidecar is the JSON a --partial copy keeps in DEST.rdmacp-partial: what
+// the temporary file holds, so that the same copy run again reads only
+// what is missing. Bitmap has bit i%8 of byte i/8 set for every chunk i
+// that was verified against the target's digest and written.
+type Sidecar struct {
+	Source    string `json:"source"`
+	Size      int64  `json:"size"`
+	MtimeNs   int64  `json:"mtime_ns"`
+	ChunkSize int64  `json:"chunk_size"`
+	Algorithm string `json:"algorithm"`
+	Temp      string `json:"temp"` // base name of the temporary file, in DEST's directory
+	Bitmap    []byte `json:"bitmap"`
+}
+
+// partialEvery is how many verified chunks may pass between two saves of
+// the sidecar (it is saved at least every partialInterval too).
+var (
+	partialEvery    = 16
+	partialInterval = 500 * time.Millisecond
+)
+
+// resumer is the state of a --partial copy. Its files are in the
+// directory dir, opened as an os.Root.
+type resumer struct {
+	dir     *os.Root
+	ownDir  bool   // close dir when done
+	path    string // the sidecar's name in dir
+	tmpName string // the temporary file's name in dir
+	f       *os.File
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	sc      Sidecar
+	have    []bool // chunks believed present at the start (read-only)
+	pre     []byte // their local digests
+	unsaved int
+	saved   time.Time
+}
+
+func partialTemp(base string) string { return "." + base + PartialSuffix + ".part" }
+
+// openResumer opens the temporary file of a --partial copy of src to the
+// file base in dir: the one a previous run left, if its sidecar matches
+// the source as it is now, or a fresh one. Chunks the sidecar marks are
+// hashed locally here, to be compared with the target's digests before
+// they are trusted.
+func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protocol.OpenReply, layout chunker.Layout, log *slog.Logger) (*resumer, error) {
+	alg := chunker.Algorithm(or.Algorithm)
+	r := &resumer{dir: dir, path: base + PartialSuffix, tmpName: partialTemp(base), log: log, saved: time.Now()}
+	r.sc = Sidecar{Source: src, Size: layout.Size, MtimeNs: or.Entry.MtimeNs, ChunkSize: layout.ChunkSize,
+		Algorithm: alg.String(), Temp: r.tmpName, Bitmap: make([]byte, (layout.Chunks()+7)/8)}
+	if old, ok := readSidecar(dir, r.path); ok && old.Source == src && old.Size == layout.Size && old.MtimeNs == or.Entry.MtimeNs &&
+		old.ChunkSize == layout.ChunkSize && old.Algorithm == alg.String() && old.Temp == r.sc.Temp && len(old.Bitmap) == len(r.sc.Bitmap) {
+		f, err := dir.OpenFile(r.tmpName, os.O_RDWR, 0)
+		if err == nil {
+			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == layout.Size {
+				r.f = f
+				if err := r.check(ctx, old.Bitmap, layout, alg); err != nil {
+					f.Close()
+					return nil, err
+				}
+				return r, nil
+			}
+			f.Close()
+		}
+	}
+	dir.Remove(r.path)
+	dir.Remove(r.tmpName)
+	f, err := dir.OpenFile(r.tmpName, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := allocate(f, layout.Size); err != nil {
+		f.Close()
+		dir.Remove(r.tmpName)
+		return nil, &fs.PathError{Op: "allocate", Path: base, Err: err}
+	}
+	r.f = f
+	return r, nil
+}
+
+func readSidecar(dir *os.Root, name string) (Sidecar, bool) {
+	var sc Sidecar
+	b, err := dir.ReadFile(name)
+	if err != nil || json.Unmarshal(b, &sc) != nil {
+		return sc, false
+	}
+	return sc, true
+}
+
+// check hashes the chunks bitmap marks, so that fetch can compare them
+// with the target's digests.
+func (r *resumer) check(ctx context.Context, bitmap []byte, layout chunker.Layout, alg chunker.Algorithm) error {
+	n := layout.Chunks()
+	size := alg.Size()
+	if size == 0 {
+		return nil // nothing to check against: read it all again
+	}
+	r.have = make([]bool, n)
+	r.pre = make([]byte, n*size)
+	buf := make([]byte, layout.ChunkSize)
+	marked := 0
+	for i := range n {
+		if bitmap[i/8]&(1<<(i%8)) == 0 {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		off, ln := layout.Chunk(i)
+		if _, err := r.f.ReadAt(buf[:ln], off); err != nil {
+			return fmt.Errorf("resuming %s: %w", r.f.Name(), err)
+		}
+		copy(r.pre[i*size:], chunker.Sum(alg, buf[:ln]))
+		r.have[i] = true
+		marked++
+	}
+	r.log.Debug("resuming a partial copy", "sidecar", r.path, "chunks_marked", marked, "chunks", n)
+	return nil
+}
+
+// done marks chunk i verified and written, saving the sidecar now and then.
+func (r *resumer) done(i int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sc.Bitmap[i/8] |= 1 << (i % 8)
+	r.unsaved++
+	if r.unsaved >= partialEvery || time.Since(r.saved) >= partialInterval {
+		r.saveLocked()
+	}
+}
+
+// saveLocked replaces the sidecar atomically: a new file renamed over it.
+func (r *resumer) saveLocked() {
+	b, err := json.Marshal(&r.sc)
+	if err == nil {
+		tmp := r.path + ".tmp"
+		if err = r.dir.WriteFile(tmp, b, 0o600); err == nil {
+			err = r.dir.Rename(tmp, r.path)
+		}
+	}
+	if err != nil {
+		r.log.Warn("could not save the partial-copy sidecar", "path", r.path, "err", err)
+	}
+	r.unsaved = 0
+	r.saved = time.Now()
+}
+
+// save saves the sidecar now.
+func (r *resumer) save() {
+	r.mu.Lock()
+	r.saveLocked()
+	r.mu.Unlock()
+}
+
+// keep saves the sidecar and closes the temporary file, for a later run.
+func (r *resumer) keep() {
+	r.save()
+	r.f.Close()
+	if r.ownDir {
+		r.dir.Close()
+	}
+}
+
+// finished drops the sidecar of a copy now renamed into place.
+func (r *resumer) finished() {
+	r.dir.Remove(r.path)
+	r.dir.Remove(r.path + ".tmp")
+	if r.ownDir {
+		r.dir.Close()
+	}
+}

@@ -1,0 +1,192 @@
+package initiator_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/initiator"
+)
+
+// makeTree fills dir with a tree exercising what -r must keep; it returns
+// the regular files' contents by relative path.
+func makeTree(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	mk := func(rel string, n int, mode os.FileMode) {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		files[rel] = randomFile(t, p, n)
+		os.Chmod(p, mode)
+	}
+	mk("top.bin", 200<<10+3, 0o640)
+	mk("a/b/c/d/e/f/g/h/deep.txt", 1000, 0o600)
+	mk("naïve ✓/日本語.txt", 5, 0o755)
+	mk("a/empty-file", 0, 0o644)
+	os.MkdirAll(filepath.Join(dir, "empty/nested-empty"), 0o755)
+	os.Symlink("a/b", filepath.Join(dir, "rel-link"))
+	os.Symlink("../../../../etc/passwd", filepath.Join(dir, "a", "outside-link"))
+	if err := syscall.Mkfifo(filepath.Join(dir, "a", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(dir, "a/b"), 0o750)
+	mt := time.Date(2019, 5, 6, 7, 8, 9, 0, time.UTC)
+	for rel := range files {
+		os.Chtimes(filepath.Join(dir, rel), mt, mt)
+	}
+	for _, d := range []string{".", "a/b/c", "a/b", "empty", "naïve ✓"} {
+		os.Chtimes(filepath.Join(dir, d), mt.Add(time.Hour), mt.Add(time.Hour))
+	}
+	return files
+}
+
+func TestGetTree(t *testing.T) {
+	e := startTarget(t, nil)
+	src := filepath.Join(e.dir, "tree")
+	files := makeTree(t, src)
+	s := e.dial(t, nil)
+	out := t.TempDir()
+	var seen []initiator.FileResult
+	before := s.BytesRead()
+	tr, err := s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{File: func(fr initiator.FileResult) { seen = append(seen, fr) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(out, "tree")
+	if tr.Dest != dst || tr.Failed != 0 || tr.Skipped != 1 || len(seen) != len(tr.Files) {
+		t.Fatalf("result %+v", tr)
+	}
+	var total int64
+	for rel, want := range files {
+		p := filepath.Join(dst, rel)
+		got, err := os.ReadFile(p)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: differs (%v)", rel, err)
+			continue
+		}
+		total += int64(len(want))
+		sfi, _ := os.Stat(filepath.Join(src, rel))
+		fi, _ := os.Stat(p)
+		if fi.Mode() != sfi.Mode() || !fi.ModTime().Equal(sfi.ModTime()) {
+			t.Errorf("%s: %v %v, want %v %v", rel, fi.Mode(), fi.ModTime(), sfi.Mode(), sfi.ModTime())
+		}
+	}
+	if got := s.BytesRead() - before; got != total || tr.BytesRead != total {
+		t.Errorf("read %d (result says %d), want %d", got, tr.BytesRead, total)
+	}
+	for _, d := range []string{".", "a/b/c", "a/b", "empty", "empty/nested-empty", "naïve ✓"} {
+		sfi, _ := os.Stat(filepath.Join(src, d))
+		fi, err := os.Stat(filepath.Join(dst, d))
+		if err != nil || !fi.IsDir() || fi.Mode() != sfi.Mode() || !fi.ModTime().Equal(sfi.ModTime()) {
+			t.Errorf("dir %s: %v %v (%v), want %v %v", d, fi.Mode(), fi.ModTime(), err, sfi.Mode(), sfi.ModTime())
+		}
+	}
+	for link, want := range map[string]string{"rel-link": "a/b", "a/outside-link": "../../../../etc/passwd"} {
+		fi, err := os.Lstat(filepath.Join(dst, link))
+		got, _ := os.Readlink(filepath.Join(dst, link))
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 || got != want {
+			t.Errorf("%s: %v %q, want a link to %q", link, err, got, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "a", "fifo")); err == nil {
+		t.Error("the FIFO was copied")
+	}
+	filepath.Walk(out, func(p string, fi os.FileInfo, err error) error {
+		if strings.Contains(p, ".rdmacp-") {
+			t.Errorf("left behind: %s", p)
+		}
+		return nil
+	})
+
+	// Again into the same place: everything is replaced, nothing fails.
+	tr, err = s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{})
+	if err != nil || tr.Failed != 0 {
+		t.Fatalf("second copy: %v %+v", err, tr)
+	}
+	// With SkipSame nothing is read.
+	before = s.BytesRead()
+	tr, err = s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{SkipSame: true})
+	if err != nil || tr.Failed != 0 || s.BytesRead() != before || tr.BytesRead != 0 {
+		t.Fatalf("skip-same copy read %d: %v %+v", s.BytesRead()-before, err, tr)
+	}
+}
+
+// A file that fails leaves nothing at its destination, and the rest of
+// the tree is copied.
+func TestGetTreeOneFileFails(t *testing.T) {
+	e := startTarget(t, nil)
+	os.Mkdir(filepath.Join(e.dir, "t"), 0o755)
+	randomFile(t, filepath.Join(e.dir, "t", "a"), 1000)
+	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 1000)
+	randomFile(t, filepath.Join(e.dir, "t", "z"), 1000)
+	out := t.TempDir()
+	// A non-empty directory where the file "blocker" must go.
+	os.MkdirAll(filepath.Join(out, "t", "blocker", "x"), 0o755)
+	s := e.dial(t, nil)
+	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Failed != 1 || tr.OK != 3 { // a, z and the directory itself
+		t.Fatalf("%+v", tr)
+	}
+	for _, n := range []string{"a", "z"} {
+		if fi, err := os.Stat(filepath.Join(out, "t", n)); err != nil || fi.Size() != 1000 {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(out, "t"))
+	if len(ents) != 3 {
+		t.Errorf("left: %v", ents)
+	}
+}
+
+// Shards 0..N-1 of a tree copy every file exactly once between them.
+func TestGetTreeShards(t *testing.T) {
+	e := startTarget(t, nil)
+	var all []string
+	for i := range 40 {
+		rel := filepath.Join("d"+string(rune('0'+i%3)), "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		os.MkdirAll(filepath.Join(e.dir, "t", filepath.Dir(rel)), 0o755)
+		randomFile(t, filepath.Join(e.dir, "t", rel), 10+i)
+		all = append(all, rel)
+	}
+	sort.Strings(all)
+	s := e.dial(t, nil)
+	const n = 3
+	out := t.TempDir()
+	var got []string
+	for i := range n {
+		tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Shard: initiator.Shard{I: i, N: n}})
+		if err != nil || tr.Failed != 0 {
+			t.Fatalf("shard %d: %v %+v", i, err, tr)
+		}
+		k := 0
+		for _, fr := range tr.Files {
+			if fr.Type.String() == "file" {
+				got = append(got, fr.Path)
+				k++
+			}
+		}
+		if k == 0 || k == len(all) {
+			t.Errorf("shard %d/%d took %d of %d files", i, n, k, len(all))
+		}
+	}
+	sort.Strings(got)
+	if strings.Join(got, ",") != strings.Join(all, ",") {
+		t.Fatalf("shards copied\n%v\nwant\n%v", got, all)
+	}
+	for _, rel := range all {
+		if _, err := os.Stat(filepath.Join(out, "t", rel)); err != nil {
+			t.Error(err)
+		}
+	}
+}
