@@ -128,21 +128,12 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 	if cfg.QPs < 1 || cfg.QPs > 64 || cfg.Depth < 1 || cfg.Depth > 1024 {
 		return usagef("--qps %d --depth %d: want 1..64 queue pairs and 1..1024 READs each", cfg.QPs, cfg.Depth)
 	}
-	dev, why, err := openTransport(ctx, c)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
 	jsonOut := c.Bool("json")
-	if !jsonOut {
-		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
-	}
-	cfg.Device = dev
-	s, err := initiator.Dial(ctx, src.addr, cfg)
+	s, why, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer closeSession()
 	e, err := s.Stat(ctx, src.path)
 	if err != nil {
 		return err

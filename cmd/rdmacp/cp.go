@@ -137,21 +137,12 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dev, why, err := openTransport(ctx, c)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
 	jsonOut := c.Bool("json")
-	if !jsonOut {
-		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
-	}
-	cfg.Device = dev
-	s, err := initiator.Dial(ctx, src.addr, cfg)
+	s, _, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer closeSession()
 	e, err := s.Stat(ctx, src.path)
 	if err != nil {
 		return err

@@ -239,7 +239,6 @@ func readManifest(r io.Reader) ([]manifestLine, error) {
 // copyManifest copies every pair of a manifest over one session. A line
 // that fails does not stop the others.
 func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
-	ctx := c.Context
 	if err := checkCpFlags(c); err != nil {
 		return err
 	}
@@ -285,21 +284,12 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dev, why, err := openTransport(ctx, c)
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
 	t := newTally(c, stdout)
-	if !t.jsonOut {
-		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
-	}
-	cfg.Device = dev
-	s, err := initiator.Dial(ctx, addr, cfg)
+	s, _, closeSession, err := dialSession(c, addr, cfg, t.jsonOut)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer closeSession()
 	for _, j := range jobs {
 		fr, fatal := manifestOne(c, s, j.path, j.Dest, stdout, t)
 		if fatal != nil {

@@ -51,19 +51,11 @@ func runLs(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	dev, why, err := openTransport(c.Context, c)
+	s, _, closeSession, err := dialSession(c, r.addr, initiator.Config{Secret: secret, QPs: 1, Depth: 1}, c.Bool("json"))
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
-	if !c.Bool("json") {
-		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
-	}
-	s, err := initiator.Dial(c.Context, r.addr, initiator.Config{Device: dev, Secret: secret, QPs: 1, Depth: 1})
-	if err != nil {
-		return err
-	}
-	defer s.Close()
+	defer closeSession()
 	ents, err := s.List(c.Context, r.path)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
@@ -112,4 +113,24 @@ func readSecret(c *cli.Context) ([]byte, error) {
 
 func secretFlag() cli.Flag {
 	return &cli.StringFlag{Name: "secret-file", Usage: "shared secret, the same on target and initiator (or set RDMACP_SECRET)"}
+}
+
+// dialSession opens the transport the flags ask for, says which (and
+// why) on stderr unless quiet, and opens a session to addr over it.
+// close ends both.
+func dialSession(c *cli.Context, addr string, cfg initiator.Config, quiet bool) (s *initiator.Session, why string, close func(), err error) {
+	dev, why, err := openTransport(c.Context, c)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if !quiet {
+		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
+	}
+	cfg.Device = dev
+	s, err = initiator.Dial(c.Context, addr, cfg)
+	if err != nil {
+		dev.Close()
+		return nil, "", nil, err
+	}
+	return s, why, func() { s.Close(); dev.Close() }, nil
 }
