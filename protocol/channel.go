@@ -231,25 +231,16 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	id := c.nextID
 	c.nextID++
 	req.SetID(id)
-	if err := c.Send(ctx, req); err != nil {
-		// The peer may have answered and hung up before our send's
-		// completion was counted: a reply already received still counts.
-		for {
-			m, rerr := c.Recv(ctx)
-			if rerr != nil {
-				return nil, err
-			}
-			if m.ID() == id {
-				if e, ok := m.(*Error); ok {
-					return nil, e
-				}
-				return m, nil
-			}
-		}
-	}
+	// If the send fails, the peer may still have answered and hung up
+	// before our send's completion was counted: a reply already received
+	// counts, and the send's error is reported only if there is none.
+	sendErr := c.Send(ctx, req)
 	for {
 		m, err := c.Recv(ctx)
 		if err != nil {
+			if sendErr != nil {
+				return nil, sendErr
+			}
 			return nil, err
 		}
 		if m.ID() != id {

@@ -60,7 +60,6 @@ type qp struct {
 	rq      []rwr
 	irq     []inRead
 	gated   bool // passive p2p side: send nothing before the RTR arrives
-	rtr     uint8
 	sendMSN uint32
 	readMSN uint32
 	dead    bool
@@ -670,19 +669,6 @@ func (fr *frameReader) readInto(p []byte) error {
 			err = io.ErrUnexpectedEOF
 		}
 		return err
-	}
-	return nil
-}
-
-// discard skips n stream bytes.
-func (fr *frameReader) discard(n int) error {
-	for n > 0 {
-		k := min(n, len(fr.buf))
-		if err := fr.fill(k, 0); err != nil {
-			return err
-		}
-		fr.take(k)
-		n -= k
 	}
 	return nil
 }
