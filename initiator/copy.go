@@ -424,8 +424,9 @@ type fetch struct {
 	slots    []*chunk // by slot index; nil when free
 	free     []int
 	queue    []piece // pieces waiting for a QP
-	inflight []int   // outstanding READs per QP
-	sums     []byte  // local digests, chunk by chunk
+	wrs      []verbs.SendWR
+	inflight []int  // outstanding READs per QP
+	sums     []byte // local digests, chunk by chunk
 	written  int64
 	retries  int
 
@@ -666,7 +667,7 @@ func (f *fetch) post() error {
 		// Fill this QP up to its depth, then let the next least busy
 		// one take its turn.
 		k := min(room, len(f.queue))
-		wrs := make([]verbs.SendWR, 0, k)
+		wrs := f.wrs[:0]
 		for _, p := range f.queue[:k] {
 			w := p.c.win
 			remote := w.w.Addr + uint64(p.c.off+int64(p.off)) - w.w.Offset
@@ -678,6 +679,7 @@ func (f *fetch) post() error {
 				RemoteAddr: remote, RKey: w.w.RKeys[q],
 			})
 		}
+		f.wrs = wrs // reused: providers copy what they are posted
 		posted, err := s.data[q].PostSend(wrs)
 		f.inflight[q] += posted
 		f.queue = f.queue[posted:]
