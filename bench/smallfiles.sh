@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Copies a tree of many small files (default 10,000 x 4 KiB) over loopback
-# with rdmacp cp -r (packed, and --no-pack) and with an rsync daemon, and
-# prints each one's time and rsync's time divided by rdmacp's.
+# with rdmacp cp -r (packed, and --no-pack), with an rsync daemon and with
+# `tar | nc`, and prints each one's time and the others' time divided by
+# rdmacp's.
 #
 #   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR]
 #
 # Both ends are on this machine; the tree is page-cached. Each copy goes
-# into an empty directory. rdmacp verifies every file (crc32c) and syncs
-# the file system before renaming them into place; rsync is shown as it
-# runs by default (no fsync), and with `sync -f` of the destination after.
+# into an empty directory, DIR/out (DIR defaults to a new directory in
+# /var/tmp; give -d /dev/shm/x to take the disk out of it). rdmacp
+# verifies every file (crc32c) and syncs the file system before the tree
+# is renamed into place; rsync and tar are shown as they run by default
+# (no fsync), and with `sync -f` of the destination after.
 set -euo pipefail
 files=10000 kib=4 runs=3 dir=
 while getopts n:k:r:d: o; do
   case $o in n) files=$OPTARG ;; k) kib=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; *) exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
-command -v rsync >/dev/null || { echo "rsync is not installed" >&2; exit 1; }
+for c in rsync tar nc; do
+  command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 1; }
+done
 [ -n "$dir" ] || dir=$(mktemp -d /var/tmp/rdmacp-small.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$dir"' EXIT
 mkdir -p "$dir/export/tree"
@@ -32,7 +37,7 @@ for i in range(n):
 PY
 cat "$dir"/export/tree/*/* >/dev/null
 port=$((20000 + RANDOM % 20000))
-rport=$((port + 1))
+rport=$((port + 1)) tport=$((port + 2))
 "$bin" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level warn &
 cat >"$dir/rsyncd.conf" <<CONF
 port = $rport
@@ -61,13 +66,31 @@ for _ in $(seq "$runs"); do
   run rdmacp-no-pack "$bin" cp -r -q --no-pack --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
   run rsync rsync -a rsync://127.0.0.1:$rport/data/tree "$dir/out/"
   run rsync+sync sh -c "rsync -a rsync://127.0.0.1:$rport/data/tree '$dir/out/' && sync -f '$dir/out'"
+  for sync in 0 1; do
+    # the listener's start-up is outside the timing: it starts first
+    # and waits for the connection
+    rm -rf "$dir/out"; mkdir -p "$dir/out"; sync
+    (nc -l 127.0.0.1 $tport | tar -C "$dir/out" -xf -) &
+    lp=$!
+    sleep 0.2
+    t0=$(now)
+    tar -C "$dir/export" -cf - tree | nc -N 127.0.0.1 $tport
+    wait $lp
+    [ $sync = 0 ] || sync -f "$dir/out"
+    t1=$(now)
+    [ "$(find "$dir/out" -type f | wc -l)" -eq "$files" ] || { echo "tar: wrong file count" >&2; exit 1; }
+    record "tar|nc$([ $sync = 1 ] && echo +sync)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+  done
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "$files files x $kib KiB, $runs runs, median seconds:"
 declare -A med
-for k in rdmacp rdmacp-no-pack rsync rsync+sync; do
+for k in rdmacp rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+sync; do
   med[$k]=$(echo "${res[$k]}" | median)
   printf '  %-16s %8ss   (runs:%s)\n' "$k" "${med[$k]}" "${res[$k]}"
 done
-awk -v r="${med[rsync]}" -v rs="${med[rsync+sync]}" -v p="${med[rdmacp]}" -v np="${med[rdmacp-no-pack]}" 'BEGIN {
-  printf "rsync / rdmacp: %.2fx (rsync+sync / rdmacp: %.2fx); rdmacp --no-pack / rdmacp: %.2fx\n", r / p, rs / p, np / p }'
+awk -v r="${med[rsync]}" -v rs="${med[rsync+sync]}" -v t="${med[tar|nc]}" -v ts="${med[tar|nc+sync]}" \
+  -v p="${med[rdmacp]}" -v np="${med[rdmacp-no-pack]}" 'BEGIN {
+  printf "rsync / rdmacp: %.2fx (rsync+sync / rdmacp: %.2fx)\n", r / p, rs / p
+  printf "tar|nc / rdmacp: %.2fx (tar|nc+sync / rdmacp: %.2fx)\n", t / p, ts / p
+  printf "rdmacp --no-pack / rdmacp: %.2fx\n", np / p }'

@@ -21,14 +21,22 @@ func (s *Session) packMax() int64 {
 	return min(256<<10, int64(s.ch0.MaxWindow)/4)
 }
 
+// packedFile is one file of a Pack as getPacked hands it over: its entry
+// and verified bytes, or why it was not packed (a *protocol.Error whose
+// Code is CodeTooMany for a file too large to pack).
+type packedFile struct {
+	entry protocol.Entry
+	data  []byte
+	err   error
+}
+
 // getPacked pulls whole files with Pack, as many per round trip as the
 // target packs, READs each pack's window in one go and checks every
 // file against its digest (reading a file's range again if it fails).
-// fn is called for every path, in order, with the file's entry and bytes
-// (valid only during the call) or with why it was not packed: a
-// *protocol.Error whose Code is CodeTooMany for a file too large to
-// pack. An error fn returns, or one that breaks the session, stops it.
-func (s *Session) getPacked(ctx context.Context, paths []string, fn func(i int, e protocol.Entry, data []byte, err error) error) error {
+// fn is called once per pack with the files of paths[first:] it
+// answered, in order; their bytes are valid only during the call. An
+// error fn returns, or one that breaks the session, stops it.
+func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first int, files []packedFile) error) error {
 	alg := s.cfg.Algorithm
 	type answer struct {
 		r   *protocol.PackReply
@@ -66,7 +74,7 @@ func (s *Session) getPacked(ctx context.Context, paths []string, fn func(i int, 
 	}
 	for i := 0; i < len(paths); {
 		if next == nil {
-			if err := fn(i, protocol.Entry{}, nil, fmt.Errorf("%s: path too long to pack", paths[i])); err != nil {
+			if err := fn(i, []packedFile{{err: fmt.Errorf("%s: path too long to pack", paths[i])}}); err != nil {
 				return err
 			}
 			i++
@@ -88,9 +96,7 @@ func (s *Session) getPacked(ctx context.Context, paths []string, fn func(i int, 
 		if end < len(paths) {
 			next = ask(end)
 		}
-		err := s.readPack(ctx, r, func(k int, e protocol.Entry, data []byte, err error) error {
-			return fn(i+k, e, data, err)
-		})
+		err := s.readPack(ctx, r, func(files []packedFile) error { return fn(i, files) })
 		if cerr := closePack(r); err == nil {
 			err = cerr
 		}
@@ -150,9 +156,9 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 	}
 }
 
-// readPack READs a pack's window into registered memory and hands each
-// file to fn, verified.
-func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func(k int, e protocol.Entry, data []byte, err error) error) error {
+// readPack READs a pack's window into registered memory and hands its
+// files to fn, verified.
+func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([]packedFile) error) error {
 	alg := s.cfg.Algorithm
 	var buf []byte
 	if n := r.Window.Length; n > 0 {
@@ -171,11 +177,10 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func(k
 		}
 		buf = b.Bytes()
 	}
+	files := make([]packedFile, len(r.Files))
 	for k, f := range r.Files {
 		if f.Code != 0 {
-			if err := fn(k, f.Entry, nil, &protocol.Error{Code: f.Code, Message: f.Message}); err != nil {
-				return err
-			}
+			files[k] = packedFile{entry: f.Entry, err: &protocol.Error{Code: f.Code, Message: f.Message}}
 			continue
 		}
 		data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
@@ -191,11 +196,9 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func(k
 				return err
 			}
 		}
-		if err := fn(k, f.Entry, data, ferr); err != nil {
-			return err
-		}
+		files[k] = packedFile{entry: f.Entry, data: data, err: ferr}
 	}
-	return nil
+	return fn(files)
 }
 
 // reread READs window bytes [off, off+len(dst)) again into dst.

@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,11 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -186,11 +191,12 @@ const listAhead = 8
 
 // pending is a verified file or a symlink waiting to be renamed into place.
 type pending struct {
-	res  *FileResult
-	tmp  string // in the root; "" for a symlink not yet made
-	rel  string
-	link string   // a symlink's target
-	rs   *resumer // with Partial: the sidecar to drop once renamed
+	res    *FileResult
+	tmp    string // in the root; "" for a symlink not yet made
+	rel    string
+	link   string   // a symlink's target
+	rs     *resumer // with Partial: the sidecar to drop once renamed
+	placed bool     // already at rel, in a staged tree
 }
 
 // GetTree copies the remote directory src ("EXPORT/dir") to the local
@@ -226,15 +232,34 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if err != nil {
 		return tr, err
 	}
-	if err := os.MkdirAll(top, 0o700); err != nil {
+	// A tree whose destination does not exist yet is staged in a
+	// directory of its own and renamed into place at the end: its files
+	// need no temporary names, and it appears whole or not at all.
+	// Otherwise each file lands beside its destination under a temporary
+	// name (and --partial needs those names to resume).
+	stage := ""
+	if _, err := os.Lstat(top); errors.Is(err, fs.ErrNotExist) && !opt.Partial {
+		if err := os.MkdirAll(filepath.Dir(top), 0o700); err != nil {
+			return tr, err
+		}
+		stage = filepath.Join(filepath.Dir(top), tempName(filepath.Base(top)))
+		if err := os.Mkdir(stage, 0o700); err != nil {
+			return tr, err
+		}
+		defer func() {
+			if stage != "" {
+				os.RemoveAll(stage)
+			}
+		}()
+	} else if err := os.MkdirAll(top, 0o700); err != nil {
 		return tr, err
 	}
-	root, err := os.OpenRoot(top)
+	root, err := os.OpenRoot(cmp.Or(stage, top))
 	if err != nil {
 		return tr, err
 	}
 	defer root.Close()
-	dr := &dirRoots{root: root, m: map[string]*os.Root{}}
+	dr := &dirRoots{root: root, m: map[string]*os.Root{}, fds: map[string]*os.File{}, final: stage != ""}
 	defer dr.close()
 
 	var waiting []pending
@@ -335,6 +360,16 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		return tr, err
 	}
 
+	if dr.final { // symlinks straight at their names too
+		for i := range waiting {
+			if p := &waiting[i]; !p.placed {
+				if err := root.Symlink(p.link, p.rel); err != nil {
+					p.res.Status, p.res.Err = StatusFailed, err
+				}
+				p.placed = true
+			}
+		}
+	}
 	// All data durable, then every name in place.
 	if err := syncRoot(root); err != nil {
 		return tr, err
@@ -342,6 +377,9 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	touched := map[string]bool{}
 	for i := range waiting {
 		p := &waiting[i]
+		if p.placed {
+			continue
+		}
 		if p.tmp == "" {
 			tmp := tempName(p.rel)
 			if err := root.Symlink(p.link, tmp); err != nil {
@@ -373,8 +411,9 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			f.Close()
 		}
 	}
+	done := make([]FileResult, 0, len(waiting)+len(dirs))
 	for _, p := range waiting {
-		report(*p.res)
+		done = append(done, *p.res)
 	}
 	waiting = nil
 	// Directories' modes and mtimes, children before parents.
@@ -389,11 +428,25 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		if err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
-		report(fr)
+		done = append(done, fr)
 	}
 	if f, err := root.Open("."); err == nil {
 		f.Sync()
 		f.Close()
+	}
+	if stage != "" {
+		// RENAME_NOREPLACE: a destination made meanwhile is not replaced.
+		if err := unix.Renameat2(unix.AT_FDCWD, stage, unix.AT_FDCWD, top, unix.RENAME_NOREPLACE); err != nil {
+			return tr, &os.LinkError{Op: "rename", Old: stage, New: top, Err: err}
+		}
+		stage = ""
+		if f, err := os.Open(filepath.Dir(top)); err == nil {
+			f.Sync()
+			f.Close()
+		}
+	}
+	for _, fr := range done {
+		report(fr)
 	}
 	tr.Elapsed = time.Since(start)
 	return tr, nil
@@ -405,6 +458,34 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 type dirRoots struct {
 	root *os.Root
 	m    map[string]*os.Root
+	fds  map[string]*os.File
+	// final: files are written at their own names, not temporary ones,
+	// because the whole tree is staged in a directory of its own that is
+	// renamed into place once everything in it is durable.
+	final bool
+}
+
+// dir returns rel's directory, opened (once) for the *at system calls.
+func (d *dirRoots) dir(rel string) (*os.File, error) {
+	dir := path.Dir(rel)
+	if f := d.fds[dir]; f != nil {
+		return f, nil
+	}
+	f, err := d.root.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	d.fds[dir] = f
+	return f, nil
+}
+
+// fileName is the name rel's file is written as in its directory: its own
+// when staged, otherwise a temporary one.
+func (d *dirRoots) fileName(rel string) string {
+	if d.final {
+		return path.Base(rel)
+	}
+	return path.Base(tempName(rel))
 }
 
 // in returns the root of rel's directory and rel's last element.
@@ -428,6 +509,9 @@ func (d *dirRoots) in(rel string) (*os.Root, string, error) {
 func (d *dirRoots) close() {
 	for _, r := range d.m {
 		r.Close()
+	}
+	for _, f := range d.fds {
+		f.Close()
 	}
 }
 
@@ -473,7 +557,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	if err != nil {
 		return pending{}, err
 	}
-	tmp := path.Base(tempName(it.rel))
+	tmp := dr.fileName(it.rel)
 	var rs *resumer
 	sp := pullSpec{progress: opt.Progress, resume: func() *resumer { return rs }}
 	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
@@ -536,6 +620,9 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	if rs != nil {
 		rs.save() // every chunk marked: a rerun reads none of it
 	}
+	if dr.final {
+		return pending{res: fr, rel: it.rel, placed: true}, nil
+	}
 	return pending{res: fr, tmp: path.Join(path.Dir(it.rel), tmp), rel: it.rel, rs: rs}, nil
 }
 
@@ -563,31 +650,48 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 		paths[i] = src + "/" + it.rel
 	}
 	var later []item
-	err := s.getPacked(ctx, paths, func(i int, e protocol.Entry, data []byte, err error) error {
-		it := small[i]
-		var pe *protocol.Error
-		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany {
-			later = append(later, it)
-			return nil
+	err := s.getPacked(ctx, paths, func(first int, files []packedFile) error {
+		jobs := make([]packedJob, 0, len(files))
+		for k, f := range files {
+			it := small[first+k]
+			var pe *protocol.Error
+			if errors.As(f.err, &pe) && pe.Code == protocol.CodeTooMany {
+				later = append(later, it)
+				continue
+			}
+			fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
+			if f.err != nil {
+				fr.Err = fmt.Errorf("%s: %w", paths[first+k], f.err)
+				report(fr)
+				continue
+			}
+			dir, err := dr.dir(it.rel)
+			if err != nil {
+				fr.Err = err
+				report(fr)
+				continue
+			}
+			jobs = append(jobs, packedJob{rel: it.rel, dir: dir, name: dr.fileName(it.rel), f: f})
 		}
-		fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
-		if err != nil {
-			fr.Err = fmt.Errorf("%s: %w", paths[i], err)
-			report(fr)
-			return nil
+		writePacked(jobs)
+		for _, j := range jobs {
+			fr := FileResult{Path: j.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: j.err}
+			if j.err != nil {
+				report(fr)
+				continue
+			}
+			data := j.f.data
+			fr.Status, fr.Bytes, fr.BytesRead = StatusOK, int64(len(data)), int64(len(data))
+			// The digest of the file's bytes: for crc32c the whole-file digest
+			// as ever; for blake3 a plain BLAKE3 of the file, not the chunk-list
+			// form a file copied with Open reports.
+			fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, chunker.Sum(s.cfg.Algorithm, data))
+			p := pending{res: &fr, rel: j.rel, placed: dr.final}
+			if !dr.final {
+				p.tmp = path.Join(path.Dir(j.rel), j.name)
+			}
+			*waiting = append(*waiting, p)
 		}
-		tmp, err := s.packedTemp(dr, it.rel, e, data)
-		if err != nil {
-			fr.Err = err
-			report(fr)
-			return nil
-		}
-		fr.Status, fr.Bytes, fr.BytesRead = StatusOK, int64(len(data)), int64(len(data))
-		// The digest of the file's bytes: for crc32c the whole-file digest
-		// as ever; for blake3 a plain BLAKE3 of the file, not the chunk-list
-		// form a file copied with Open reports.
-		fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, chunker.Sum(s.cfg.Algorithm, data))
-		*waiting = append(*waiting, pending{res: &fr, tmp: tmp, rel: it.rel})
 		return nil
 	})
 	if errors.Is(err, errNoPack) {
@@ -611,33 +715,92 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 	return nil
 }
 
-// packedTemp writes a packed file's bytes to a temporary file beside its
-// destination, with the file's mode and mtime.
-func (s *Session) packedTemp(dr *dirRoots, rel string, e protocol.Entry, data []byte) (string, error) {
-	d, _, err := dr.in(rel)
-	if err != nil {
-		return "", err
+// packedJob is one packed file to write into directory dir as name.
+type packedJob struct {
+	rel  string
+	dir  *os.File
+	name string
+	f    packedFile
+	err  error
+}
+
+// packedWriters is how many files of a pack are written at once: creating
+// small files is mostly waiting on the file system, which overlaps.
+const packedWriters = 4
+
+// writePacked writes the jobs' files, several at a time, setting each
+// job's err.
+func writePacked(jobs []packedJob) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range min(packedWriters, len(jobs)) {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(jobs) {
+					return
+				}
+				j := &jobs[k]
+				j.err = writeSmall(j.dir, j.name, j.f.entry, j.f.data)
+				if j.err != nil {
+					j.err = fmt.Errorf("%s: %w", j.rel, j.err)
+				}
+			}
+		})
 	}
-	tmp := tempName(rel)
-	name := path.Base(tmp)
-	f, err := d.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return "", err
-	}
-	_, err = f.Write(data)
+	wg.Wait()
+}
+
+// umask is the process's file mode creation mask, read once from
+// /proc (setting it to read it would race with other goroutines); if it
+// cannot be read, every bit counts as masked, so modes are always set.
+var umask = sync.OnceValue(func() uint32 {
+	b, err := os.ReadFile("/proc/self/status")
 	if err == nil {
-		err = f.Chmod(fs.FileMode(e.Mode & 0o777))
+		for l := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(l, "Umask:"); ok {
+				if m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
+					return uint32(m)
+				}
+			}
+		}
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	return 0o777
+})
+
+// writeSmall creates name in directory dir holding data, with e's mode and
+// mtime, in a handful of system calls. name is a single path element (a
+// validated name, or a temporary one made from it), so the file cannot
+// land outside dir; O_EXCL refuses anything already there, links too.
+func writeSmall(dir *os.File, name string, e protocol.Entry, data []byte) error {
+	dfd := int(dir.Fd())
+	mode := e.Mode & 0o777
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
+	if err != nil {
+		return &fs.PathError{Op: "create", Path: name, Err: err}
+	}
+	op := "write"
+	for off := 0; err == nil && off < len(data); {
+		var n int
+		n, err = unix.Write(fd, data[off:])
+		if err == unix.EINTR {
+			err = nil
+		}
+		off += max(n, 0)
+	}
+	if err == nil && mode&umask() != 0 { // the mask took bits the mode needs
+		op, err = "chmod", unix.Fchmod(fd, mode)
 	}
 	if err == nil {
-		mt := time.Unix(0, e.MtimeNs)
-		err = d.Chtimes(name, mt, mt)
+		ts := unix.NsecToTimespec(e.MtimeNs)
+		op, err = "chtimes", unix.UtimesNanoAt(dfd, name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
+	}
+	if cerr := unix.Close(fd); err == nil {
+		op, err = "close", cerr
 	}
 	if err != nil {
-		d.Remove(name)
-		return "", err
+		unix.Unlinkat(dfd, name, 0)
+		return &fs.PathError{Op: op, Path: name, Err: err}
 	}
-	return tmp, nil
+	return nil
 }

@@ -190,3 +190,53 @@ func TestGetTreeShards(t *testing.T) {
 		}
 	}
 }
+
+// A tree copied to a new destination is staged beside it and appears
+// whole at the end; interrupted, it leaves nothing.
+func TestGetTreeStaged(t *testing.T) {
+	e := startTarget(t, nil)
+	src := filepath.Join(e.dir, "t")
+	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	want := randomFile(t, filepath.Join(src, "sub", "big"), 1<<20) // read with Open, with progress
+	randomFile(t, filepath.Join(src, "small"), 100)                // packed
+	out := t.TempDir()
+	dst := filepath.Join(out, "t")
+	s := e.dial(t, nil)
+	staged := func() []string {
+		m, _ := filepath.Glob(filepath.Join(out, ".t.rdmacp-*.part"))
+		return m
+	}
+	var during []string
+	check := func(initiator.Progress) {
+		if _, err := os.Lstat(dst); err == nil {
+			during = append(during, "destination exists")
+		}
+		if len(staged()) != 1 {
+			during = append(during, "no staging directory")
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := s.GetTree(ctx, "data/t", out, initiator.TreeOptions{Progress: func(p initiator.Progress) { check(p); cancel() }})
+	if err == nil {
+		t.Fatal("an interrupted copy succeeded")
+	}
+	if _, err := os.Lstat(dst); err == nil || len(staged()) != 0 {
+		t.Fatalf("interrupted copy left %v (destination: %v)", staged(), err)
+	}
+
+	s = e.dial(t, nil)
+	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Progress: check})
+	if err != nil || tr.Failed != 0 {
+		t.Fatalf("%v %+v", err, tr)
+	}
+	if len(during) != 0 {
+		t.Errorf("while copying: %v", during)
+	}
+	if got, err := os.ReadFile(filepath.Join(dst, "sub", "big")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("sub/big differs (%v)", err)
+	}
+	if len(staged()) != 0 {
+		t.Errorf("left %v", staged())
+	}
+}

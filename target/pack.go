@@ -3,8 +3,12 @@ package target
 import (
 	"context"
 	"io"
+	"io/fs"
 	"os"
 	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -21,10 +25,53 @@ const maxPackMessage = 32
 
 // packed is a file Pack will copy into its window.
 type packed struct {
-	f    *os.File
-	fi   os.FileInfo
+	fd   int
+	st   unix.Stat_t
 	idx  int // in the reply's Files
 	size int64
+}
+
+// packDirs holds, for one Pack, each directory its files are in, opened
+// once through the export's root, so that a file costs one openat of a
+// single name rather than the resolution of its whole path.
+type packDirs map[string]*os.File
+
+func (d packDirs) close() {
+	for _, f := range d {
+		f.Close()
+	}
+}
+
+// open opens rel (already resolved and clean) of export x for reading.
+// A last element that is a symlink goes through the root instead, which
+// follows it if it stays inside the export.
+func (d packDirs) open(x *export, rel string) (int, error) {
+	dir, base := path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" {
+		dir = "."
+	}
+	df := d[dir]
+	if df == nil {
+		var err error
+		if df, err = x.root.Open(dir); err != nil {
+			return -1, err
+		}
+		d[dir] = df
+	}
+	fd, err := unix.Openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == unix.ELOOP {
+		f, err := x.open(rel)
+		if err != nil {
+			return -1, err
+		}
+		defer f.Close()
+		return unix.Dup(int(f.Fd()))
+	}
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: rel, Err: err}
+	}
+	return fd, nil
 }
 
 // pack copies whole small files into one anonymous buffer, registered and
@@ -56,10 +103,12 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	size := protocol.PackReplyOverhead(len(qps))
 	dsize := alg.Size()
 	var files []packed
+	dirs := packDirs{}
 	defer func() {
 		for _, p := range files {
-			p.f.Close()
+			unix.Close(p.fd)
 		}
+		dirs.close()
 	}()
 	var total uint64
 	var x0 *export
@@ -67,14 +116,14 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 		if len(reply.Files) >= maxPackFiles {
 			break
 		}
-		pf, pk, ok := ss.packOne(p, &x0)
+		pf, pk, ok := ss.packOne(p, &x0, dirs)
 		if ok && pk.size > 0 && total+uint64(pk.size) > cfg.MaxWindow {
 			if uint64(pk.size) > cfg.MaxWindow {
-				pk.f.Close()
+				unix.Close(pk.fd)
 				pf = protocol.PackedFile{Code: protocol.CodeTooMany, Entry: pf.Entry, Message: "too large to pack"}
 				ok = false
 			} else {
-				pk.f.Close()
+				unix.Close(pk.fd)
 				break // full: the initiator asks again
 			}
 		}
@@ -84,7 +133,7 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 		}
 		if size+n > protocol.MaxMessage {
 			if ok {
-				pk.f.Close()
+				unix.Close(pk.fd)
 			}
 			break
 		}
@@ -113,24 +162,7 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 			return errf(protocol.CodeInternal, "pack buffer: %v", err)
 		}
 		w.mapping = buf
-		for _, p := range files {
-			pf := &reply.Files[p.idx]
-			data := buf[pf.Offset : pf.Offset+uint64(p.size)]
-			_, err := p.f.ReadAt(data, 0)
-			if err == io.EOF {
-				err = nil
-			}
-			fi, serr := p.f.Stat()
-			switch {
-			case err != nil:
-				ss.log.Warn("pack: read failed", "file", pf.Entry.Name, "err", err)
-				*pf = protocol.PackedFile{Code: protocol.CodeInternal, Entry: pf.Entry, Message: "read failed"}
-			case serr != nil || fi.Size() != p.size || !fi.ModTime().Equal(p.fi.ModTime()):
-				*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
-			default:
-				pf.Digest = chunker.Sum(alg, data)
-			}
-		}
+		ss.fill(buf, files, reply.Files, alg)
 		access := verbs.AccessRemoteRead
 		if ss.mws {
 			access |= verbs.AccessMWBind
@@ -171,9 +203,46 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	return reply
 }
 
+// packReaders is how many files one Pack reads at once.
+const packReaders = 4
+
+// fill reads the packed files into buf at their offsets, several at a
+// time, and sets each one's digest, or its error if it failed or changed
+// since it was opened.
+func (ss *session) fill(buf []byte, files []packed, out []protocol.PackedFile, alg chunker.Algorithm) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(packReaders, len(files)) {
+		wg.Go(func() {
+			for {
+				k := int(next.Add(1) - 1)
+				if k >= len(files) {
+					return
+				}
+				p := &files[k]
+				pf := &out[p.idx]
+				data := buf[pf.Offset : pf.Offset+uint64(p.size)]
+				err := readFull(p.fd, data)
+				var st unix.Stat_t
+				serr := unix.Fstat(p.fd, &st)
+				switch {
+				case err != nil && err != io.ErrUnexpectedEOF:
+					ss.log.Warn("pack: read failed", "file", pf.Entry.Name, "err", err)
+					*pf = protocol.PackedFile{Code: protocol.CodeInternal, Entry: pf.Entry, Message: "read failed"}
+				case err != nil || serr != nil || st.Size != p.size || st.Mtim != p.st.Mtim:
+					*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
+				default:
+					pf.Digest = chunker.Sum(alg, data)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // packOne opens one file for pack. All files of a pack must come from one
 // export (x0 is set by the first), so removing the export revokes it.
-func (ss *session) packOne(p string, x0 **export) (protocol.PackedFile, packed, bool) {
+func (ss *session) packOne(p string, x0 **export, dirs packDirs) (protocol.PackedFile, packed, bool) {
 	x, rel, perr := ss.srv.resolve(p)
 	if perr != nil {
 		return protocol.PackedFile{Code: perr.Code, Message: perr.Message}, packed{}, false
@@ -183,21 +252,69 @@ func (ss *session) packOne(p string, x0 **export) (protocol.PackedFile, packed, 
 	} else if x != *x0 {
 		return protocol.PackedFile{Code: protocol.CodeBadRequest, Message: p + ": a pack's files must be in one export"}, packed{}, false
 	}
-	f, err := x.open(rel)
-	if err != nil {
+	fail := func(err error) (protocol.PackedFile, packed, bool) {
 		e := fsError(p, err)
 		return protocol.PackedFile{Code: e.Code, Message: e.Message}, packed{}, false
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		e := fsError(p, err)
-		return protocol.PackedFile{Code: e.Code, Message: e.Message}, packed{}, false
+	if x.root == nil || rel == "." {
+		return protocol.PackedFile{Code: protocol.CodeUnsupported, Message: p + " is not a file in a directory export"}, packed{}, false
 	}
-	e := entryOf(path.Base(p), fi)
-	if !fi.Mode().IsRegular() {
-		f.Close()
+	fd, err := dirs.open(x, rel)
+	if err != nil {
+		return fail(err)
+	}
+	pk := packed{fd: fd}
+	if err := unix.Fstat(fd, &pk.st); err != nil {
+		unix.Close(fd)
+		return fail(&fs.PathError{Op: "fstat", Path: rel, Err: err})
+	}
+	e := statEntry(path.Base(p), &pk.st)
+	if e.Type != protocol.FileRegular {
+		unix.Close(fd)
 		return protocol.PackedFile{Code: protocol.CodeUnsupported, Entry: e, Message: p + " is not a regular file"}, packed{}, false
 	}
-	return protocol.PackedFile{Entry: e}, packed{f: f, fi: fi, size: fi.Size()}, true
+	pk.size = pk.st.Size
+	return protocol.PackedFile{Entry: e}, pk, true
+}
+
+// statEntry is entryOf for a stat of an open file.
+func statEntry(name string, st *unix.Stat_t) protocol.Entry {
+	e := protocol.Entry{
+		Name:    name,
+		Mode:    st.Mode & 0o7777,
+		Size:    uint64(max(st.Size, 0)),
+		MtimeNs: st.Mtim.Nano(),
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Type = protocol.FileRegular
+	case unix.S_IFDIR:
+		e.Type = protocol.FileDir
+	case unix.S_IFLNK:
+		e.Type = protocol.FileSymlink
+	case unix.S_IFBLK:
+		e.Type = protocol.FileBlockDev
+	default:
+		e.Type = protocol.FileOther
+	}
+	return e
+}
+
+// readFull reads len(b) bytes from the start of fd; a file shorter than
+// b is an error (it changed).
+func readFull(fd int, b []byte) error {
+	for off := 0; off < len(b); {
+		n, err := unix.Pread(fd, b[off:], int64(off))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		off += n
+	}
+	return nil
 }

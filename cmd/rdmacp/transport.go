@@ -30,7 +30,7 @@ func transportFlags() []cli.Flag {
 		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one"},
 		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
-		&cli.StringFlag{Name: "mpa-crc", Value: "on", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU (on) or not (off; still used if the peer asks). Chunk digests check the data end to end either way"},
+		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
 	}
 }
 
@@ -40,11 +40,13 @@ func transportFlags() []cli.Flag {
 func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, error) {
 	var soft iwarp.Config
 	switch c.String("mpa-crc") {
-	case "on", "":
+	case "auto", "":
+	case "on":
+		soft.CRC = iwarp.CRCOn
 	case "off":
-		soft.NoCRC = true
+		soft.CRC = iwarp.CRCOff
 	default:
-		return nil, "", usagef("--mpa-crc %q: want on or off", c.String("mpa-crc"))
+		return nil, "", usagef("--mpa-crc %q: want auto, on or off", c.String("mpa-crc"))
 	}
 	reg := registryWith(soft)
 	dc := verbs.DeviceConfig{Name: c.String("device"), Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}

@@ -9,13 +9,15 @@ import (
 
 func TestMPACRCNegotiation(t *testing.T) {
 	// CRC is used when either side asks for it (RFC 5044): off only
-	// when both target and initiator say off.
+	// when neither does; auto does not over loopback.
 	for _, tc := range []struct {
 		serve, cp, want string
 	}{
 		{"on", "off", "crc32c on"},
 		{"off", "on", "crc32c on"},
+		{"auto", "on", "crc32c on"},
 		{"off", "off", "crc32c off"},
+		{"auto", "auto", "crc32c off"},
 	} {
 		dir := t.TempDir()
 		writeFile(t, filepath.Join(dir, "f"), 100<<10)

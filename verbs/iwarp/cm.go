@@ -305,7 +305,7 @@ func (p *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) (*qp, error) {
 	tuneConn(c)
 	stop := withCtx(ctx, c)
 	req := mpaFrame{
-		crc: !p.dev.cfg.NoCRC, enhanced: true, rev: mpaRev2,
+		crc: p.dev.cfg.CRC.wants(c), enhanced: true, rev: mpaRev2,
 		ird: uint16(p.cfg.MaxReadsIn), ord: uint16(p.cfg.MaxReadsOut),
 		p2p: !p.dev.cfg.NoPeerToPeer, rtr: rtrKindWrite | rtrKindRead,
 		private: cp.PrivateData,
@@ -385,7 +385,7 @@ func (p *pendingQP) accept(ctx context.Context, cp verbs.ConnParam) (*qp, error)
 		}
 	}
 	rep := mpaFrame{
-		reply: true, crc: r.req.crc || !p.dev.cfg.NoCRC, enhanced: r.req.enhanced, rev: r.req.rev,
+		reply: true, crc: r.req.crc || p.dev.cfg.CRC.wants(c), enhanced: r.req.enhanced, rev: r.req.rev,
 		ird: uint16(ird), ord: uint16(ord), p2p: rtr != 0, rtr: rtr, private: cp.PrivateData,
 	}
 	b, err := rep.marshal()

@@ -8,7 +8,7 @@ import (
 )
 
 func config() verbstest.Config {
-	return verbstest.Config{Provider: iwarp.New(iwarp.Config{}), ListenAddr: "127.0.0.1:0"}
+	return verbstest.Config{Provider: iwarp.New(iwarp.Config{CRC: iwarp.CRCOn}), ListenAddr: "127.0.0.1:0"}
 }
 
 func TestConformance(t *testing.T) { verbstest.Run(t, config()) }

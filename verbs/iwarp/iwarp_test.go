@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,11 +22,17 @@ type side struct {
 
 func pair(t *testing.T, cfg Config, ord int) (a, b side) {
 	t.Helper()
+	return pairOf(t, cfg, cfg, ord)
+}
+
+// pairOf is pair with the active side a on provider config ca and the
+// passive side b on cb.
+func pairOf(t *testing.T, ca, cb Config, ord int) (a, b side) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	p := New(cfg)
-	mk := func() side {
-		d, err := p.Open(ctx, verbs.DeviceConfig{})
+	mk := func(cfg Config) side {
+		d, err := New(cfg).Open(ctx, verbs.DeviceConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +41,7 @@ func pair(t *testing.T, cfg Config, ord int) (a, b side) {
 		rcq, _ := d.CreateCQ(1024)
 		return side{dev: d, pd: pd, scq: scq, rcq: rcq}
 	}
-	a, b = mk(), mk()
+	a, b = mk(ca), mk(cb)
 	ln, err := b.dev.Listen(ctx, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +108,7 @@ func buffer(t *testing.T, n int) []byte {
 }
 
 func TestSmokeRead(t *testing.T) {
-	for _, cfg := range []Config{{}, {NoCRC: true, NoPeerToPeer: true}} {
+	for _, cfg := range []Config{{CRC: CRCOn}, {}, {CRC: CRCOff, NoPeerToPeer: true}} {
 		a, b := pair(t, cfg, 8)
 		if string(a.qp.Info().PrivateData) != "srv" || string(b.qp.Info().PrivateData) != "cli" {
 			t.Fatalf("private data: %q %q", a.qp.Info().PrivateData, b.qp.Info().PrivateData)
@@ -158,3 +166,41 @@ func TestSendDeliveredThenPeerHangsUp(t *testing.T) {
 		}
 	}
 }
+
+// CRC is used when either side asks; auto asks except over loopback.
+func TestCRCPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		a, b CRCPolicy
+		want bool
+	}{
+		{CRCAuto, CRCAuto, false}, {CRCOn, CRCAuto, true}, {CRCAuto, CRCOn, true},
+		{CRCOff, CRCOn, true}, {CRCOn, CRCOff, true}, {CRCOff, CRCOff, false},
+	} {
+		a, b := pairOf(t, Config{CRC: tc.a}, Config{CRC: tc.b}, 1)
+		for _, s := range []side{a, b} {
+			if got := strings.Contains(s.qp.Info().Detail, "crc32c on"); got != tc.want {
+				t.Errorf("%v with %v: %q, want crc %v", tc.a, tc.b, s.qp.Info().Detail, tc.want)
+			}
+		}
+	}
+	tcp := func(ip string) net.Addr { return &net.TCPAddr{IP: net.ParseIP(ip), Port: 1} }
+	for _, tc := range []struct {
+		local, remote net.Addr
+		want          bool
+	}{
+		{tcp("127.0.0.1"), tcp("127.0.0.1"), false}, {tcp("::1"), tcp("::1"), false},
+		{tcp("10.0.0.1"), tcp("10.0.0.2"), true}, {tcp("127.0.0.1"), tcp("10.0.0.2"), true},
+	} {
+		if got := CRCAuto.wants(addrConn{local: tc.local, remote: tc.remote}); got != tc.want {
+			t.Errorf("auto on %v -> %v: %v, want %v", tc.local, tc.remote, got, tc.want)
+		}
+	}
+}
+
+type addrConn struct {
+	net.Conn
+	local, remote net.Addr
+}
+
+func (c addrConn) LocalAddr() net.Addr  { return c.local }
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }

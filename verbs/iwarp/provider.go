@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,9 +20,9 @@ const DeviceName = "iwsoft0"
 
 // Config tunes the provider. The zero value is ready to use.
 type Config struct {
-	// NoCRC stops this side asking for MPA CRC32c. CRC is still used
-	// when the peer asks for it, as RFC 5044 requires.
-	NoCRC bool
+	// CRC says when this side asks for MPA CRC32c on every FPDU. CRC
+	// is used whenever either side asks, as RFC 5044 requires.
+	CRC CRCPolicy
 	// NoPeerToPeer stops the active side asking for RFC 6581
 	// peer-to-peer mode with a ready-to-receive message.
 	NoPeerToPeer bool
@@ -30,6 +31,46 @@ type Config struct {
 	// SetupTimeout bounds MPA negotiation when the context has no
 	// deadline; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
+}
+
+// CRCPolicy is when a side asks for MPA CRC32c.
+type CRCPolicy uint8
+
+const (
+	// CRCAuto asks for CRC unless both ends of the TCP connection are
+	// loopback addresses, where the bytes never leave memory and the
+	// kernel checks nothing either.
+	CRCAuto CRCPolicy = iota
+	CRCOn             // always ask
+	CRCOff            // never ask
+)
+
+func (c CRCPolicy) String() string {
+	switch c {
+	case CRCAuto:
+		return "auto"
+	case CRCOn:
+		return "on"
+	case CRCOff:
+		return "off"
+	}
+	return fmt.Sprintf("CRCPolicy(%d)", uint8(c))
+}
+
+// wants says whether this side asks for CRC on connection c.
+func (c CRCPolicy) wants(conn net.Conn) bool {
+	switch c {
+	case CRCOn:
+		return true
+	case CRCOff:
+		return false
+	}
+	return !(isLoopback(conn.LocalAddr()) && isLoopback(conn.RemoteAddr()))
+}
+
+func isLoopback(a net.Addr) bool {
+	t, ok := a.(*net.TCPAddr)
+	return ok && t.IP.IsLoopback()
 }
 
 type provider struct{ cfg Config }

@@ -41,9 +41,9 @@ func TestTsharkDecodes(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"crc", Config{}},
-		{"nocrc", Config{NoCRC: true}},
-		{"nocrc-nop2p", Config{NoCRC: true, NoPeerToPeer: true}},
+		{"crc", Config{CRC: CRCOn}},
+		{"nocrc", Config{CRC: CRCOff}},
+		{"nocrc-nop2p", Config{CRC: CRCOff, NoPeerToPeer: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -273,7 +273,7 @@ func tsCaptureAndCheck(t *testing.T, tshark, capturer, pcap string, cfg Config) 
 	}
 	want := tsWant{
 		sends: segs(sendSizes), readReqs: len(readSizes), readResps: segs(readSizes),
-		crc: !cfg.NoCRC, detail: a.qp.Info().Detail,
+		crc: cfg.CRC == CRCOn, detail: a.qp.Info().Detail,
 	}
 	switch {
 	case strings.Contains(want.detail, "rtr write"):

@@ -431,7 +431,7 @@ func fzSetup() (*fzEnv, error) {
 	fzOnce.Do(func() {
 		e := &fzEnv{}
 		ctx := context.Background()
-		p := New(Config{NoCRC: true, SetupTimeout: 2 * time.Second, MaxReads: 16})
+		p := New(Config{CRC: CRCOff, SetupTimeout: 2 * time.Second, MaxReads: 16})
 		var err error
 		if e.dev, err = p.Open(ctx, verbs.DeviceConfig{}); err != nil {
 			fzErr = err
@@ -766,7 +766,7 @@ func fzRun(t *testing.T, e *fzEnv, mode, offer byte, stream []byte) {
 		t.Fatalf("reading the MPA reply: %v", err)
 	}
 	if rep.crc != req.crc {
-		t.Fatalf("asked for CRC %v, reply says %v (the device has NoCRC)", req.crc, rep.crc)
+		t.Fatalf("asked for CRC %v, reply says %v (the device has CRCOff)", req.crc, rep.crc)
 	}
 	crc := rep.crc
 
@@ -1019,7 +1019,7 @@ func fzRawPairReq(t *testing.T, req mpaFrame, recvs func(verbs.PD) []verbs.RecvW
 	crc := req.crc
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	dev, err := New(Config{NoCRC: true}).Open(ctx, verbs.DeviceConfig{})
+	dev, err := New(Config{CRC: CRCOff}).Open(ctx, verbs.DeviceConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

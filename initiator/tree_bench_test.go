@@ -1,0 +1,80 @@
+package initiator_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/iwarp"
+)
+
+// BenchmarkTreeSmallFiles copies a tree of 10,000 files of 4 KiB (100
+// directories) with GetTree in one process, target and initiator
+// together, into a fresh directory each time, for profiling the
+// many-small-files path:
+//
+//	go test -run '^$' -bench TreeSmallFiles -cpuprofile cpu.out ./initiator
+func BenchmarkTreeSmallFiles(b *testing.B) {
+	const files, size = 10000, 4 << 10
+	src := b.TempDir()
+	r := rand.NewChaCha8([32]byte{1})
+	buf := make([]byte, size)
+	for i := range files {
+		d := filepath.Join(src, "tree", fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				b.Fatal(err)
+			}
+		}
+		r.Read(buf)
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("f%05d", i)), buf, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	defer tdev.Close()
+	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: src}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	defer idev.Close()
+	s, err := initiator.Dial(ctx, ln.Addr(), initiator.Config{Device: idev})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	out := b.TempDir()
+	b.SetBytes(files * size)
+	n := 0
+	for b.Loop() {
+		n++
+		dst := filepath.Join(out, fmt.Sprint(n))
+		res, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.OK != files+101 || res.Failed != 0 {
+			b.Fatalf("%d ok, %d failed", res.OK, res.Failed)
+		}
+		b.StopTimer()
+		os.RemoveAll(dst)
+		b.StartTimer()
+	}
+}
