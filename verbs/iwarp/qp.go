@@ -7,8 +7,12 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -621,8 +625,19 @@ func (q *qp) terminate(f *fpdus, te *termError) {
 
 type frameReader struct {
 	c    io.Reader
+	rc   syscall.RawConn // c's socket, for readv; nil if it has none
 	buf  []byte
 	r, w int
+}
+
+func newFrameReader(c io.Reader, size int) *frameReader {
+	fr := &frameReader{c: c, buf: make([]byte, size)}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			fr.rc = rc
+		}
+	}
+	return fr
 }
 
 // fill makes at least n bytes available, reading at most n+extra so
@@ -659,6 +674,57 @@ func (fr *frameReader) take(n int) []byte {
 	return b
 }
 
+// readIntoThen moves the next len(p) stream bytes into p and then makes
+// at least n more available, reading at most n+extra, as fill does. On a
+// socket both come in one readv where they can: a segment's payload and
+// what follows it (its CRC, the next FPDU's header) in one system call.
+func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
+	k := copy(p, fr.buf[fr.r:fr.w])
+	fr.r += k
+	p = p[k:]
+	if len(p) == 0 || fr.rc == nil {
+		if err := fr.readInto(p); err != nil {
+			return err
+		}
+		return fr.fill(n, extra)
+	}
+	fr.r, fr.w = 0, 0 // all buffered bytes went to p
+	if n+extra > len(fr.buf) {
+		extra = len(fr.buf) - n
+	}
+	iov := make([][]byte, 2)
+	for len(p) > 0 || fr.w < n {
+		iov = append(iov[:0], p, fr.buf[fr.w:n+extra])
+		if len(p) == 0 {
+			iov = iov[1:]
+		}
+		var got int
+		var err error
+		if rerr := fr.rc.Read(func(fd uintptr) bool {
+			got, err = unix.Readv(int(fd), iov)
+			return err != unix.EAGAIN
+		}); rerr != nil {
+			return rerr
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", err)}
+		}
+		if got == 0 {
+			if len(p) == 0 && fr.w >= n {
+				return nil
+			}
+			return io.ErrUnexpectedEOF
+		}
+		m := min(got, len(p))
+		p = p[m:]
+		fr.w += got - m
+	}
+	return nil
+}
+
 // readInto moves the next len(p) stream bytes into p.
 func (fr *frameReader) readInto(p []byte) error {
 	n := copy(p, fr.buf[fr.r:fr.w])
@@ -677,7 +743,7 @@ var errPeerClosed = fmt.Errorf("%w by peer", verbs.ErrDisconnected)
 
 func (q *qp) reader() {
 	defer q.wg.Done()
-	fr := &frameReader{c: q.conn, buf: make([]byte, 2*maxPayload)}
+	fr := newFrameReader(q.conn, 2*maxPayload)
 	err := q.readLoop(fr)
 	q.mu.Lock()
 	dead := q.dead
@@ -763,7 +829,7 @@ func (q *qp) readLoop(fr *frameReader) error {
 		if h.tagged {
 			// Tagged data goes straight to its buffer; what it completes
 			// waits for the CRC below.
-			if sum, err = q.placeTagged(fr, &h, n, sum); err != nil {
+			if sum, err = q.placeTagged(fr, &h, n, pad, sum); err != nil {
 				return err
 			}
 			if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
@@ -818,8 +884,10 @@ func (q *qp) checkCRC(sum uint32, tb []byte, pad int) error {
 	return nil
 }
 
-// placeTagged lands a Read Response or Write segment of n bytes.
-func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32, error) {
+// placeTagged lands a Read Response or Write segment of n bytes, and
+// reads what follows it (pad bytes of pad, the CRC, and the next FPDU's
+// header if it has come) into fr in the same go.
+func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (uint32, error) {
 	if h.op == opWrite {
 		if n == 0 {
 			return sum, nil // zero-length Write: an RTR, never checked
@@ -829,7 +897,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32,
 			return sum, asDDPTagged(te)
 		}
 		defer m.use.RUnlock()
-		if err := fr.readInto(b); err != nil {
+		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
 			return sum, err
 		}
 		if q.crc {
@@ -868,7 +936,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n int, sum uint32) (uint32,
 		return sum, verbs.StatusLocalProtect
 	}
 	defer m.use.RUnlock()
-	if err := fr.readInto(b); err != nil {
+	if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
 		return sum, err
 	}
 	if q.crc {
