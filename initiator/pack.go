@@ -25,9 +25,10 @@ func (s *Session) packMax() int64 {
 // and verified bytes, or why it was not packed (a *protocol.Error whose
 // Code is CodeTooMany for a file too large to pack).
 type packedFile struct {
-	entry protocol.Entry
-	data  []byte
-	err   error
+	entry  protocol.Entry
+	data   []byte
+	digest []byte // the target's, which data matched
+	err    error
 }
 
 // getPacked pulls whole files with Pack, as many per round trip as the
@@ -162,20 +163,14 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([
 	alg := s.cfg.Algorithm
 	var buf []byte
 	if n := r.Window.Length; n > 0 {
-		b, err := verbs.AllocBuffer(int(n))
+		mr, b, err := s.packSink(int(n))
 		if err != nil {
 			return err
 		}
-		defer b.Free()
-		mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
-		if err != nil {
-			return err
-		}
-		defer mr.Close()
 		if err := s.readRange(ctx, mr, r.Window, 0, n); err != nil {
 			return err
 		}
-		buf = b.Bytes()
+		buf = b[:n]
 	}
 	files := make([]packedFile, len(r.Files))
 	for k, f := range r.Files {
@@ -196,9 +191,38 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([
 				return err
 			}
 		}
-		files[k] = packedFile{entry: f.Entry, data: data, err: ferr}
+		files[k] = packedFile{entry: f.Entry, data: data, digest: f.Digest, err: ferr}
 	}
 	return fn(files)
+}
+
+// packSink returns registered memory of at least n bytes to READ a pack
+// into. It is kept for the session's next pack: fresh memory for every
+// pack would cost a page fault per page.
+func (s *Session) packSink(n int) (verbs.MR, []byte, error) {
+	if s.packBuf != nil && len(s.packBuf.Bytes()) >= n {
+		return s.packMR, s.packBuf.Bytes(), nil
+	}
+	s.freePackSink()
+	b, err := verbs.AllocBuffer(max(n, 4<<20))
+	if err != nil {
+		return nil, nil, err
+	}
+	mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		b.Free()
+		return nil, nil, err
+	}
+	s.packBuf, s.packMR = b, mr
+	return mr, b.Bytes(), nil
+}
+
+func (s *Session) freePackSink() {
+	if s.packBuf != nil {
+		s.packMR.Close()
+		s.packBuf.Free()
+		s.packBuf, s.packMR = nil, nil
+	}
 }
 
 // reread READs window bytes [off, off+len(dst)) again into dst.

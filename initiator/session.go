@@ -104,6 +104,8 @@ type Session struct {
 	lister    lister // tests: a fake target's listings for GetTree
 	noPack    bool   // the target does not know Pack
 	packs     int    // Packs answered
+	packBuf   *verbs.Buffer
+	packMR    verbs.MR // over packBuf
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -308,6 +310,7 @@ func (s *Session) Close() error {
 	for _, qp := range s.data {
 		qp.Close()
 	}
+	s.freePackSink()
 	if s.ch != nil {
 		s.ch.Close()
 	}

@@ -680,12 +680,12 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 				report(fr)
 				continue
 			}
-			data := j.f.data
-			fr.Status, fr.Bytes, fr.BytesRead = StatusOK, int64(len(data)), int64(len(data))
-			// The digest of the file's bytes: for crc32c the whole-file digest
-			// as ever; for blake3 a plain BLAKE3 of the file, not the chunk-list
-			// form a file copied with Open reports.
-			fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, chunker.Sum(s.cfg.Algorithm, data))
+			n := int64(len(j.f.data))
+			fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
+			// The digest of the file's bytes, which they matched: for crc32c
+			// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
+			// file, not the chunk-list form a file copied with Open reports.
+			fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, j.f.digest)
 			p := pending{res: &fr, rel: j.rel, placed: dr.final}
 			if !dr.final {
 				p.tmp = path.Join(path.Dir(j.rel), j.name)

@@ -152,21 +152,18 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	w := &window{id: ss.nextWindow}
 	rkeys := make([]uint32, len(qps))
 	if total > 0 {
-		if !ss.srv.reserve(total) {
-			return errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", cfg.WindowBudget)
+		mapping, size, perr := ss.spare.get(ss.srv, total)
+		if perr != nil {
+			return perr
 		}
-		w.size = total
-		buf, err := unix.Mmap(-1, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-		if err != nil {
-			ss.srv.release(total)
-			return errf(protocol.CodeInternal, "pack buffer: %v", err)
-		}
-		w.mapping = buf
+		w.mapping, w.size, w.pack = mapping, size, true
+		buf := mapping[:total]
 		ss.fill(buf, files, reply.Files, alg)
 		access := verbs.AccessRemoteRead
 		if ss.mws {
 			access |= verbs.AccessMWBind
 		}
+		var err error
 		if w.mr, err = ss.pd.RegMR(buf, access); err != nil {
 			ss.freeWindow(w)
 			return errf(protocol.CodeInternal, "register pack: %v", err)
@@ -203,6 +200,85 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	return reply
 }
 
+// maxSpare is the largest pack buffer a session keeps for its next pack.
+const maxSpare = 8 << 20
+
+// packSpare is the memory of a session's last pack, kept for the next
+// one: a fresh mapping for every pack costs a page fault per page. Its
+// keys die with the pack's window; only the memory stays, and only this
+// session's packs use it. Kept, it holds none of the window budget (so it
+// never keeps another session from mapping), and at most
+// WindowBudget/MaxSessions of memory.
+type packSpare struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+// get returns memory for a pack of n bytes, of which it reserves all in
+// the window budget (the window's size).
+func (p *packSpare) get(srv *Server, n uint64) ([]byte, uint64, *protocol.Error) {
+	p.mu.Lock()
+	b := p.b
+	p.b = nil
+	p.mu.Unlock()
+	if uint64(len(b)) < n {
+		if b != nil {
+			unix.Munmap(b)
+		}
+		b = nil
+	}
+	size := uint64(len(b))
+	if b == nil {
+		size = max(n, min(4<<20, p.limit(srv)))
+	}
+	if !srv.reserve(size) {
+		p.put(srv, b, 0, true) // kept for when the budget frees up
+		return nil, 0, errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", srv.cfg.WindowBudget)
+	}
+	if b == nil {
+		var err error
+		if b, err = unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+			srv.release(size)
+			return nil, 0, errf(protocol.CodeInternal, "pack buffer: %v", err)
+		}
+	}
+	return b, size, nil
+}
+
+// limit is the most memory a spare may keep.
+func (p *packSpare) limit(srv *Server) uint64 {
+	return min(maxSpare, srv.cfg.WindowBudget/uint64(max(srv.cfg.MaxSessions, 1)))
+}
+
+// put takes back a pack's memory, whose window held size bytes of the
+// budget, once the window is gone; kept if keep and small enough and no
+// other is kept, else unmapped.
+func (p *packSpare) put(srv *Server, b []byte, size uint64, keep bool) {
+	srv.release(size)
+	if b == nil {
+		return
+	}
+	p.mu.Lock()
+	if keep && p.b == nil && uint64(len(b)) <= p.limit(srv) {
+		p.b, b = b, nil
+	}
+	p.mu.Unlock()
+	if b != nil {
+		unix.Munmap(b)
+	}
+}
+
+// drop unmaps the kept memory, if any.
+func (p *packSpare) drop() {
+	p.mu.Lock()
+	b := p.b
+	p.b = nil
+	p.mu.Unlock()
+	if b != nil {
+		unix.Munmap(b)
+	}
+}
+
 // packReaders is how many files one Pack reads at once.
 const packReaders = 4
 
@@ -227,9 +303,11 @@ func (ss *session) fill(buf []byte, files []packed, out []protocol.PackedFile, a
 				serr := unix.Fstat(p.fd, &st)
 				switch {
 				case err != nil && err != io.ErrUnexpectedEOF:
+					clear(data)
 					ss.log.Warn("pack: read failed", "file", pf.Entry.Name, "err", err)
 					*pf = protocol.PackedFile{Code: protocol.CodeInternal, Entry: pf.Entry, Message: "read failed"}
 				case err != nil || serr != nil || st.Size != p.size || st.Mtim != p.st.Mtim:
+					clear(data) // no bytes of an earlier pack in the window
 					*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
 				default:
 					pf.Digest = chunker.Sum(alg, data)

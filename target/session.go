@@ -42,6 +42,7 @@ type session struct {
 	nextHandle uint32
 	nextWindow uint32
 	windows    int
+	spare      packSpare
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -68,6 +69,7 @@ type window struct {
 	mapping []byte
 	mr      verbs.MR
 	mws     []verbs.MW
+	pack    bool // mapping is a pack's, from and back to session.spare
 }
 
 func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger) (*session, error) {
@@ -622,6 +624,10 @@ func (ss *session) freeWindow(w *window) {
 	if w.mr != nil {
 		w.mr.Close()
 	}
+	if w.pack {
+		ss.spare.put(ss.srv, w.mapping, w.size, true)
+		return
+	}
 	if w.mapping != nil {
 		unix.Munmap(w.mapping)
 	}
@@ -662,6 +668,7 @@ func (ss *session) release() {
 	for _, h := range ss.handles {
 		ss.closeHandle(h)
 	}
+	ss.spare.drop()
 	ss.hmu.Unlock()
 	for _, qp := range data {
 		qp.Close()

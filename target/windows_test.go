@@ -239,3 +239,45 @@ func TestRemovedExportRevokesKeys(t *testing.T) {
 		t.Fatalf("exports after removal: %v %v", m, err)
 	}
 }
+
+// The memory a session keeps from one pack for the next holds none of the
+// window budget, and a reused buffer carries the new pack's bytes.
+func TestPackSpareHoldsNoBudget(t *testing.T) {
+	cfg, _ := exportFile(t, 64<<10)
+	cfg.MaxWindow, cfg.WindowBudget = 64<<10, 64<<10
+	dir := cfg.Exports[0].Path
+	addr := serve(t, cfg)
+	a, b := newPeer(t, addr), newPeer(t, addr)
+	pack := func(want []byte) error {
+		t.Helper()
+		os.WriteFile(filepath.Join(dir, "s"), want, 0o644)
+		m, err := a.call(&protocol.Pack{Paths: []string{"data/s"}})
+		if err != nil {
+			return err
+		}
+		r := m.(*protocol.PackReply)
+		if st := a.read(r.Window.Addr, r.Window.RKeys[0], uint32(len(want))); st != verbs.StatusSuccess {
+			t.Fatalf("READ of the pack: %v", st)
+		}
+		if !bytes.Equal(a.buf[:len(want)], want) {
+			t.Errorf("pack holds %q, want %q", a.buf[:len(want)], want)
+		}
+		if _, err := a.call(&protocol.Close{Handle: r.Handle}); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	if err := pack([]byte("first pack")); err != nil {
+		t.Fatal(err)
+	}
+	hb, wb := b.mapFile("data/f", 64<<10) // all of the budget
+	err := pack([]byte("second"))
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany {
+		t.Fatalf("pack while the budget is in use: %v", err)
+	}
+	b.call(&protocol.Unmap{Handle: hb, WindowID: wb.ID})
+	if err := pack([]byte("third")); err != nil {
+		t.Fatal(err)
+	}
+}
