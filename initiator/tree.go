@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -783,8 +784,11 @@ func writeSmall(dir *os.File, name string, e protocol.Entry, data []byte) error 
 	for off := 0; err == nil && off < len(data); {
 		var n int
 		n, err = unix.Write(fd, data[off:])
-		if err == unix.EINTR {
+		switch {
+		case err == unix.EINTR:
 			err = nil
+		case err == nil && n == 0:
+			err = io.ErrShortWrite
 		}
 		off += max(n, 0)
 	}
