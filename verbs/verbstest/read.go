@@ -103,3 +103,40 @@ func (e *Env) testReadMany(t *testing.T) {
 	}
 	NoMore(t, d.SendCQ)
 }
+
+// testReadFromAcceptor has the passive side READ from the active side,
+// as a target pulling a pushed file does, while the active side READs
+// from it too: each side's ORD comes from the other's IRD, in both
+// directions, with the default offers.
+func (e *Env) testReadFromAcceptor(t *testing.T) {
+	const n, per = 256 << 10, 4
+	p := e.NewPair(t)
+	if out := p.AcceptQP.Info().ReadsOut; out < 1 {
+		t.Fatalf("acceptor's ReadsOut is %d: the passive side cannot READ", out)
+	}
+	if in := p.DialQP.Info().ReadsIn; in < 1 {
+		t.Fatalf("dialer's ReadsIn is %d: it serves no READs", in)
+	}
+	dsrc := e.Region(t, p.Dial.PD, per*n, rr)
+	dsink := e.Region(t, p.Dial.PD, per*n, rw)
+	asrc := e.Region(t, p.Accept.PD, per*n, rr)
+	asink := e.Region(t, p.Accept.PD, per*n, rw)
+	FillRandom(dsrc.B, 8)
+	FillRandom(asrc.B, 9)
+	k := min(per, p.AcceptQP.Info().ReadsOut, p.DialQP.Info().ReadsOut)
+	var awrs, dwrs []verbs.SendWR
+	for i := range k {
+		awrs = append(awrs, asink.Read(uint64(i), i*n, dsrc, i*n, n))
+		dwrs = append(dwrs, dsink.Read(uint64(i), i*n, asrc, i*n, n))
+	}
+	PostSend(t, p.AcceptQP, awrs...)
+	PostSend(t, p.DialQP, dwrs...)
+	for i, c := range e.Wait(t, p.Accept.SendCQ, k) {
+		checkOK(t, fmt.Sprintf("acceptor's READ %d", i), c, uint64(i), verbs.OpRead)
+	}
+	for i, c := range e.Wait(t, p.Dial.SendCQ, k) {
+		checkOK(t, fmt.Sprintf("dialer's READ %d", i), c, uint64(i), verbs.OpRead)
+	}
+	checkEqual(t, "what the acceptor read", asink.B[:k*n], dsrc.B[:k*n])
+	checkEqual(t, "what the dialer read", dsink.B[:k*n], asrc.B[:k*n])
+}
