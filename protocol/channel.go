@@ -230,6 +230,9 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	defer c.callMu.Unlock()
 	id := c.nextID
 	c.nextID++
+	if c.nextID == 0 {
+		c.nextID = 1 // 0 is the ID of errors that answer what could not be decoded
+	}
 	req.SetID(id)
 	// If the send fails, the peer may still have answered and hung up
 	// before our send's completion was counted: a reply already received
@@ -244,6 +247,11 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 			return nil, err
 		}
 		if m.ID() != id {
+			// An Error with ID 0 is how targets before DecodeError
+			// answered a request they could not decode: ours.
+			if e, ok := m.(*Error); ok && m.ID() == 0 {
+				return nil, e
+			}
 			continue // a late reply to a call whose caller gave up
 		}
 		if e, ok := m.(*Error); ok {

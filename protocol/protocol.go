@@ -220,9 +220,25 @@ func ParseHeader(b []byte) (Header, error) {
 	return h, nil
 }
 
+// DecodeError is a message whose header decoded but whose type is
+// unknown or whose body is malformed: Header lets the receiver answer it
+// (BadRequest, or Unsupported for an unknown type) under its RequestID.
+// It wraps ErrMalformed.
+type DecodeError struct {
+	Header Header
+	err    error
+}
+
+func (e *DecodeError) Error() string { return e.err.Error() }
+func (e *DecodeError) Unwrap() error { return e.err }
+
+// Known reports whether this package knows message type t.
+func (t Type) Known() bool { return newMessage(t) != nil }
+
 // Unmarshal decodes one message. It never panics, and allocates no more
-// than the length of b justifies. Errors wrap ErrMalformed, or ErrVersion
-// for a header of another version.
+// than the length of b justifies. Errors wrap ErrMalformed (as a
+// *DecodeError once the header is good), or ErrVersion for a header of
+// another version.
 func Unmarshal(b []byte) (Message, error) {
 	h, err := ParseHeader(b)
 	if err != nil {
@@ -230,7 +246,7 @@ func Unmarshal(b []byte) (Message, error) {
 	}
 	m := newMessage(h.Type)
 	if m == nil {
-		return nil, fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))
+		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))}
 	}
 	d := decoder{b: b, off: HeaderSize}
 	m.decode(&d)
@@ -238,7 +254,7 @@ func Unmarshal(b []byte) (Message, error) {
 		d.err = fmt.Errorf("%d trailing bytes", len(b)-d.off)
 	}
 	if d.err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, h.Type, d.err)
+		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: %s: %v", ErrMalformed, h.Type, d.err)}
 	}
 	m.SetID(h.RequestID)
 	return m, nil

@@ -225,11 +225,22 @@ func TestParseHeader(t *testing.T) {
 
 func TestUnknownTypeAndFlags(t *testing.T) {
 	for _, ty := range []byte{0, byte(typeMax) + 1, 255} {
-		b := mustMarshal(t, &Bye{})
+		b := mustMarshal(t, &Bye{RequestID: 5})
 		b[1] = ty
-		if _, err := Unmarshal(b); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "unknown message type") {
+		_, err := Unmarshal(b)
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "unknown message type") {
 			t.Errorf("type %d: err = %v", ty, err)
 		}
+		// The header is there to answer it by.
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Header.RequestID != 5 || de.Header.Type != Type(ty) || de.Header.Type.Known() {
+			t.Errorf("type %d: %#v", ty, err)
+		}
+	}
+	stat := mustMarshal(t, &Stat{RequestID: 6, Path: "x"})
+	var de *DecodeError
+	if _, err := Unmarshal(stat[:len(stat)-1]); !errors.As(err, &de) || de.Header.RequestID != 6 || !de.Header.Type.Known() {
+		t.Errorf("truncated Stat: %#v", err)
 	}
 	b := mustMarshal(t, &Bye{})
 	b[3] = 1

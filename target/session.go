@@ -153,8 +153,18 @@ func (ss *session) run(ctx context.Context) {
 		}
 		if err != nil {
 			if errors.Is(err, protocol.ErrMalformed) {
+				// Answer under the request's ID when its header is good,
+				// so that the initiator's call gets its reply.
+				e := errf(protocol.CodeBadRequest, "%v", err)
+				var de *protocol.DecodeError
+				if errors.As(err, &de) {
+					e.SetID(de.Header.RequestID)
+					if !de.Header.Type.Known() {
+						e.Code = protocol.CodeUnsupported
+					}
+				}
 				ss.log.Warn("malformed request", "err", err)
-				ss.ch.Send(ctx, errf(protocol.CodeBadRequest, "%v", err))
+				ss.ch.Send(ctx, e)
 				continue
 			}
 			var ve *protocol.VersionError

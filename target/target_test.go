@@ -50,6 +50,12 @@ func serve(t *testing.T, cfg target.Config) string {
 // rawSession connects a control channel by hand, to speak to the target
 // in ways the initiator never would.
 func rawSession(t *testing.T, addr string, priv protocol.PrivateData) (*protocol.Channel, error) {
+	ch, _, err := rawSessionPD(t, addr, priv)
+	return ch, err
+}
+
+// rawSessionPD is rawSession that also returns the channel's PD.
+func rawSessionPD(t *testing.T, addr string, priv protocol.PrivateData) (*protocol.Channel, verbs.PD, error) {
 	dev := device(t)
 	pd, _ := dev.AllocPD()
 	ch, err := protocol.NewChannel(dev, pd, 0)
@@ -72,11 +78,63 @@ func rawSession(t *testing.T, addr string, priv protocol.PrivateData) (*protocol
 	}
 	qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: b})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ch.Attach(qp)
 	t.Cleanup(func() { ch.Close() })
-	return ch, nil
+	return ch, pd, nil
+}
+
+// sendRaw sends b as one message on ch's QP, bypassing the encoder.
+func sendRaw(t *testing.T, ch *protocol.Channel, pd verbs.PD, b []byte) {
+	t.Helper()
+	buf, err := verbs.AllocBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { buf.Free() })
+	copy(buf.Bytes(), b)
+	mr, err := pd.RegMR(buf.Bytes(), verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mr.Close() })
+	wr := verbs.SendWR{ID: 99, Op: verbs.OpSend, Local: verbs.SGE{Addr: mr.Addr(), Length: uint32(len(b)), LKey: mr.LKey()}}
+	if _, err := ch.QP().PostSend([]verbs.SendWR{wr}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUndecodableRequestAnsweredUnderItsID(t *testing.T) {
+	addr := serve(t, target.Config{})
+	ch, pd, err := rawSessionPD(t, addr, protocol.ControlData())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := ch.Call(ctx, &protocol.Hello{MinVersion: 1, MaxVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stat, _ := protocol.Marshal(&protocol.Stat{RequestID: 78, Path: "data/f"})
+	for _, tc := range []struct {
+		b    []byte
+		id   uint32
+		code protocol.Code
+	}{
+		{[]byte{1, 200, 0, 0, 0, 0, 0, 77}, 77, protocol.CodeUnsupported}, // a type from the future
+		{stat[:len(stat)-1], 78, protocol.CodeBadRequest},                 // a truncated body
+	} {
+		sendRaw(t, ch, pd, tc.b)
+		m, err := ch.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, ok := m.(*protocol.Error)
+		if !ok || e.RequestID != tc.id || e.Code != tc.code {
+			t.Errorf("% x answered with %T %+v, want Error %v under ID %d", tc.b, m, m, tc.code, tc.id)
+		}
+	}
 }
 
 func TestVersionMismatch(t *testing.T) {
