@@ -66,56 +66,66 @@ type Type uint8
 // Message types. The target answers each request from the initiator with
 // the request's reply type or with Error.
 const (
-	TypeHello        Type = 1
-	TypeChallenge    Type = 2
-	TypeAuth         Type = 3
-	TypeAuthOK       Type = 4
-	TypeList         Type = 5
-	TypeListReply    Type = 6
-	TypeStat         Type = 7
-	TypeStatReply    Type = 8
-	TypeOpen         Type = 9
-	TypeOpenReply    Type = 10
-	TypeDigests      Type = 11
-	TypeDigestsReply Type = 12
-	TypeMap          Type = 13
-	TypeMapReply     Type = 14
-	TypeUnmap        Type = 15
-	TypeAck          Type = 16
-	TypeClose        Type = 17
-	TypeCloseReply   Type = 18
-	TypeError        Type = 19
-	TypeBye          Type = 20
-	TypePack         Type = 21
-	TypePackReply    Type = 22
+	TypeHello           Type = 1
+	TypeChallenge       Type = 2
+	TypeAuth            Type = 3
+	TypeAuthOK          Type = 4
+	TypeList            Type = 5
+	TypeListReply       Type = 6
+	TypeStat            Type = 7
+	TypeStatReply       Type = 8
+	TypeOpen            Type = 9
+	TypeOpenReply       Type = 10
+	TypeDigests         Type = 11
+	TypeDigestsReply    Type = 12
+	TypeMap             Type = 13
+	TypeMapReply        Type = 14
+	TypeUnmap           Type = 15
+	TypeAck             Type = 16
+	TypeClose           Type = 17
+	TypeCloseReply      Type = 18
+	TypeError           Type = 19
+	TypeBye             Type = 20
+	TypePack            Type = 21
+	TypePackReply       Type = 22
+	TypePush            Type = 23
+	TypePushReply       Type = 24
+	TypePushWindow      Type = 25
+	TypePushWindowReply Type = 26
+	TypePushCommit      Type = 27
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypePackReply
+	typeMax = TypePushCommit
 )
 
 var typeNames = [...]string{
-	TypeHello:        "Hello",
-	TypeChallenge:    "Challenge",
-	TypeAuth:         "Auth",
-	TypeAuthOK:       "AuthOK",
-	TypeList:         "List",
-	TypeListReply:    "ListReply",
-	TypeStat:         "Stat",
-	TypeStatReply:    "StatReply",
-	TypeOpen:         "Open",
-	TypeOpenReply:    "OpenReply",
-	TypeDigests:      "Digests",
-	TypeDigestsReply: "DigestsReply",
-	TypeMap:          "Map",
-	TypeMapReply:     "MapReply",
-	TypeUnmap:        "Unmap",
-	TypeAck:          "Ack",
-	TypeClose:        "Close",
-	TypeCloseReply:   "CloseReply",
-	TypeError:        "Error",
-	TypeBye:          "Bye",
-	TypePack:         "Pack",
-	TypePackReply:    "PackReply",
+	TypeHello:           "Hello",
+	TypeChallenge:       "Challenge",
+	TypeAuth:            "Auth",
+	TypeAuthOK:          "AuthOK",
+	TypeList:            "List",
+	TypeListReply:       "ListReply",
+	TypeStat:            "Stat",
+	TypeStatReply:       "StatReply",
+	TypeOpen:            "Open",
+	TypeOpenReply:       "OpenReply",
+	TypeDigests:         "Digests",
+	TypeDigestsReply:    "DigestsReply",
+	TypeMap:             "Map",
+	TypeMapReply:        "MapReply",
+	TypeUnmap:           "Unmap",
+	TypeAck:             "Ack",
+	TypeClose:           "Close",
+	TypeCloseReply:      "CloseReply",
+	TypeError:           "Error",
+	TypeBye:             "Bye",
+	TypePack:            "Pack",
+	TypePackReply:       "PackReply",
+	TypePush:            "Push",
+	TypePushReply:       "PushReply",
+	TypePushWindow:      "PushWindow",
+	TypePushWindowReply: "PushWindowReply",
+	TypePushCommit:      "PushCommit",
 }
 
 func (t Type) String() string {
@@ -172,6 +182,16 @@ func newMessage(t Type) Message {
 		return new(Pack)
 	case TypePackReply:
 		return new(PackReply)
+	case TypePush:
+		return new(Push)
+	case TypePushReply:
+		return new(PushReply)
+	case TypePushWindow:
+		return new(PushWindow)
+	case TypePushWindowReply:
+		return new(PushWindowReply)
+	case TypePushCommit:
+		return new(PushCommit)
 	}
 	return nil
 }

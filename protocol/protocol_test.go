@@ -64,6 +64,13 @@ func samples() []Message {
 				{Code: CodeNotFound, Message: "data/sub/b: no such file"},
 				{Code: CodeTooMany, Entry: Entry{Type: FileRegular, Size: 1 << 30, Name: "big"}, Message: "too large to pack"},
 			}},
+		&Push{RequestID: 12, Algorithm: 1, ChunkSize: 4 << 20, Retries: 3, Size: 1<<40 + 5, Mode: 0o640,
+			MtimeNs: -1234567890123, Path: "data/dir", Name: "disk.img"},
+		&PushReply{RequestID: 12, Handle: 79, ChunkSize: 4 << 20, Algorithm: 1, Chunks: 262145, Path: "data/dir/disk.img"},
+		&PushWindow{RequestID: 13, Handle: 79, Window: Window{ID: 1, Offset: 1 << 25, Length: 1 << 25,
+			Addr: 0x7f00_2000_0000, RKeys: []uint32{0x11, 0x11, 0x11}}, Digests: bytes.Repeat([]byte{5, 6, 7, 8}, 8)},
+		&PushWindowReply{RequestID: 13, Handle: 79, Offset: 1 << 25, Retries: 2, BytesRead: 1<<25 + 8<<20},
+		&PushCommit{RequestID: 14, Handle: 79, FileDigest: []byte{0xde, 0xad, 0xbe, 0xef}},
 	}
 }
 
@@ -147,6 +154,16 @@ func TestGolden(t *testing.T) {
 			Files: []PackedFile{{Code: 0, Offset: 1, Digest: []byte{0xaa}, Entry: Entry{Type: FileRegular, Mode: 0o644, Size: 5, MtimeNs: 9, Name: "a"}}}},
 			"01 16 0000 00000002" + "00000003 00000004 0000000000000000 0000000000000005 0000000000000006 00000001 00000007" +
 				"00000001" + "0000 0000000000000001 00000001 aa" + "01 000001a4 0000000000000005 0000000000000009 0001 61 0000" + "0000"},
+		{&Push{RequestID: 3, Algorithm: 0, ChunkSize: 0x10000, Retries: 3, Size: 5, Mode: 0o644, MtimeNs: 9, Path: "d/x", Name: "y"},
+			"01 17 0000 00000003" + "00 00010000 03 0000000000000005 000001a4 0000000000000009 0003 642f78 0001 79"},
+		{&PushReply{RequestID: 3, Handle: 4, ChunkSize: 0x10000, Algorithm: 0, Chunks: 1, Path: "d/x"},
+			"01 18 0000 00000003" + "00000004 00010000 00 00000001 0003 642f78"},
+		{&PushWindow{RequestID: 4, Handle: 4, Window: Window{ID: 1, Offset: 0, Length: 5, Addr: 6, RKeys: []uint32{7}}, Digests: []byte{1, 2, 3, 4}},
+			"01 19 0000 00000004" + "00000004 00000001 0000000000000000 0000000000000005 0000000000000006 00000001 00000007 00000004 01020304"},
+		{&PushWindowReply{RequestID: 4, Handle: 4, Offset: 0, Retries: 1, BytesRead: 10},
+			"01 1a 0000 00000004" + "00000004 0000000000000000 00000001 000000000000000a"},
+		{&PushCommit{RequestID: 5, Handle: 4, FileDigest: []byte{1, 2, 3, 4}},
+			"01 1b 0000 00000005" + "00000004 00000004 01020304"},
 	} {
 		want, err := hex.DecodeString(strings.ReplaceAll(tc.hex, " ", ""))
 		if err != nil {
@@ -410,7 +427,7 @@ func TestErrorMessage(t *testing.T) {
 	if s := (&Error{Code: 999}).Error(); s != "remote error: error code 999" {
 		t.Errorf("unknown code: %q", s)
 	}
-	for c := CodeNotFound; c <= CodeUnsupported; c++ {
+	for c := CodeNotFound; c <= CodeNoSpace; c++ {
 		if strings.HasPrefix(c.String(), "error code") {
 			t.Errorf("code %d has no name", c)
 		}
@@ -493,6 +510,16 @@ func TestPrivateData(t *testing.T) {
 	}
 	if _, err := MarshalPrivate(PrivateData{Kind: KindData}); !errors.Is(err, ErrMalformed) {
 		t.Errorf("marshal without magic: err = %v", err)
+	}
+}
+
+func TestPushWindowOverhead(t *testing.T) {
+	for _, m := range samples() {
+		if w, ok := m.(*PushWindow); ok {
+			if n := len(mustMarshal(t, w)); n != PushWindowOverhead(len(w.Window.RKeys))+len(w.Digests) {
+				t.Errorf("PushWindow: %d bytes, PushWindowOverhead says %d", n, PushWindowOverhead(len(w.Window.RKeys))+len(w.Digests))
+			}
+		}
 	}
 }
 
