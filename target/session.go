@@ -56,7 +56,8 @@ type handle struct {
 	size     int64
 	mtime    int64 // for a block device: its write generation
 	blockdev bool
-	packed   bool // a Pack's window: no file stays open
+	packed   bool  // a Pack's window: no file stays open
+	push     *push // a push in progress: no file open for reading
 	layout   chunker.Layout
 	digests  chunker.Digests
 	windows  map[uint32]*window
@@ -89,7 +90,7 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		ss.release()
 		return nil, err
 	}
-	if ss.dataSCQ, err = dev.CreateCQ(4 * s.cfg.MaxDataQPs); err != nil {
+	if ss.dataSCQ, err = dev.CreateCQ((4 + s.cfg.PushDepth) * s.cfg.MaxDataQPs); err != nil {
 		req.Reject(nil)
 		return fail(err)
 	}
@@ -301,6 +302,15 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 			break
 		}
 		return ss.pack(ctx, m)
+	case *protocol.Push:
+		if ss.srv.cfg.NoPush {
+			break
+		}
+		return ss.pushFile(m)
+	case *protocol.PushWindow:
+		return ss.pushWindow(ctx, m)
+	case *protocol.PushCommit:
+		return ss.pushCommit(m)
 	case *protocol.Unmap:
 		h := ss.handles[m.Handle]
 		if h == nil || h.windows[m.WindowID] == nil {
@@ -313,7 +323,7 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		if h == nil {
 			return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
 		}
-		changed := !h.packed && h.changed()
+		changed := h.file() && h.changed()
 		ss.closeHandle(h)
 		return &protocol.CloseReply{Changed: changed}
 	}
@@ -445,6 +455,9 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}
 }
 
+// file reports whether h is a file open for reading (not a pack or a push).
+func (h *handle) file() bool { return !h.packed && h.push == nil }
+
 // changed reports whether the file's size or mtime (for a block device,
 // its size or write counters) differ from open time.
 func (h *handle) changed() bool {
@@ -461,7 +474,7 @@ func (h *handle) changed() bool {
 
 func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 	h := ss.handles[m.Handle]
-	if h == nil || h.packed {
+	if h == nil || !h.file() {
 		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
 	}
 	n := h.digests.Len()
@@ -484,7 +497,7 @@ func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Message {
 	cfg := &ss.srv.cfg
 	h := ss.handles[m.Handle]
-	if h == nil || h.packed {
+	if h == nil || !h.file() {
 		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
 	}
 	if ss.windows >= cfg.MaxWindowsPerSession {
@@ -662,6 +675,9 @@ func (ss *session) closeHandle(h *handle) {
 	}
 	if h.f != nil {
 		h.f.Close()
+	}
+	if h.push != nil {
+		h.push.free(ss)
 	}
 	delete(ss.handles, h.id)
 }

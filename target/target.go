@@ -1,7 +1,9 @@
 // Package target is rdmacp's target daemon: it exports files read-only,
 // registers windows of them as memory regions, hands each session its own
 // revocable keys, and then stays out of the data path while initiators
-// pull the bytes with one-sided RDMA READs.
+// pull the bytes with one-sided RDMA READs. Into exports marked writable
+// it takes pushed files, pulling them with READs from windows the
+// initiator registers.
 package target
 
 import (
@@ -22,7 +24,8 @@ import (
 // DefaultPort is the port `rdmacp serve` listens on.
 const DefaultPort = 7362
 
-// Export is a file or directory the target serves under Name.
+// Export is a file or directory the target serves under Name. Initiators
+// may push files into a Writable directory export.
 type Export struct {
 	Name     string
 	Path     string
@@ -64,8 +67,14 @@ type Config struct {
 	// NoPack answers Pack with Unsupported, as a target from before Pack
 	// would (for tests and for comparisons).
 	NoPack bool
-	Cache  *chunker.Cache // default: a 64 MiB cache
-	Logger *slog.Logger   // default: discard
+	// NoPush answers Push with Unsupported, as a target from before Push
+	// would.
+	NoPush bool
+	// PushDepth is the READs in flight per data QP while pulling a
+	// pushed file; default 4, capped by what each connection negotiated.
+	PushDepth int
+	Cache     *chunker.Cache // default: a 64 MiB cache
+	Logger    *slog.Logger   // default: discard
 }
 
 func (c *Config) setDefaults() {
@@ -95,6 +104,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HelloTimeout == 0 {
 		c.HelloTimeout = 10 * time.Second
+	}
+	if c.PushDepth == 0 {
+		c.PushDepth = 4
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 5 * time.Second
@@ -136,6 +148,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxWindow < uint64(c.ChunkSize) {
 		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
+	}
+	if c.PushDepth < 1 || c.PushDepth > 64 {
+		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
 	}
 	if c.WindowBudget < c.MaxWindow {
 		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)

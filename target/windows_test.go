@@ -17,6 +17,7 @@ import (
 // peer is a hand-driven initiator: a control channel and one data QP.
 type peer struct {
 	t    *testing.T
+	pd   verbs.PD
 	ch   *protocol.Channel
 	data verbs.QP
 	cq   verbs.CQ
@@ -57,7 +58,7 @@ func newPeer(t *testing.T, addr string) *peer {
 	}
 	b, _ := verbs.AllocBuffer(1 << 20)
 	sink, _ := pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
-	p := &peer{t: t, ch: ch, data: data, cq: cq, sink: sink, buf: b.Bytes()}
+	p := &peer{t: t, pd: pd, ch: ch, data: data, cq: cq, sink: sink, buf: b.Bytes()}
 	t.Cleanup(func() { data.Close(); ch.Close(); sink.Close(); b.Free() })
 	return p
 }
