@@ -20,3 +20,12 @@ func GetPacked(s *Session, ctx context.Context, paths []string, fn func(i int, e
 		return nil
 	})
 }
+
+// HangUp disconnects s's QPs under it, as a peer that went away would
+// see: its memory stays valid.
+func HangUp(s *Session) {
+	s.ch.QP().Disconnect()
+	for _, qp := range s.data {
+		qp.Disconnect()
+	}
+}

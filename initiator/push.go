@@ -1,0 +1,405 @@
+package initiator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// PutOptions tune one push.
+type PutOptions struct {
+	// Progress, if set, is called from the pushing goroutine as the
+	// target confirms windows (about every 100 ms) and once at the end.
+	Progress func(Progress)
+	// Window is the most bytes of the file mapped and registered for one
+	// PushWindow; default 32 MiB, at least one chunk. Three windows at
+	// most are mapped at once.
+	Window int64
+}
+
+// ErrNoPush: the target does not take pushed files (it predates push).
+var ErrNoPush = errors.New("the target does not support push (it is older than this rdmacp); upgrade it")
+
+// defaultPushWindow is PutOptions.Window's default.
+const defaultPushWindow = 32 << 20
+
+// Put pushes the local file src to the target: to dst ("EXPORT/PATH"),
+// or inside dst under src's base name if dst is a directory there. This
+// side registers windows of src for remote read, a few at a time, and
+// the target pulls them with RDMA READs, checks every chunk against the
+// digests sent with each window, and renames its temporary file into
+// place only on commit, which this side sends once every window is in
+// and src is seen unchanged. A failed push leaves nothing at dst.
+func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
+	res, err := s.put(ctx, src, dst, opt)
+	if err != nil {
+		return res, pushErr(dst, err)
+	}
+	return res, nil
+}
+
+// pushErr words an error of a push to dst.
+func pushErr(dst string, err error) error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case protocol.CodeReadOnly:
+			err = &refusal{pe}
+		case protocol.CodeUnsupported:
+			err = fmt.Errorf("%w (%v)", ErrNoPush, pe)
+		case protocol.CodeBadRequest:
+			if pe.ID() == 0 && strings.Contains(pe.Message, "unknown message type") {
+				err = fmt.Errorf("%w (%v)", ErrNoPush, pe) // how targets before DecodeError said it
+			}
+		}
+	}
+	return fmt.Errorf("push to %s: %w", dst, err)
+}
+
+// refusal shows a target's refusal as the target worded it.
+type refusal struct{ pe *protocol.Error }
+
+func (r *refusal) Error() string { return r.pe.Message }
+func (r *refusal) Unwrap() error { return r.pe }
+
+func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
+	res := &Result{Source: src, Dest: dst, start: time.Now()}
+	f, err := os.Open(src)
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return res, err
+	}
+	if fi.IsDir() {
+		return res, &fs.PathError{Op: "push", Path: src, Err: syscall.EISDIR}
+	}
+	if !fi.Mode().IsRegular() {
+		return res, &fs.PathError{Op: "push", Path: src, Err: errors.New("not a regular file")}
+	}
+	m, err := s.call(ctx, &protocol.Push{
+		Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize), Retries: uint8(min(max(s.cfg.Retries, 0), 255)),
+		Size: uint64(fi.Size()), Mode: unixMode(fi.Mode()), MtimeNs: fi.ModTime().UnixNano(),
+		Path: dst, Name: filepath.Base(src),
+	})
+	if err != nil {
+		return res, err
+	}
+	pr, ok := m.(*protocol.PushReply)
+	if !ok {
+		return res, unexpected(m)
+	}
+	layout := chunker.Layout{Size: fi.Size(), ChunkSize: int64(pr.ChunkSize)}
+	alg := chunker.Algorithm(pr.Algorithm)
+	if chunker.ValidateChunkSize(layout.ChunkSize) != nil || alg != s.cfg.Algorithm || int(pr.Chunks) != layout.Chunks() {
+		s.abandon(ctx, pr.Handle)
+		return res, fmt.Errorf("%w: target's layout for %s does not add up", protocol.ErrMalformed, dst)
+	}
+	res.Dest = pr.Path
+	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
+	u := &upload{s: s, f: f, fi: fi, src: src, handle: pr.Handle, layout: layout, alg: alg, progress: opt.Progress, res: res,
+		winSize: cmp.Or(opt.Window, defaultPushWindow)}
+	sums, err := u.run(ctx)
+	if err != nil {
+		if !u.gone {
+			s.abandon(ctx, pr.Handle)
+		}
+		return res, err
+	}
+	// The target has every chunk; commit only if src did not change.
+	if u.changed() {
+		s.abandon(ctx, pr.Handle)
+		return res, fmt.Errorf("%w: %s was modified while it was pushed", ErrChanged, src)
+	}
+	d, err := chunker.MakeDigests(alg, layout.Chunks(), sums)
+	if err != nil {
+		s.abandon(ctx, pr.Handle)
+		return res, err
+	}
+	fd, err := chunker.FileDigest(alg, layout, d)
+	if err != nil {
+		s.abandon(ctx, pr.Handle)
+		return res, err
+	}
+	m, err = s.call(ctx, &protocol.PushCommit{Handle: pr.Handle, FileDigest: fd})
+	if err != nil {
+		return res, err
+	}
+	if _, ok := m.(*protocol.Ack); !ok {
+		return res, unexpected(m)
+	}
+	res.Bytes = layout.Size
+	res.Digest = chunker.FormatDigest(alg, fd)
+	res.Elapsed = time.Since(res.start)
+	if opt.Progress != nil {
+		opt.Progress(Progress{Path: src, Bytes: layout.Size, Total: layout.Size, Retries: res.Retries})
+	}
+	return res, nil
+}
+
+// abandon tells the target to drop a push, waiting a little for its word.
+func (s *Session) abandon(ctx context.Context, handle uint32) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	s.call(ctx, &protocol.Close{Handle: handle})
+}
+
+// unixMode is m's permission, setuid, setgid and sticky bits as st_mode has them.
+func unixMode(m fs.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
+}
+
+// upload is one push in flight: windows of the file mapped, registered
+// and hashed ahead, handed to the target one PushWindow at a time.
+type upload struct {
+	s        *Session
+	f        *os.File
+	fi       os.FileInfo
+	src      string
+	handle   uint32
+	layout   chunker.Layout
+	alg      chunker.Algorithm
+	progress func(Progress)
+	winSize  int64 // PutOptions.Window
+	res      *Result
+	gone     bool // the target has dropped the push (it answered a window with an error)
+}
+
+// pwin is a registered window of the file.
+type pwin struct {
+	off, n  int64
+	mapping []byte        // the file mapping, or nil
+	staged  *verbs.Buffer // a copy, where the mapping can't be registered
+	mr      verbs.MR
+	addr    uint64 // address of file offset off
+	digests []byte
+	err     error
+}
+
+func (w *pwin) free() {
+	if w.mr != nil {
+		w.mr.Close() // waits for the READs in progress, before the memory goes
+	}
+	if w.mapping != nil {
+		unix.Munmap(w.mapping)
+	}
+	if w.staged != nil {
+		w.staged.Free()
+	}
+}
+
+// changed reports whether the file's size or mtime differ from the start.
+func (u *upload) changed() bool {
+	fi, err := u.f.Stat()
+	return err != nil || fi.Size() != u.fi.Size() || !fi.ModTime().Equal(u.fi.ModTime())
+}
+
+// windowSize is the bytes of one window: whole chunks, at most
+// u.winSize (or one chunk) and no more than one PushWindow's digests.
+func (u *upload) windowSize() int64 {
+	cs := u.layout.ChunkSize
+	n := max(u.winSize/cs, 1)
+	if ds := u.alg.Size(); ds > 0 {
+		n = min(n, int64((protocol.MaxMessage-protocol.PushWindowOverhead(len(u.s.data)))/ds))
+	}
+	return n * cs
+}
+
+func (u *upload) run(ctx context.Context) ([]byte, error) {
+	size := u.layout.Size
+	sums := make([]byte, 0, u.layout.Chunks()*u.alg.Size())
+	if size == 0 {
+		return sums, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// One window is with the target, one ready, one being prepared.
+	ready := make(chan *pwin, 1)
+	go u.prepare(ctx, ready)
+	defer func() {
+		cancel()
+		for w := range ready {
+			w.free()
+		}
+	}()
+	var sent int64
+	var last time.Time // the first window reports at once
+	for sent < size {
+		var w *pwin
+		select {
+		case w = <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if w.err != nil {
+			return nil, w.err
+		}
+		r, err := u.send(ctx, w)
+		w.free()
+		if err != nil {
+			return nil, err
+		}
+		u.res.Retries += int(r.Retries)
+		u.res.BytesRead += int64(r.BytesRead)
+		sums = append(sums, w.digests...)
+		sent += w.n
+		if u.progress != nil && time.Since(last) > 100*time.Millisecond {
+			last = time.Now()
+			u.progress(Progress{Path: u.src, Bytes: sent, Total: size, Retries: u.res.Retries})
+		}
+	}
+	return sums, nil
+}
+
+// send offers w to the target and waits until it has written it.
+func (u *upload) send(ctx context.Context, w *pwin) (*protocol.PushWindowReply, error) {
+	s := u.s
+	keys := make([]uint32, len(s.data))
+	for i := range keys {
+		keys[i] = w.mr.RKey()
+	}
+	m, err := s.call(ctx, &protocol.PushWindow{Handle: u.handle, Digests: w.digests,
+		Window: protocol.Window{Offset: uint64(w.off), Length: uint64(w.n), Addr: w.addr, RKeys: keys}})
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		u.gone = true // the target dropped the push
+		if pe.Code == protocol.CodeVerify {
+			if u.changed() {
+				return nil, fmt.Errorf("%w: %s was modified while it was pushed (%w)", ErrChanged, u.src, err)
+			}
+			return nil, fmt.Errorf("%w: %w", ErrVerify, err)
+		}
+		if qerr := s.deadQP(); qerr != nil {
+			return nil, fmt.Errorf("%w (%w)", qerr, err)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, ok := m.(*protocol.PushWindowReply)
+	if !ok || r.Offset != uint64(w.off) {
+		return nil, unexpected(m)
+	}
+	return r, nil
+}
+
+// deadQP says which data QP has failed, if one has.
+func (s *Session) deadQP() error {
+	for i, qp := range s.data {
+		select {
+		case <-qp.Done():
+			return fmt.Errorf("%w: data QP %d: %v", ErrConnect, i, qp.Err())
+		default:
+		}
+	}
+	return nil
+}
+
+// prepare maps, registers and hashes the file's windows in order, one
+// ahead of the sender.
+func (u *upload) prepare(ctx context.Context, out chan<- *pwin) {
+	defer close(out)
+	// A file truncated under its mapping faults when read: make that an
+	// error, not a crash.
+	debug.SetPanicOnFault(true)
+	step := u.windowSize()
+	for off := int64(0); off < u.layout.Size; off += step {
+		w := u.window(off, min(step, u.layout.Size-off))
+		select {
+		case out <- w:
+		case <-ctx.Done():
+			w.free()
+			return
+		}
+		if w.err != nil {
+			return
+		}
+	}
+}
+
+// window maps file bytes [off, off+n), registers them for remote read
+// and computes their chunks' digests.
+func (u *upload) window(off, n int64) (w *pwin) {
+	w = &pwin{off: off, n: n}
+	defer func() {
+		if r := recover(); r != nil {
+			w.err = fmt.Errorf("%w: %s: reading its mapping failed (%v): was it truncated?", ErrChanged, u.src, r)
+		}
+	}()
+	if u.changed() {
+		w.err = fmt.Errorf("%w: %s was modified while it was pushed", ErrChanged, u.src)
+		return w
+	}
+	pg := int64(os.Getpagesize())
+	moff := off &^ (pg - 1)
+	mapping, err := unix.Mmap(int(u.f.Fd()), moff, int(n+off-moff), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		w.err = &fs.PathError{Op: "mmap", Path: u.src, Err: err}
+		return w
+	}
+	w.mapping = mapping
+	data := mapping[off-moff:]
+	w.mr, err = u.s.pd.RegMR(mapping, verbs.AccessRemoteRead)
+	if errors.Is(err, syscall.EFAULT) {
+		// Some kernels can't pin a read-only file mapping: register a copy.
+		w.mr, data, err = u.stage(w)
+	}
+	if err != nil {
+		w.err = fmt.Errorf("register %s: %w", u.src, err)
+		return w
+	}
+	w.addr = w.mr.Addr() + uint64(off-moff)
+	if w.staged != nil {
+		w.addr = w.mr.Addr()
+	}
+	if ds := u.alg.Size(); ds > 0 {
+		cs := u.layout.ChunkSize
+		w.digests = make([]byte, 0, (n+cs-1)/cs*int64(ds))
+		for c := int64(0); c < n; c += cs {
+			w.digests = chunker.AppendSum(w.digests, u.alg, data[c:min(c+cs, n)])
+		}
+	}
+	return w
+}
+
+// stage copies w's bytes into registered anonymous memory.
+func (u *upload) stage(w *pwin) (verbs.MR, []byte, error) {
+	unix.Munmap(w.mapping)
+	w.mapping = nil
+	buf, err := verbs.AllocBuffer(int(w.n))
+	if err != nil {
+		return nil, nil, err
+	}
+	w.staged = buf
+	if _, err := u.f.ReadAt(buf.Bytes(), w.off); err != nil {
+		return nil, nil, &fs.PathError{Op: "read", Path: u.src, Err: err}
+	}
+	mr, err := u.s.pd.RegMR(buf.Bytes(), verbs.AccessRemoteRead)
+	return mr, buf.Bytes(), err
+}
