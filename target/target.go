@@ -136,8 +136,12 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("target: export %q given twice", e.Name)
 		}
 		seen[e.Name] = true
-		if _, err := os.Stat(e.Path); err != nil {
+		fi, err := os.Stat(e.Path)
+		if err != nil {
 			return fmt.Errorf("target: export %q: %w", e.Name, err)
+		}
+		if e.Writable && !fi.IsDir() {
+			return fmt.Errorf("target: export %q is writable but %s is not a directory: files are pushed into directories", e.Name, e.Path)
 		}
 	}
 	if err := chunker.ValidateChunkSize(c.ChunkSize); err != nil {

@@ -209,6 +209,7 @@ func TestConfigValidation(t *testing.T) {
 		{"dup", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir}, {Name: "a", Path: dir}}}, "twice"},
 		{"missing path", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir + "/nope"}}}, "no such file"},
 		{"chunk", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: dir}}, ChunkSize: 1000}, "chunk"},
+		{"writable file", target.Config{Device: dev, Exports: []target.Export{{Name: "a", Path: "/dev/null", Writable: true}}}, "not a directory"},
 	} {
 		_, err := target.New(tc.cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -16,12 +17,15 @@ import (
 func cpCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "cp",
-		Usage:     "copy a remote file to a local path",
-		ArgsUsage: "HOST[:PORT]:EXPORT/PATH DEST  |  --from MANIFEST",
+		Usage:     "copy a remote file to a local path, or push a local file to a writable export",
+		ArgsUsage: "HOST[:PORT]:EXPORT/PATH DEST  |  LOCAL HOST[:PORT]:EXPORT/PATH  |  --from MANIFEST",
 		Description: "Pulls the file with RDMA READs striped over --qps queue pairs, verifies every chunk\n" +
 			"against the target's digest (re-reading a chunk that fails), and renames the result into\n" +
 			"place only when it is complete. DEST may be a directory. With -r, copies a directory tree;\n" +
-			"with --from, every SRC DEST pair of a manifest; both over one session.",
+			"with --from, every SRC DEST pair of a manifest; both over one session.\n" +
+			"With a local SOURCE and a remote DEST, pushes the file into an export the target serves\n" +
+			"--writable: the target READs it from this side's registered windows, verifies every\n" +
+			"chunk and renames it into place only when it is complete.",
 		Flags: append(append(initiatorFlags(), transportFlags()...),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines (status while running, one summary) on stdout"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
@@ -128,10 +132,14 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return usageError{err}
 	}
 	if !ok {
-		if _, isRemote, _ := parseRemote(dst); isRemote {
-			return usagef("pushing to a target (LOCAL HOST:PATH) is not supported yet")
+		to, isRemote, err := parseRemote(dst)
+		if err != nil {
+			return usageError{err}
 		}
-		return usagef("%q is not a remote path: want HOST[:PORT]:EXPORT/PATH", srcArg)
+		if !isRemote {
+			return usagef("%q is not a remote path, nor is %q: want HOST[:PORT]:EXPORT/PATH as SOURCE (to pull) or as DEST (to push)", srcArg, dst)
+		}
+		return pushOne(c, srcArg, dst, to, stdout)
 	}
 	cfg, err := initiatorConfig(c)
 	if err != nil {
@@ -181,5 +189,51 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), %d QPs x %d READs, %s, %d chunk retries\n",
 		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries)
+	return nil
+}
+
+// pushOne pushes the local file srcArg to the target's writable export,
+// which READs it from this side's registered windows.
+func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer) error {
+	for _, f := range []string{"recursive", "partial", "skip-same", "force"} {
+		if c.Bool(f) {
+			if f == "recursive" {
+				return usagef("cp -r copies remote trees only: push files one at a time (LOCAL HOST:EXPORT/PATH)")
+			}
+			return usagef("--%s applies to pulls only, not to a push (LOCAL HOST:EXPORT/PATH)", f)
+		}
+	}
+	if to.path == "" {
+		return usagef("%q names no export: want HOST[:PORT]:EXPORT/PATH", dstArg)
+	}
+	if fi, err := os.Stat(srcArg); err == nil && fi.IsDir() {
+		return usagef("%s is a directory: push copies single files (cp -r copies remote trees only)", srcArg)
+	}
+	cfg, err := initiatorConfig(c)
+	if err != nil {
+		return err
+	}
+	jsonOut := c.Bool("json")
+	s, _, closeSession, err := dialSession(c, to.addr, cfg, jsonOut)
+	if err != nil {
+		return err
+	}
+	defer closeSession()
+	r := newRenderer(jsonOut, c.Bool("quiet"), stdout)
+	res, err := s.Put(c.Context, srcArg, to.path, initiator.PutOptions{Progress: r.update})
+	r.finish()
+	if err != nil {
+		return err
+	}
+	dest := to.addr + ":" + res.Dest
+	secs := res.Elapsed.Seconds()
+	mbps := float64(res.Bytes) / 1e6 / max(secs, 1e-9)
+	if jsonOut {
+		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: dest,
+			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
+			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead})
+	}
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries\n",
+		srcArg, dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries)
 	return nil
 }

@@ -1,5 +1,6 @@
 // Command rdmacp copies files and block devices with one-sided RDMA READs:
-// `rdmacp serve` exports them, `rdmacp cp` pulls them.
+// `rdmacp serve` exports them, `rdmacp cp` pulls them (or pushes a file
+// into a writable export, which the target then READs).
 package main
 
 import (
@@ -27,7 +28,7 @@ const (
 	exitUsage      = 2   // bad flags or arguments
 	exitConnect    = 3   // transport unavailable, target unreachable, connection lost
 	exitAuth       = 4   // secret missing or wrong
-	exitRemote     = 5   // remote path not found, permission denied, is a directory…
+	exitRemote     = 5   // remote path not found, permission denied, is a directory, a read-only export…
 	exitVerify     = 6   // a chunk failed its digest after every retry
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
@@ -75,6 +76,8 @@ func exitCode(ctx context.Context, err error) int {
 			return exitAuth
 		case protocol.CodeChanged:
 			return exitChanged
+		case protocol.CodeNoSpace:
+			return exitLocalIO // the destination, on the target, is full
 		}
 		return exitRemote
 	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
@@ -103,7 +106,8 @@ func newApp() *cli.App {
 		Usage:   "copy files and block devices with one-sided RDMA READs",
 		Version: version,
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
-			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.",
+			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.\n" +
+			"Into exports served --writable, rdmacp cp LOCAL HOST:EXPORT/PATH pushes a file, which the target READs.",
 		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand()},
 		HideHelpCommand: true,
 		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits

@@ -23,12 +23,14 @@ func serveCommand() *cli.Command {
 		Name:      "serve",
 		Usage:     "export files and directories to initiators (the target daemon)",
 		ArgsUsage: " ",
-		Description: "Exports are read-only. Each session gets its own keys, which die with it; the daemon\n" +
-			"answers control requests and otherwise stays out of the data path. Without a secret it\n" +
-			"listens on loopback only.",
+		Description: "Exports are read-only unless named with --writable, which lets initiators push files into\n" +
+			"them (the daemon READs the file from the initiator). Each session gets its own keys, which die\n" +
+			"with it; the daemon answers control requests and otherwise stays out of the data path. Without\n" +
+			"a secret it listens on loopback only.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Usage: fmt.Sprintf("address to listen on (default 127.0.0.1:%d, or :%d with a secret)", target.DefaultPort, target.DefaultPort)},
 			&cli.StringSliceFlag{Name: "export", Aliases: []string{"e"}, Usage: "NAME=PATH: a file or directory to export (repeatable)"},
+			&cli.StringSliceFlag{Name: "writable", Aliases: []string{"w"}, Usage: "NAME: let initiators push files into directory export NAME (repeatable); exports are read-only otherwise"},
 			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
 			secretFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
@@ -52,8 +54,9 @@ type serveFile struct {
 	MaxWindow    string `json:"max_window"`
 	WindowBudget string `json:"window_budget"`
 	Exports      []struct {
-		Name string `json:"name"`
-		Path string `json:"path"`
+		Name     string `json:"name"`
+		Path     string `json:"path"`
+		Writable bool   `json:"writable"`
 	} `json:"exports"`
 }
 
@@ -80,7 +83,7 @@ func readServeFile(c *cli.Context) (serveFile, error) {
 func exportsOf(c *cli.Context, file serveFile) ([]target.Export, error) {
 	var exports []target.Export
 	for _, e := range file.Exports {
-		exports = append(exports, target.Export{Name: e.Name, Path: e.Path})
+		exports = append(exports, target.Export{Name: e.Name, Path: e.Path, Writable: e.Writable})
 	}
 	for _, s := range c.StringSlice("export") {
 		name, path, ok := strings.Cut(s, "=")
@@ -91,6 +94,17 @@ func exportsOf(c *cli.Context, file serveFile) ([]target.Export, error) {
 	}
 	if len(exports) == 0 {
 		return nil, usagef("nothing to export: give --export NAME=PATH")
+	}
+	for _, name := range c.StringSlice("writable") {
+		found := false
+		for i := range exports {
+			if exports[i].Name == name {
+				exports[i].Writable, found = true, true
+			}
+		}
+		if !found {
+			return nil, usagef("--writable %q: no such export", name)
+		}
 	}
 	return exports, nil
 }
@@ -169,6 +183,9 @@ func runServe(c *cli.Context) error {
 	names := make([]string, len(exports))
 	for i, e := range exports {
 		names[i] = e.Name + "=" + e.Path
+		if e.Writable {
+			names[i] += " (writable)"
+		}
 	}
 	log.Info("serving", "addr", ln.Addr(), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
 	go reloadOnHUP(c, srv, log)

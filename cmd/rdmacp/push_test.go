@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// names lists dir.
+func names(dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func TestPush(t *testing.T) {
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "local.bin")
+	want := writeFile(t, src, 3<<20+5)
+	mt := time.Date(2022, 3, 4, 5, 6, 7, 0, time.UTC)
+	os.Chtimes(src, mt, mt)
+
+	out, errs, code := run(t, "cp", "--qps", "2", src, s.addr+":data/sub/pushed.bin")
+	if code != 0 {
+		t.Fatalf("push: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "transport: iwarp-soft") || !strings.Contains(out, "crc32c:") || !strings.Contains(out, "data/sub/pushed.bin") {
+		t.Errorf("stdout %q, stderr %q", out, errs)
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, "sub", "pushed.bin"))
+	if sha256.Sum256(got) != sha256.Sum256(want) {
+		t.Fatal("pushed file differs")
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "sub", "pushed.bin"))
+	if fi.Mode().Perm() != 0o644 || !fi.ModTime().Equal(mt) {
+		t.Errorf("mode %v, mtime %v", fi.Mode(), fi.ModTime())
+	}
+
+	// Into a directory, with JSON lines like a pull's.
+	out, errs, code = run(t, "cp", "--json", src, s.addr+":data/sub")
+	if code != 0 {
+		t.Fatalf("push --json: exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var sum map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+		t.Fatalf("last line %q: %v", lines[len(lines)-1], err)
+	}
+	if sum["message_type"] != "summary" || sum["status"] != "ok" || sum["bytes"] != float64(len(want)) ||
+		sum["bytes_read"] != float64(len(want)) || sum["dest"] != s.addr+":data/sub/local.bin" || sum["source"] != src {
+		t.Errorf("summary: %v", sum)
+	}
+	for _, l := range lines[:len(lines)-1] {
+		var st map[string]any
+		if err := json.Unmarshal([]byte(l), &st); err != nil || st["message_type"] != "status" || st["total"] != float64(len(want)) {
+			t.Errorf("status line %q: %v", l, err)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "sub", "local.bin")); sha256.Sum256(got) != sha256.Sum256(want) {
+		t.Fatal("file pushed into the directory differs")
+	}
+	if n := names(filepath.Join(dir, "sub")); strings.Join(n, ",") != "local.bin,pushed.bin" {
+		t.Errorf("sub holds %v", n)
+	}
+}
+
+func TestPushRefused(t *testing.T) {
+	dir, rw := t.TempDir(), t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "serve.json")
+	os.WriteFile(cfg, []byte(`{"exports": [{"name": "rw", "path": "`+rw+`", "writable": true}]}`), 0o600)
+	s := serve(t, dir, nil, "--config", cfg) // data is read-only, rw is not
+	src := filepath.Join(t.TempDir(), "f")
+	writeFile(t, src, 1000)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"read-only", []string{"cp", src, s.addr + ":data/x"}, exitRemote, `rdmacp: push to data/x: export "data" is read-only`},
+		{"traversal", []string{"cp", src, s.addr + ":rw/../x"}, exitRemote, "outside export"},
+		{"no export", []string{"cp", src, s.addr + ":"}, exitUsage, "names no export"},
+		{"recursive", []string{"cp", "-r", src, s.addr + ":rw/x"}, exitUsage, "remote trees only"},
+		{"directory", []string{"cp", t.TempDir(), s.addr + ":rw/x"}, exitUsage, "is a directory"},
+		{"partial", []string{"cp", "--partial", src, s.addr + ":rw/x"}, exitUsage, "pulls only"},
+		{"missing source", []string{"cp", src + ".nope", s.addr + ":rw/x"}, exitLocalIO, "no such file"},
+		{"both local", []string{"cp", src, src + ".2"}, exitUsage, "not a remote path"},
+	} {
+		_, errs, code := run(t, tc.args...)
+		if code != tc.code || !strings.Contains(errs, tc.msg) {
+			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", tc.name, code, tc.code, errs, tc.msg)
+		}
+	}
+	if n := names(dir); len(n) != 0 {
+		t.Errorf("the read-only export holds %v", n)
+	}
+	if n := names(rw); len(n) != 0 {
+		t.Errorf("the writable export holds %v after refusals", n)
+	}
+	// The config file's writable export takes a push.
+	if _, errs, code := run(t, "cp", src, s.addr+":rw/x"); code != 0 {
+		t.Fatalf("push into rw: exit %d: %s", code, errs)
+	}
+	if _, errs, code := run(t, "serve", "--listen", "127.0.0.1:0", "--export", "data="+dir, "--writable", "other"); code != exitUsage || !strings.Contains(errs, "no such export") {
+		t.Errorf("--writable of an unknown export: exit %d, %q", code, errs)
+	}
+}
+
+func TestKillInitiatorMidPush(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "big")
+	writeFile(t, src, 128<<20)
+	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Kill the initiator once the target has its temporary file.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := names(dir)
+		if len(n) == 1 && strings.HasSuffix(n[0], ".part") {
+			break
+		}
+		if len(n) > 0 || time.Now().After(deadline) {
+			cp.Process.Kill()
+			cp.Wait()
+			t.Fatalf("no temporary file to catch: %v", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cp.Process.Signal(syscall.SIGKILL) // no goodbye from the initiator
+	cp.Wait()
+	deadline = time.Now().Add(10 * time.Second)
+	for len(names(dir)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind after the initiator died: %v\n%s", names(dir), s.logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(s.logs.String(), "session closed") && !strings.Contains(s.logs.String(), "push abandoned") {
+		t.Logf("target logs: %s", s.logs)
+	}
+}
+
+func TestInterruptedPushLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "big")
+	writeFile(t, src, 128<<20)
+	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
+	stdout, _ := cp.StdoutPipe()
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"status"`) {
+			cp.Process.Signal(syscall.SIGINT)
+			break
+		}
+	}
+	for sc.Scan() {
+	}
+	err := cp.Wait()
+	code := 0
+	if ee, ok := err.(interface{ ExitCode() int }); ok {
+		code = ee.ExitCode()
+	}
+	t.Logf("exit %d", code) // 0 if the push was done before SIGINT came
+	if code != exitInterrupts && code != 0 {
+		t.Fatalf("interrupted push: exit %d, want %d", code, exitInterrupts)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for code != 0 && len(names(dir)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind: %v", names(dir))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
