@@ -311,3 +311,32 @@ func TestPushCancelled(t *testing.T) {
 	}
 	eventually(t, e.dir)
 }
+
+func TestPushWaitsForTheWindowBudget(t *testing.T) {
+	// A budget of one window, held by a pull's window: the push waits
+	// for it rather than failing.
+	e := startTarget(t, func(c *target.Config) { writable(c); c.MaxWindow, c.WindowBudget = 256<<10, 256<<10 })
+	randomFile(t, filepath.Join(e.dir, "big"), 4<<20)
+	src := filepath.Join(t.TempDir(), "f")
+	want := randomFile(t, src, 1<<20)
+	pull, push := e.dial(t, func(c *initiator.Config) { c.QPs, c.Depth = 1, 1 }), e.dial(t, nil)
+	started, pulled := make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	go func() {
+		_, err := pull.Get(context.Background(), "data/big", filepath.Join(t.TempDir(), "big"), initiator.GetOptions{
+			Progress: func(initiator.Progress) { once.Do(func() { close(started) }) }})
+		once.Do(func() { close(started) })
+		pulled <- err
+	}()
+	<-started
+	_, err := push.Put(context.Background(), src, "data/f", initiator.PutOptions{})
+	if perr := <-pulled; perr != nil {
+		t.Errorf("pull: %v", perr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
+		t.Fatal("pushed file differs")
+	}
+}

@@ -110,6 +110,9 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 	if err := chunker.ValidateChunkSize(cs); err != nil {
 		return errf(protocol.CodeBadRequest, "%v", err)
 	}
+	if uint64(cs) > cfg.MaxWindow {
+		return errf(protocol.CodeBadRequest, "chunk size %d is over the target's max window %d", cs, cfg.MaxWindow)
+	}
 	if m.Size > math.MaxInt64 {
 		return errf(protocol.CodeBadRequest, "file size %d", m.Size)
 	}
@@ -178,8 +181,9 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	}
 	cs := p.layout.ChunkSize
 	p.readSize = int(min(int64(pushReadSize), cs, int64(min(cfg.Device.Caps().MaxMsgSize, 1<<30))))
+	// Enough slots for the READs in flight and one more, within a window.
 	inflight := int64(len(p.qps) * p.depth * p.readSize)
-	p.slots = int(min((inflight+cs-1)/cs+1, int64(max(p.layout.Chunks(), 1))))
+	p.slots = int(min((inflight+cs-1)/cs+1, int64(cfg.MaxWindow)/cs, int64(max(p.layout.Chunks(), 1))))
 	n := uint64(p.slots) * uint64(cs)
 	if !ss.srv.reserve(n) {
 		return errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", cfg.WindowBudget)

@@ -191,7 +191,7 @@ func TestPushRefusals(t *testing.T) {
 	clean(t, ro)
 	clean(t, outside)
 	// A size no file system holds: refused up front, no temporary file.
-	_, err := p.call(&protocol.Push{Path: "data/huge", ChunkSize: 256 << 20, Size: 1 << 50})
+	_, err := p.call(&protocol.Push{Path: "data/huge", ChunkSize: 32 << 20, Size: 1 << 50})
 	wantCode(t, "1 PiB", err, protocol.CodeNoSpace)
 	_, err = p.call(&protocol.Push{Path: "data/many", ChunkSize: 4096, Size: 1 << 50})
 	wantCode(t, "2^38 chunks", err, protocol.CodeBadRequest)
