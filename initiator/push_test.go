@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -339,4 +340,25 @@ func TestPushWaitsForTheWindowBudget(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
 		t.Fatal("pushed file differs")
 	}
+}
+
+func TestPushFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() }) // after the target lets go of it
+	e := startTarget(t, func(c *target.Config) { c.Exports = []target.Export{{Name: "data", Path: dir, Writable: true}} })
+	s := e.dial(t, nil)
+	src := filepath.Join(t.TempDir(), "f")
+	randomFile(t, src, 4<<20)
+	_, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{})
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeNoSpace || !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("err = %v, want a full disk", err)
+	}
+	leftovers(t, dir)
 }

@@ -195,6 +195,10 @@ func TestPushRefusals(t *testing.T) {
 	wantCode(t, "1 PiB", err, protocol.CodeNoSpace)
 	_, err = p.call(&protocol.Push{Path: "data/many", ChunkSize: 4096, Size: 1 << 50})
 	wantCode(t, "2^38 chunks", err, protocol.CodeBadRequest)
+	_, err = p.call(&protocol.Push{Path: "data/big-chunks", ChunkSize: 64 << 20, Size: 1})
+	wantCode(t, "chunks over the max window", err, protocol.CodeBadRequest)
+	_, err = p.call(&protocol.Push{Path: "data/x", Algorithm: 9, Size: 1})
+	wantCode(t, "unknown algorithm", err, protocol.CodeUnsupported)
 	clean(t, dir, "escape", "sub")
 }
 
