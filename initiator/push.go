@@ -55,19 +55,23 @@ func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 // pushErr words an error of a push to dst.
 func pushErr(dst string, err error) error {
 	var pe *protocol.Error
-	if errors.As(err, &pe) {
-		switch pe.Code {
-		case protocol.CodeReadOnly:
-			err = &refusal{pe}
-		case protocol.CodeUnsupported:
-			err = fmt.Errorf("%w (%v)", ErrNoPush, pe)
-		case protocol.CodeBadRequest:
-			if pe.ID() == 0 && strings.Contains(pe.Message, "unknown message type") {
-				err = fmt.Errorf("%w (%v)", ErrNoPush, pe) // how targets before DecodeError said it
-			}
-		}
+	if errors.As(err, &pe) && pe.Code == protocol.CodeReadOnly {
+		err = &refusal{pe}
 	}
 	return fmt.Errorf("push to %s: %w", dst, err)
+}
+
+// noPush tells a target that does not know Push by its answer: a target
+// that knows the type but not the request says "unexpected Push", one
+// that can't decode it (under RequestID 0 before DecodeError) "unknown
+// message type".
+func noPush(err error) error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) && (pe.Code == protocol.CodeUnsupported || pe.Code == protocol.CodeBadRequest) &&
+		(strings.Contains(pe.Message, "unexpected Push") || strings.Contains(pe.Message, "unknown message type")) {
+		return fmt.Errorf("%w (%v)", ErrNoPush, pe)
+	}
+	return err
 }
 
 // refusal shows a target's refusal as the target worded it.
@@ -99,7 +103,7 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 		Path: dst, Name: filepath.Base(src),
 	})
 	if err != nil {
-		return res, err
+		return res, noPush(err)
 	}
 	pr, ok := m.(*protocol.PushReply)
 	if !ok {
@@ -278,6 +282,7 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 			return nil, ctx.Err()
 		}
 		if w.err != nil {
+			w.free()
 			return nil, w.err
 		}
 		r, err := u.send(ctx, w)
