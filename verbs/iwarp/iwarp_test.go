@@ -5,9 +5,13 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -204,3 +208,45 @@ type addrConn struct {
 
 func (c addrConn) LocalAddr() net.Addr  { return c.local }
 func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// A READ of a file mapping whose file was truncated fails the READ and
+// the connection, with or without CRC (which reads the bytes in Go), and
+// the process lives on.
+func TestReadOfTruncatedMapping(t *testing.T) {
+	for _, cfg := range []Config{{CRC: CRCOn}, {CRC: CRCOff}} {
+		a, b := pair(t, cfg, 4)
+		f, err := os.Create(filepath.Join(t.TempDir(), "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 1 << 20
+		f.Truncate(n)
+		m, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(m)
+		smr, err := b.pd.RegMR(m, verbs.AccessRemoteRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(0)
+		f.Close()
+		dst := buffer(t, n)
+		dmr, _ := a.pd.RegMR(dst, verbs.AccessLocalWrite)
+		wr := verbs.SendWR{ID: 7, Op: verbs.OpRead, Local: verbs.SGE{Addr: dmr.Addr(), Length: n, LKey: dmr.LKey()}, RemoteAddr: smr.Addr(), RKey: smr.RKey()}
+		if _, err := a.qp.PostSend([]verbs.SendWR{wr}); err != nil {
+			t.Fatal(err)
+		}
+		c := wait(t, a.scq, 1)[0]
+		if c.Status == verbs.StatusSuccess {
+			t.Errorf("crc %v: READ of a truncated mapping succeeded", cfg.CRC)
+		}
+		t.Logf("crc %v: READ: %v; responder: %v", cfg.CRC, c.Status, b.qp.Err())
+		select {
+		case <-b.qp.Done():
+		case <-time.After(5 * time.Second):
+			t.Errorf("crc %v: the responder's QP lives on", cfg.CRC)
+		}
+	}
+}

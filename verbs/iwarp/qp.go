@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -396,6 +397,19 @@ func (f *fpdus) write(c net.Conn) error {
 	return err
 }
 
+// discard drops what is gathered, unsent, and releases its regions.
+func (f *fpdus) discard() {
+	for _, m := range f.held {
+		m.use.RUnlock()
+	}
+	clear(f.held)
+	f.held = f.held[:0]
+	clear(f.bufs)
+	f.bufs = f.bufs[:0]
+	f.scratch = f.scratch[:0]
+	f.bytes = 0
+}
+
 // writeBufs sends what is gathered but keeps holding the regions: a
 // message still being emitted goes on reading its region.
 func (f *fpdus) writeBufs(c net.Conn) error {
@@ -434,6 +448,7 @@ func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) he
 
 func (q *qp) writer() {
 	defer q.wg.Done()
+	debug.SetPanicOnFault(true)
 	f := &fpdus{crc: q.crc}
 	for {
 		select {
@@ -487,8 +502,22 @@ func (q *qp) writer() {
 	}
 }
 
-// send writes READ responses and this side's requests.
-func (q *qp) send(f *fpdus, resp []inRead, work []*swr) error {
+// send writes READ responses and this side's requests. Registered memory
+// that faults when read (a file mapping whose file shrank) fails the
+// connection instead of the process: the writer runs with
+// debug.SetPanicOnFault.
+func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(interface{ Addr() uintptr })
+			if !ok {
+				panic(r)
+			}
+			f.discard()
+			err = &termError{layer: layerRDMAP, etype: rdmapCatastrophic, code: 0,
+				msg: fmt.Sprintf("registered memory at %#x faulted (a mapped file shrank?)", fe.Addr())}
+		}
+	}()
 	var werr error
 	flush := func() {
 		if err := f.write(q.conn); err != nil && werr == nil {

@@ -414,6 +414,9 @@ func (e *termError) Error() string {
 func termName(layer, etype, code uint8) string {
 	switch layer {
 	case layerRDMAP:
+		if etype == rdmapCatastrophic {
+			return "RDMAP local catastrophic error"
+		}
 		kind := map[uint8]string{rdmapCatastrophic: "catastrophic", rdmapRemoteProt: "remote protection", rdmapRemoteOp: "remote operation"}[etype]
 		what := map[uint8]string{
 			rdmapInvalidSTag: "invalid STag", rdmapBaseBounds: "base or bounds violation",
