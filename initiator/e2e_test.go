@@ -203,3 +203,14 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSessionCloseTwice(t *testing.T) {
+	e := startTarget(t, nil)
+	s := e.dial(t, nil)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // and once more by the cleanup
+		t.Fatal(err)
+	}
+}

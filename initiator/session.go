@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -104,6 +105,7 @@ type Session struct {
 	lister    lister // tests: a fake target's listings for GetTree
 	noPack    bool   // the target does not know Pack
 	packs     int    // Packs answered
+	closeOnce sync.Once
 	packBuf   *verbs.Buffer
 	packMR    verbs.MR // over packBuf
 }
@@ -300,8 +302,13 @@ func unexpected(m protocol.Message) error {
 	return fmt.Errorf("%w: unexpected %v reply", protocol.ErrMalformed, m.Type())
 }
 
-// Close ends the session.
+// Close ends the session. Calls after the first do nothing.
 func (s *Session) Close() error {
+	s.closeOnce.Do(s.close)
+	return nil
+}
+
+func (s *Session) close() {
 	if s.ch != nil && s.ch.QP() != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 1e9)
 		s.ch.Send(ctx, &protocol.Bye{})
@@ -323,5 +330,4 @@ func (s *Session) Close() error {
 	if s.pd != nil {
 		s.pd.Close()
 	}
-	return nil
 }
