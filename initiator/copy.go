@@ -625,7 +625,17 @@ func (f *fetch) setup() error {
 	cs := int(f.layout.ChunkSize)
 	f.readSize = min(s.cfg.ReadSize, cs, int(min(caps.MaxMsgSize, 1<<30)))
 	inflight := len(s.data) * s.reads * f.readSize
-	slots := min((inflight+cs-1)/cs+2, f.layout.Chunks())
+	// Slots for the READs in flight, and some for chunks being checked
+	// and written. An O_DIRECT write holds its slot until the disk has
+	// the data, so then every verifier gets one: with only two spare,
+	// four direct writes in flight left the READs half their slots
+	// (bench/ab.sh: about 1.13x the throughput with the extra two, for
+	// 8 MiB more staging at the defaults).
+	spare := 2
+	if f.out.directOn() {
+		spare = max(spare, verifiers)
+	}
+	slots := min((inflight+cs-1)/cs+spare, f.layout.Chunks())
 	var err error
 	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
 		return err

@@ -164,6 +164,9 @@ func refused(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)
 }
 
+// directOn reports whether writes are going direct (so far).
+func (s *sink) directOn() bool { return s.d != nil && !s.off.Load() }
+
 // directBytes is how much went through O_DIRECT.
 func (s *sink) directBytes() int64 { return s.direct.Load() }
 
