@@ -79,11 +79,28 @@ func TestBlockDeviceExport(t *testing.T) {
 	if _, err := s.Get(ctx, "disk0", small, initiator.GetOptions{Force: true}); !errors.Is(err, initiator.ErrDest) || !strings.Contains(err.Error(), "bytes") {
 		t.Fatalf("smaller device: %v", err)
 	}
-	if _, err := s.Get(ctx, "disk0", big, initiator.GetOptions{Force: true}); err != nil {
+	res, err := s.Get(ctx, "disk0", big, initiator.GetOptions{Force: true})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := readDev(t, big, len(want)); !bytes.Equal(got, want) {
 		t.Fatal("device copy differs")
+	}
+	// A device takes O_DIRECT: every chunk of this size goes that way.
+	if d := initiator.DirectBytes(res); d != int64(len(want)) {
+		t.Errorf("%d of %d bytes landed on the device with O_DIRECT", d, len(want))
+	}
+	// A file with a short tail onto the device: the tail goes buffered,
+	// the rest direct, and the device reads back exact.
+	odd := randomFile(t, filepath.Join(e.dir, "odd"), 5*testChunk+17)
+	if res, err = s.Get(ctx, "data/odd", big, initiator.GetOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readDev(t, big, len(odd)); !bytes.Equal(got, odd) {
+		t.Fatal("device copy of a file with a short tail differs")
+	}
+	if d := initiator.DirectBytes(res); d != 5*testChunk {
+		t.Errorf("%d bytes landed on the device with O_DIRECT, want %d", d, 5*testChunk)
 	}
 	if _, err := os.Stat(big); err != nil {
 		t.Fatal("the destination device node is gone")

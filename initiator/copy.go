@@ -47,6 +47,10 @@ type GetOptions struct {
 	// SkipSame leaves DEST alone when it already has the source's size
 	// and whole-file digest.
 	SkipSame bool
+	// NoDirect lands the bytes with buffered writes only, never O_DIRECT
+	// (which rdmacp uses where the file system takes it, so that a copy
+	// does not pass through, or fill, the page cache).
+	NoDirect bool
 }
 
 // Result describes a finished copy.
@@ -67,8 +71,9 @@ type Result struct {
 	// Skipped: SkipSame found the destination already matching.
 	Skipped bool
 
-	entry protocol.Entry
-	start time.Time
+	entry       protocol.Entry
+	start       time.Time
+	directBytes int64 // landed with O_DIRECT
 }
 
 // DestPath is where a copy of src to dst lands, cp-style: into dst, or
@@ -91,7 +96,7 @@ func DestPath(src, dst string) string {
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
 	dst = DestPath(src, dst)
-	sp := pullSpec{progress: opt.Progress}
+	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect}
 	var rs *resumer
 	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
 		if opt.SkipSame {
@@ -172,6 +177,8 @@ type pullSpec struct {
 	land func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error)
 	// resume, if set, returns the resumer land set up, if any.
 	resume func() *resumer
+	// noDirect lands with buffered writes only (see direct.go).
+	noDirect bool
 }
 
 // pull opens src, lands it where sp says and verifies it: every chunk,
@@ -222,14 +229,16 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 		}
 	}()
 
-	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: land.f, src: src, progress: sp.progress}
+	out := newSink(land.f, !sp.noDirect, s.cfg.Logger)
+	defer out.close() // the fetch is done with it when run returns
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: out, src: src, progress: sp.progress}
 	if sp.resume != nil {
 		if rs := sp.resume(); rs != nil {
 			f.have, f.pre, f.onDone = rs.have, rs.pre, rs.done
 		}
 	}
 	sums, err := f.run()
-	res.Retries, res.BytesRead = f.retries, f.bytesRead
+	res.Retries, res.BytesRead, res.directBytes = f.retries, f.bytesRead, out.directBytes()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
@@ -413,7 +422,7 @@ type fetch struct {
 	handle   uint32
 	layout   chunker.Layout
 	alg      chunker.Algorithm
-	out      *os.File
+	out      *sink
 	src      string
 	progress func(Progress)
 
@@ -465,9 +474,10 @@ type win struct {
 	left    int // chunks not yet written
 }
 
-// verifiers is how many goroutines check and write chunks: writes into
-// the page cache are the slowest step on small VMs, and go faster in
-// parallel.
+// verifiers is how many goroutines check and write chunks: buffered
+// writes into the page cache are the slowest step on small VMs, and go
+// faster in parallel; with O_DIRECT (direct.go) it is how many writes
+// the disk has in flight.
 var verifiers = 4
 
 type verdict struct {
@@ -615,7 +625,17 @@ func (f *fetch) setup() error {
 	cs := int(f.layout.ChunkSize)
 	f.readSize = min(s.cfg.ReadSize, cs, int(min(caps.MaxMsgSize, 1<<30)))
 	inflight := len(s.data) * s.reads * f.readSize
-	slots := min((inflight+cs-1)/cs+2, f.layout.Chunks())
+	// Slots for the READs in flight, and some for chunks being checked
+	// and written. An O_DIRECT write holds its slot until the disk has
+	// the data, so then every verifier gets one: with only two spare,
+	// four direct writes in flight left the READs half their slots
+	// (bench/ab.sh: about 1.13x the throughput with the extra two, for
+	// 8 MiB more staging at the defaults).
+	spare := 2
+	if f.out.directOn() {
+		spare = max(spare, verifiers)
+	}
+	slots := min((inflight+cs-1)/cs+spare, f.layout.Chunks())
 	var err error
 	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
 		return err

@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"context"
+	"os"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -28,4 +29,50 @@ func HangUp(s *Session) {
 	for _, qp := range s.data {
 		qp.Disconnect()
 	}
+}
+
+// DirectBytes is how many of a copy's bytes were landed with O_DIRECT.
+func DirectBytes(r *Result) int64 { return r.directBytes }
+
+// DirectFile is what an O_DIRECT open hook returns.
+type DirectFile = directFile
+
+// OpenDirect is the real O_DIRECT open.
+var OpenDirect = openDirect
+
+// SetOpenDirect replaces how the O_DIRECT descriptor is opened until the
+// returned function is called.
+func SetOpenDirect(fn func(*os.File) (DirectFile, error)) (restore func()) {
+	old := openDirect
+	openDirect = fn
+	return func() { openDirect = old }
+}
+
+// DirectWhy says whether a new file in dir would be landed with O_DIRECT:
+// "" if so, else why not.
+func DirectWhy(dir string) string {
+	f, err := os.CreateTemp(dir, ".probe-")
+	if err != nil {
+		return err.Error()
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	s := newSink(f, true, nil)
+	defer s.close()
+	if s.d == nil {
+		return s.why
+	}
+	return ""
+}
+
+// DirectAlign is the alignment a direct write to a new file in dir needs.
+func DirectAlign(dir string) int64 {
+	f, err := os.CreateTemp(dir, ".probe-")
+	if err != nil {
+		return 0
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	a, _ := directAlign(f)
+	return a
 }

@@ -82,6 +82,8 @@ type TreeOptions struct {
 	// file and a sidecar if the copy is interrupted, and resumes from
 	// them (see GetOptions.Partial).
 	Partial bool
+	// NoDirect: see GetOptions.NoDirect.
+	NoDirect bool
 }
 
 // TreeResult sums up a tree copy.
@@ -560,7 +562,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	}
 	tmp := dr.fileName(it.rel)
 	var rs *resumer
-	sp := pullSpec{progress: opt.Progress, resume: func() *resumer { return rs }}
+	sp := pullSpec{progress: opt.Progress, resume: func() *resumer { return rs }, noDirect: opt.NoDirect}
 	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
 		if or.Entry.Type != protocol.FileRegular {
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)

@@ -36,6 +36,7 @@ func cpCommand() *cli.Command {
 			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a DEST.rdmacp-partial sidecar; a rerun reads only what is missing"},
 			&cli.BoolFlag{Name: "no-pack", Usage: "with -r, copy small files one by one instead of many per round trip"},
 			&cli.BoolFlag{Name: "skip-same", Aliases: []string{"c"}, Usage: "skip files whose size and whole-file digest already match (computed locally)"},
+			&cli.BoolFlag{Name: "no-direct", Usage: "write with buffered I/O instead of O_DIRECT (which cp uses where the file system takes it); leaves DEST in the page cache"},
 		),
 		Action: runCp,
 	}

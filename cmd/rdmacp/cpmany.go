@@ -56,7 +56,7 @@ func checkCpFlags(c *cli.Context) error {
 }
 
 func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.GetOptions {
-	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("skip-same")}
+	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("skip-same"), NoDirect: c.Bool("no-direct")}
 }
 
 // fileLine is the --json line for one file of a tree or manifest.
@@ -188,7 +188,7 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, std
 		r.update(p)
 	}
 	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
-		Progress: progress, Shard: shard(c), SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"),
+		Progress: progress, Shard: shard(c), SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
 		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
 	})
 	r.finish()
@@ -323,7 +323,7 @@ func manifestOne(c *cli.Context, s *initiator.Session, src, dst string, stdout i
 			fr.Err = &protocol.Error{Code: protocol.CodeIsDir, Message: src + " is a directory (add -r to copy trees)"}
 			return fr, nil
 		}
-		_, err := s.GetTree(ctx, src, dst, initiator.TreeOptions{SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"),
+		_, err := s.GetTree(ctx, src, dst, initiator.TreeOptions{SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
 			File: func(f initiator.FileResult) { t.file(f, src+"/"+f.Path, "") }})
 		if err != nil {
 			if fatal(err) {
