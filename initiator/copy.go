@@ -486,7 +486,10 @@ type verdict struct {
 	err error
 }
 
-func (f *fetch) run() (chunker.Digests, error) {
+func (f *fetch) run() (_ chunker.Digests, err error) {
+	if err := f.s.usable(); err != nil {
+		return chunker.Digests{}, err
+	}
 	n := f.layout.Chunks()
 	dsize := f.alg.Size()
 	f.sums = make([]byte, n*dsize)
@@ -501,6 +504,11 @@ func (f *fetch) run() (chunker.Digests, error) {
 	var wg sync.WaitGroup
 	defer f.teardown()
 	defer wg.Wait()
+	defer func() {
+		if err != nil { // READs still in flight must not reach the next transfer
+			f.s.drain(sum(f.inflight))
+		}
+	}()
 	ctx, cancel := context.WithCancel(f.ctx)
 	defer cancel()
 	s := f.s
@@ -570,8 +578,13 @@ func (f *fetch) run() (chunker.Digests, error) {
 		if err != nil {
 			return chunker.Digests{}, err
 		}
-		for _, c := range comps[:k] {
+		for i, c := range comps[:k] {
 			if err := f.complete(c, jobs); err != nil {
+				for _, c := range comps[i+1 : k] { // no longer in flight either
+					if q := int(c.WRID >> 48); q < len(f.inflight) {
+						f.inflight[q]--
+					}
+				}
 				return chunker.Digests{}, err
 			}
 		}

@@ -1,6 +1,7 @@
 package initiator_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -282,5 +283,29 @@ func TestReadOnlyMRWhenWindowsCantBind(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(dst); string(got) != string(want) {
 		t.Fatal("copy differs")
+	}
+}
+
+// A copy that fails with READs still in flight leaves the session fit for
+// the next one: those READs' completions are not taken for its own.
+func TestSessionGoesOnAfterFailedCopy(t *testing.T) {
+	e, inj := faultyEnv(t)
+	randomFile(t, filepath.Join(e.dir, "f"), 4<<20)
+	want := randomFile(t, filepath.Join(e.dir, "g"), 1<<20)
+	s := e.dial(t, func(c *initiator.Config) { c.Retries = 1 })
+	inj.CorruptReads(1000, nil)
+	out := t.TempDir()
+	if _, err := s.Get(context.Background(), "data/f", filepath.Join(out, "f"), initiator.GetOptions{}); !errors.Is(err, initiator.ErrVerify) {
+		t.Fatalf("first copy: %v, want ErrVerify", err)
+	}
+	inj.Reset()
+	for _, name := range []string{"g", "g2"} {
+		dst := filepath.Join(out, name)
+		if _, err := s.Get(context.Background(), "data/g", dst, initiator.GetOptions{}); err != nil {
+			t.Fatalf("copy after the failed one: %v", err)
+		}
+		if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+			t.Fatalf("%s differs", name)
+		}
 	}
 }

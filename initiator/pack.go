@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -244,10 +245,18 @@ func (s *Session) reread(ctx context.Context, w protocol.Window, off uint64, dst
 
 // readRange READs window bytes [off, off+n) into mr, from its start,
 // striped over the data QPs with each kept at its depth.
-func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, off, n uint64) error {
+func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, off, n uint64) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
 	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
 	pieces := int((n + rs - 1) / rs)
 	inflight := make([]int, len(s.data))
+	defer func() {
+		if err != nil {
+			s.drain(sum(inflight))
+		}
+	}()
 	comps := make([]verbs.Completion, 64)
 	next, done := 0, 0
 	for done < pieces {
@@ -273,18 +282,24 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		if err != nil {
 			return err
 		}
+		var cerr error // after counting every completion of the batch
 		for _, c := range comps[:k] {
 			q := int(c.WRID >> 48)
 			p := int(c.WRID & 0xffffffff)
 			if q >= len(inflight) || p >= pieces {
-				return fmt.Errorf("completion for unknown request %#x", c.WRID)
-			}
-			if c.Status != verbs.StatusSuccess {
-				return fmt.Errorf("%w: READ of a pack on data QP %d: %v", ErrConnect, q, c.Status)
+				cerr = cmp.Or(cerr, fmt.Errorf("completion for unknown request %#x", c.WRID))
+				continue
 			}
 			inflight[q]--
+			if c.Status != verbs.StatusSuccess {
+				cerr = cmp.Or(cerr, fmt.Errorf("%w: READ of a pack on data QP %d: %v", ErrConnect, q, c.Status))
+				continue
+			}
 			done++
 			s.bytesRead.Add(int64(min(rs, n-uint64(p)*rs)))
+		}
+		if cerr != nil {
+			return cerr
 		}
 		if k == 0 {
 			if err := s.dataCQ.Wait(ctx); err != nil {
@@ -293,4 +308,12 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		}
 	}
 	return nil
+}
+
+func sum(v []int) int {
+	t := 0
+	for _, x := range v {
+		t += x
+	}
+	return t
 }

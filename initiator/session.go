@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -106,6 +107,9 @@ type Session struct {
 	noPack    bool   // the target does not know Pack
 	packs     int    // Packs answered
 	closeOnce sync.Once
+	// broken is why the data QPs can no longer be trusted: READs of an
+	// earlier transfer that never completed (see drain).
+	broken    error
 	packBuf   *verbs.Buffer
 	packMR    verbs.MR // over packBuf
 }
@@ -301,6 +305,35 @@ func (s *Session) List(ctx context.Context, path string) ([]protocol.Entry, erro
 func unexpected(m protocol.Message) error {
 	return fmt.Errorf("%w: unexpected %v reply", protocol.ErrMalformed, m.Type())
 }
+
+// drainTimeout bounds how long drain waits for stray READs.
+const drainTimeout = 10 * time.Second
+
+// drain waits for n READs still in flight when a transfer ends early, so
+// that their completions are not taken for the next transfer's. If they
+// do not come (or the CQ fails), the session is marked broken.
+func (s *Session) drain(n int) {
+	if n <= 0 || s.broken != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	comps := make([]verbs.Completion, 64)
+	for n > 0 {
+		k, err := s.dataCQ.Poll(comps[:min(n, len(comps))])
+		if err == nil && k == 0 {
+			err = s.dataCQ.Wait(ctx)
+		}
+		if err != nil {
+			s.broken = fmt.Errorf("%w: %d READs of an earlier transfer never completed: %w", ErrConnect, n, err)
+			return
+		}
+		n -= k
+	}
+}
+
+// usable says why the data QPs can't be used, if they can't.
+func (s *Session) usable() error { return s.broken }
 
 // Close ends the session. Calls after the first do nothing.
 func (s *Session) Close() error {
