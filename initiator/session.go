@@ -109,9 +109,9 @@ type Session struct {
 	closeOnce sync.Once
 	// broken is why the data QPs can no longer be trusted: READs of an
 	// earlier transfer that never completed (see drain).
-	broken    error
-	packBuf   *verbs.Buffer
-	packMR    verbs.MR // over packBuf
+	broken  error
+	packBuf *verbs.Buffer
+	packMR  verbs.MR // over packBuf
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
