@@ -229,7 +229,7 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 		}
 	}()
 
-	out := newSink(land.f, !sp.noDirect, s.cfg.Logger)
+	out := newSink(land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
 	defer out.close() // the fetch is done with it when run returns
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: out, src: src, progress: sp.progress}
 	if sp.resume != nil {
@@ -281,6 +281,10 @@ type landing struct {
 	partial *resumer // with --partial: kept on failure, for a later run
 	remove  func()   // if set, how abort removes the file
 }
+
+// directMin is the smallest file landed with O_DIRECT: below a chunk (or
+// 1 MiB) the second descriptor costs more than the page cache does.
+func directMin(l chunker.Layout) int64 { return min(l.ChunkSize, 1<<20) }
 
 // ErrDest reports a destination rdmacp will not write.
 var ErrDest = errors.New("destination refused")
