@@ -28,7 +28,7 @@ bench() { # port qps -> MB/s
 }
 one=() two=()
 for _ in $(seq "$runs"); do
-  one+=("$(bench $p1 4)")
+  one+=("$(bench $p1 4 | awk '{ printf "%.0f", $1 }')")
   bench $p1 2 >"$dir/a" & a=$!
   bench $p2 2 >"$dir/b" & b=$!
   wait $a $b
