@@ -658,6 +658,8 @@ func (f *fetch) setup() error {
 		return err
 	}
 	if f.mr, err = s.pd.RegMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+		f.stage.Free()
+		f.stage = nil
 		return err
 	}
 	f.slots = make([]*chunk, slots)

@@ -276,10 +276,13 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 	var last time.Time // the first window reports at once
 	for sent < size {
 		var w *pwin
+		ok := false
 		select {
-		case w = <-ready:
+		case w, ok = <-ready:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+		}
+		if !ok { // cancelled (prepare stops sending when it is)
+			return nil, cmp.Or(ctx.Err(), errors.New("push: windows stopped coming"))
 		}
 		if w.err != nil {
 			w.free()

@@ -251,7 +251,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 		defer func() {
 			if stage != "" {
-				os.RemoveAll(stage)
+				removeStage(stage)
 			}
 		}()
 	} else if err := os.MkdirAll(top, 0o700); err != nil {
@@ -438,9 +438,8 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		f.Close()
 	}
 	if stage != "" {
-		// RENAME_NOREPLACE: a destination made meanwhile is not replaced.
-		if err := unix.Renameat2(unix.AT_FDCWD, stage, unix.AT_FDCWD, top, unix.RENAME_NOREPLACE); err != nil {
-			return tr, &os.LinkError{Op: "rename", Old: stage, New: top, Err: err}
+		if err := renameNew(stage, top); err != nil {
+			return tr, err
 		}
 		stage = ""
 		if f, err := os.Open(filepath.Dir(top)); err == nil {
@@ -534,7 +533,42 @@ func mkdirIn(root *os.Root, rel string) error {
 func tempName(rel string) string {
 	var r [6]byte
 	randRead(r[:])
-	return path.Join(path.Dir(rel), "."+path.Base(rel)+".rdmacp-"+fmt.Sprintf("%x", r)+".part")
+	base := path.Base(rel)
+	if len(base) > 200 {
+		base = base[:200] // room for the rest within NAME_MAX
+	}
+	return path.Join(path.Dir(rel), "."+base+".rdmacp-"+fmt.Sprintf("%x", r)+".part")
+}
+
+// renameNew renames the staged tree stage to top, which must not exist:
+// with RENAME_NOREPLACE where the file system has it, else (NFS, FUSE,
+// some cluster file systems refuse the flag) after checking, with a plain
+// rename, which can replace no more than an empty directory made since.
+func renameNew(stage, top string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, stage, unix.AT_FDCWD, top, unix.RENAME_NOREPLACE)
+	if err == unix.EINVAL || err == unix.ENOSYS {
+		if _, lerr := os.Lstat(top); !errors.Is(lerr, fs.ErrNotExist) {
+			return &os.LinkError{Op: "rename", Old: stage, New: top, Err: unix.EEXIST}
+		}
+		return os.Rename(stage, top)
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: stage, New: top, Err: err}
+	}
+	return nil
+}
+
+// removeStage removes a staged tree that will not be renamed into place,
+// first making its directories writable: they may have the source's
+// read-only modes by then.
+func removeStage(stage string) {
+	filepath.WalkDir(stage, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	os.RemoveAll(stage)
 }
 
 // syncRoot makes everything written on root's file system durable.

@@ -239,4 +239,20 @@ func TestGetTreeStaged(t *testing.T) {
 	if len(staged()) != 0 {
 		t.Errorf("left %v", staged())
 	}
+
+	// A destination made while the tree was being copied is not replaced;
+	// the staged copy goes, read-only directories and all.
+	os.RemoveAll(dst)
+	os.Chmod(filepath.Join(src, "sub"), 0o555)
+	defer os.Chmod(filepath.Join(src, "sub"), 0o755)
+	_, err = s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Progress: func(initiator.Progress) { os.Mkdir(dst, 0o755) }})
+	if err == nil {
+		t.Fatal("the copy replaced a destination made meanwhile")
+	}
+	if ents, _ := os.ReadDir(dst); len(ents) != 0 {
+		t.Errorf("the destination made meanwhile has %v", ents)
+	}
+	if len(staged()) != 0 {
+		t.Errorf("left %v", staged())
+	}
 }

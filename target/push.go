@@ -170,12 +170,12 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	if len(base) > 200 {
 		base = base[:200] // leave room for the rest within NAME_MAX
 	}
-	p.tmp = path.Join(path.Dir(p.dst), "."+base+".rdmacp-"+hex.EncodeToString(r[:])+".part")
-	f, err := p.x.root.OpenFile(p.tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	tmp := path.Join(path.Dir(p.dst), "."+base+".rdmacp-"+hex.EncodeToString(r[:])+".part")
+	f, err := p.x.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fsError(p.x.Name+"/"+p.dst, err)
 	}
-	p.f = f
+	p.tmp, p.f = tmp, f // only now is it ours to remove
 	if err := allocate(f, p.layout.Size); err != nil {
 		return writeError(p, "reserving", err)
 	}
@@ -480,14 +480,17 @@ func (ss *session) drain(cq verbs.CQ, outstanding *int) {
 	comps := make([]verbs.Completion, 64)
 	for *outstanding > 0 {
 		k, err := cq.Poll(comps[:min(len(comps), *outstanding)])
+		if err == nil && k == 0 {
+			err = cq.Wait(ctx)
+		}
 		if err != nil {
+			// Their completions would be taken for later requests' own:
+			// the session can't go on.
+			ss.log.Warn("push: READs still in flight after the drain timeout; ending the session", "reads", *outstanding, "err", err)
+			ss.shutdown()
 			return
 		}
 		*outstanding -= k
-		if k == 0 && cq.Wait(ctx) != nil {
-			ss.log.Warn("push: READs still in flight after the drain timeout", "reads", *outstanding)
-			return
-		}
 	}
 }
 
@@ -531,6 +534,10 @@ func (p *push) commit(fileDigest []byte) *protocol.Error {
 	if err := p.f.Chmod(fs.FileMode(p.mode)); err != nil {
 		return writeError(p, "chmod", err)
 	}
+	mt := time.Unix(0, p.mtime) // before the sync, which then covers it
+	if err := p.x.root.Chtimes(p.tmp, mt, mt); err != nil {
+		return writeError(p, "chtimes", err)
+	}
 	if err := p.f.Sync(); err != nil {
 		return writeError(p, "syncing", err)
 	}
@@ -538,10 +545,6 @@ func (p *push) commit(fileDigest []byte) *protocol.Error {
 	p.f = nil
 	if err != nil {
 		return writeError(p, "closing", err)
-	}
-	mt := time.Unix(0, p.mtime)
-	if err := p.x.root.Chtimes(p.tmp, mt, mt); err != nil {
-		return writeError(p, "chtimes", err)
 	}
 	if err := p.x.root.Rename(p.tmp, p.dst); err != nil {
 		return fsError(dst, err)
