@@ -31,6 +31,10 @@ type Config struct {
 	// SetupTimeout bounds MPA negotiation when the context has no
 	// deadline; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
+
+	// testSegment, set by tests, caps each outgoing segment's payload at
+	// message offset off, to cut messages as other peers might.
+	testSegment func(off int) int
 }
 
 // CRCPolicy is when a side asks for MPA CRC32c.

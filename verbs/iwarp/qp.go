@@ -74,6 +74,11 @@ type qp struct {
 	// Reader-only state.
 	recvMSN, recvMO uint32
 	readReqMSN      uint32
+	// pre holds Read Response segments already placed by a speculative
+	// read (see readSpec), to be checked and completed in turn.
+	pre     []preSeg
+	noSpec  bool // the peer's segments did not come as predicted
+	specBuf []specSeg
 
 	wake     chan struct{}
 	done     chan struct{}
@@ -336,6 +341,7 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 // fpdus accumulates FPDUs for one vectored write.
 type fpdus struct {
 	crc     bool
+	seg     func(off int) int // Config.testSegment
 	bufs    net.Buffers
 	scratch []byte
 	held    []*mr // regions to release after the write
@@ -431,6 +437,9 @@ func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) he
 	off := 0
 	for {
 		n := min(len(data)-off, maxPayload)
+		if f.seg != nil {
+			n = min(n, f.seg(off))
+		}
 		last := off+n == len(data)
 		h := tag(off, last)
 		f.add(&h, nil, data[off:off+n])
@@ -449,7 +458,7 @@ func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) he
 func (q *qp) writer() {
 	defer q.wg.Done()
 	debug.SetPanicOnFault(true)
-	f := &fpdus{crc: q.crc}
+	f := &fpdus{crc: q.crc, seg: q.dev.cfg.testSegment}
 	for {
 		select {
 		case <-q.wake:
@@ -754,6 +763,125 @@ func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
 	return nil
 }
 
+// specSegs is how many Read Response segments past the one being read
+// the reader places on speculation, in the same readv.
+const specSegs = 3
+
+// specHdr is the MPA length and tagged DDP/RDMAP header of a segment.
+const specHdr = mpaLenLen + taggedHdrLen
+
+// specSeg is a segment the reader expects next: its MPA length and
+// header exactly as they must arrive, and where its payload goes.
+type specSeg struct {
+	hdr [specHdr]byte
+	pay []byte
+	pad int
+}
+
+// preSeg is a segment placed by readSpec, not yet checked and completed.
+type preSeg struct {
+	stag uint32
+	to   uint64
+	n    int
+}
+
+// readSpec is readIntoThen(p, trail, extra) for the payload p of a Read
+// Response segment, which also reads the segments predicted in segs: in
+// one readv, the rest of p, then for each predicted segment the trailer
+// before it and its header into the buffer and its payload straight to
+// its place, then the last one's trailer (and up to extra bytes after).
+// It returns how many predicted segments arrived whole and exactly as
+// predicted, or -(j+1) if segment j's header differs: then what was read
+// from that header on goes back into the buffer, as if read there, for
+// the caller to parse as usual (the stray payload bytes written to the
+// sink are within the READ's own sink, and the real ones overwrite them).
+func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) (int, error) {
+	if len(segs) == 0 || fr.rc == nil || fr.w-fr.r >= len(p) {
+		return 0, fr.readIntoThen(p, trail, extra)
+	}
+	k := copy(p, fr.buf[fr.r:fr.w])
+	p = p[k:]
+	fr.r, fr.w = 0, 0
+	// The buffer's regions: before segment j its predecessor's trailer
+	// and its header; at the end the last trailer and the extra.
+	iov := make([][]byte, 0, 2*len(segs)+2)
+	hdrAt := make([]int, len(segs)) // where segment j's header starts in buf
+	regAt := make([]int, len(segs)) // where the region before it starts
+	iov = append(iov, p)
+	at := 0
+	for j := range segs {
+		regAt[j], hdrAt[j] = at, at+trail
+		iov = append(iov, fr.buf[at:at+trail+specHdr], segs[j].pay)
+		at += trail + specHdr
+		trail = segs[j].pad + crcLen
+	}
+	need := at + trail // the buffer bytes that must come
+	extra = min(extra, len(fr.buf)-need)
+	iov = append(iov, fr.buf[at:need+extra])
+	// Read until every payload and the last trailer are in, checking each
+	// header once it has come whole.
+	got := make([]int, len(iov)) // bytes received into each iov
+	cur, checked := 0, 0
+	for {
+		for cur < len(iov)-1 && got[cur] == len(iov[cur]) {
+			cur++
+		}
+		bufGot := 0 // buffer bytes received so far, in order
+		for i := 1; i < len(iov); i += 2 {
+			bufGot += got[i]
+		}
+		for checked < len(segs) && bufGot >= hdrAt[checked]+specHdr {
+			j := checked
+			if [specHdr]byte(fr.buf[hdrAt[j]:hdrAt[j]+specHdr]) != segs[j].hdr {
+				fr.unspeculate(iov, got, regAt[j], hdrAt[j], 2*j+1)
+				return -j - 1, nil
+			}
+			checked++
+		}
+		if cur == len(iov)-1 && got[cur] >= need-at {
+			fr.w = at + got[cur]
+			return len(segs), nil
+		}
+		rest := make([][]byte, 0, len(iov)-cur)
+		rest = append(rest, iov[cur][got[cur]:])
+		rest = append(rest, iov[cur+1:]...)
+		var n int
+		var err error
+		if rerr := fr.rc.Read(func(fd uintptr) bool {
+			n, err = unix.Readv(int(fd), rest)
+			return err != unix.EAGAIN
+		}); rerr != nil {
+			return 0, rerr
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", err)}
+		}
+		if n == 0 {
+			return 0, io.ErrUnexpectedEOF
+		}
+		for i := cur; n > 0; i++ {
+			m := min(n, len(iov[i])-got[i])
+			got[i] += m
+			n -= m
+		}
+	}
+}
+
+// unspeculate puts the stream bytes received from buffer offset from (a
+// header in iov[first], the region that starts at buffer offset reg) on
+// back into the buffer, in stream order: the rest of iov[first], then
+// the payloads and regions after it.
+func (fr *frameReader) unspeculate(iov [][]byte, got []int, reg, from, first int) {
+	tail := append([]byte(nil), iov[first][from-reg:got[first]]...)
+	for i := first + 1; i < len(iov); i++ {
+		tail = append(tail, iov[i][:got[i]]...)
+	}
+	fr.w = from + copy(fr.buf[from:], tail)
+}
+
 // readInto moves the next len(p) stream bytes into p.
 func (fr *frameReader) readInto(p []byte) error {
 	n := copy(p, fr.buf[fr.r:fr.w])
@@ -772,7 +900,7 @@ var errPeerClosed = fmt.Errorf("%w by peer", verbs.ErrDisconnected)
 
 func (q *qp) reader() {
 	defer q.wg.Done()
-	fr := newFrameReader(q.conn, 2*maxPayload)
+	fr := newFrameReader(q.conn, (specSegs+2)*(maxPayload+specHdr+3+crcLen))
 	err := q.readLoop(fr)
 	q.mu.Lock()
 	dead := q.dead
@@ -958,21 +1086,85 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	if n == 0 {
 		return sum, nil
 	}
-	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(n), LKey: h.stag}, verbs.AccessLocalWrite, nil)
+	pre := len(q.pre) > 0 // placed already, by a speculative read
+	var segs []specSeg
+	span := n
+	if pre {
+		if p := q.pre[0]; p.stag != h.stag || p.to != h.to || p.n != n {
+			return sum, &termError{layer: layerRDMAP, etype: rdmapCatastrophic, msg: "read response out of step with the ones placed ahead"}
+		}
+		q.pre = q.pre[1:]
+	} else {
+		segs = q.predict(h, n, uint64(wr.Local.Length)-s.placed-uint64(n))
+		for _, sg := range segs {
+			span += int(binary.BigEndian.Uint16(sg.hdr[:])) - taggedHdrLen
+		}
+	}
+	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(span), LKey: h.stag}, verbs.AccessLocalWrite, nil)
 	if !ok {
 		// The sink was deregistered or is not writable: a local error.
 		q.fail(fmt.Errorf("read: %w", verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
 		return sum, verbs.StatusLocalProtect
 	}
 	defer m.use.RUnlock()
-	if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
-		return sum, err
+	switch {
+	case pre:
+		if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+			return sum, err
+		}
+	case len(segs) > 0:
+		off := n
+		for j := range segs {
+			ln := int(binary.BigEndian.Uint16(segs[j].hdr[:])) - taggedHdrLen
+			segs[j].pay = b[off : off+ln : off+ln]
+			off += ln
+		}
+		got, err := fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen)
+		if err != nil {
+			return sum, err
+		}
+		if got < 0 { // a header other than predicted: stop predicting
+			q.noSpec, got = true, -got-1
+		}
+		to := h.to + uint64(n)
+		for _, sg := range segs[:got] {
+			q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: len(sg.pay)})
+			to += uint64(len(sg.pay))
+		}
+	default:
+		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+			return sum, err
+		}
 	}
+	b = b[:n]
 	if q.crc {
 		sum = crc32.Update(sum, castagnoli, b)
 	}
 	s.placed += uint64(n)
 	return sum, nil
+}
+
+// predict is what the segments after a Read Response segment of n bytes
+// look like if the peer goes on cutting the response the same way, with
+// rem bytes of it left: as many as readSpec reads ahead.
+func (q *qp) predict(h *header, n int, rem uint64) []specSeg {
+	if q.noSpec || rem == 0 {
+		return nil
+	}
+	segs := q.specBuf[:0]
+	to := h.to + uint64(n)
+	for len(segs) < specSegs && rem > 0 {
+		ln := int(min(uint64(n), rem))
+		nh := header{tagged: true, last: uint64(ln) == rem, op: opReadResp, stag: h.stag, to: to}
+		var sg specSeg
+		nh.put(sg.hdr[:], ln)
+		sg.pad = padLen(taggedHdrLen + ln)
+		segs = append(segs, sg)
+		to += uint64(ln)
+		rem -= uint64(ln)
+	}
+	q.specBuf = segs
+	return segs
 }
 
 // asDDPTagged restates a placement fault of an incoming RDMA Write at

@@ -1,0 +1,190 @@
+package iwarp
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// tcpPair is a connected loopback TCP pair.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+// readSpec reads a payload and the segments predicted after it in one
+// go; a header other than predicted puts everything from it on back into
+// the buffer. Either way the bytes the reader holds, with the payloads it
+// placed, are exactly the stream, however the stream is cut into reads.
+func TestReadSpec(t *testing.T) {
+	const trail, extra = 2 + crcLen, specHdr
+	for iter := range 60 {
+		r := rand.New(rand.NewPCG(uint64(iter), 9))
+		nseg := 1 + r.IntN(specSegs)
+		bad := -1 // the segment whose header differs, if any
+		if iter%3 == 1 {
+			bad = r.IntN(nseg)
+		}
+		seglen := func() int { return 1 + r.IntN(3000) }
+		// Build the stream: the rest of the current payload, then per
+		// segment its predecessor's trailer, its header, its payload, then
+		// the last trailer and some bytes after.
+		cur := make([]byte, seglen())
+		fill := func(b []byte) []byte {
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
+			return b
+		}
+		fill(cur)
+		var stream, wantBuf []byte
+		stream = append(stream, cur...)
+		segs := make([]specSeg, nseg)
+		pays := make([][]byte, nseg)
+		pad := 2
+		for j := range segs {
+			stream = append(stream, fill(make([]byte, pad+crcLen))...)
+			var h [specHdr]byte
+			fill(h[:])
+			segs[j].hdr = h
+			if j == bad {
+				h[5] ^= 1
+			}
+			pays[j] = fill(make([]byte, seglen()))
+			pad = r.IntN(4)
+			segs[j].pad = pad
+			segs[j].pay = make([]byte, len(pays[j]))
+			stream = append(stream, h[:]...)
+			stream = append(stream, pays[j]...)
+		}
+		stream = append(stream, fill(make([]byte, pad+crcLen+r.IntN(2*extra)))...)
+		// What the buffer must hold: the stream less the placed payloads
+		// (all of them, or those before the bad header).
+		placed := nseg
+		if bad >= 0 {
+			placed = bad
+		}
+		off, tr := len(cur), trail
+		for j := range placed {
+			wantBuf = append(wantBuf, stream[off:off+tr+specHdr]...)
+			off += tr + specHdr + len(pays[j])
+			tr = segs[j].pad + crcLen
+		}
+		wantBuf = append(wantBuf, stream[off:]...)
+
+		a, b := tcpPair(t)
+		go func() {
+			w := stream
+			for len(w) > 0 { // cut into random writes
+				n := min(len(w), 1+r.IntN(5000))
+				a.Write(w[:n])
+				w = w[n:]
+				if r.IntN(4) == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+		fr := newFrameReader(b, (specSegs+2)*(maxPayload+specHdr+3+crcLen))
+		got := make([]byte, len(cur))
+		n, err := fr.readSpec(got, trail, segs, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := nseg
+		if bad >= 0 {
+			want = -bad - 1
+		}
+		if n != want {
+			t.Fatalf("iter %d: readSpec says %d, want %d", iter, n, want)
+		}
+		if !bytes.Equal(got, cur) {
+			t.Fatalf("iter %d: the current payload differs", iter)
+		}
+		for j := range placed {
+			if !bytes.Equal(segs[j].pay, pays[j]) {
+				t.Fatalf("iter %d: payload %d differs", iter, j)
+			}
+		}
+		// The buffer holds a prefix of wantBuf (the rest is still in the
+		// socket, or more of it was read ahead).
+		held := fr.buf[fr.r:fr.w]
+		rest := make([]byte, len(wantBuf)-len(held))
+		if len(held) > len(wantBuf) || !bytes.Equal(held, wantBuf[:len(held)]) {
+			t.Fatalf("iter %d (bad %d): the buffer holds %d bytes that are not the stream's", iter, bad, len(held))
+		}
+		fr.r = fr.w
+		if err := fr.readInto(rest); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(rest, wantBuf[len(held):]) {
+			t.Fatalf("iter %d: the stream after the buffer differs", iter)
+		}
+		if bad < 0 && len(held) < len(wantBuf)-(len(stream)-off)+tr {
+			t.Fatalf("iter %d: the last trailer was not read", iter)
+		}
+	}
+}
+
+// READs whose responses come cut as the reader predicts (evenly), or
+// not, land exactly; in the second case the reader stops predicting.
+func TestReadResponsesCut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		seg    func(off int) int
+		noSpec bool
+	}{
+		{"even", func(int) int { return 1000 }, false},
+		{"uneven", func(off int) int { return 1000 + off%7*300 }, true},
+	} {
+		for _, cfg := range []Config{{CRC: CRCOn, testSegment: tc.seg}, {CRC: CRCOff, testSegment: tc.seg}} {
+			a, b := pair(t, cfg, 8)
+			src := buffer(t, 2<<20)
+			for i := range src {
+				src[i] = byte(rand.Uint32())
+			}
+			dst := buffer(t, 2<<20)
+			smr, _ := b.pd.RegMR(src, verbs.AccessRemoteRead)
+			dmr, _ := a.pd.RegMR(dst, verbs.AccessLocalWrite)
+			var wrs []verbs.SendWR
+			for i, sz := range []uint32{1, 999, 1000, 1001, 64 << 10, 300 << 10} {
+				off := uint64(i) * (300 << 10 / 2)
+				wrs = append(wrs, verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, Local: verbs.SGE{Addr: dmr.Addr() + off, Length: sz, LKey: dmr.LKey()}, RemoteAddr: smr.Addr() + off, RKey: smr.RKey()})
+			}
+			if k, err := a.qp.PostSend(wrs); k != len(wrs) || err != nil {
+				t.Fatal(k, err)
+			}
+			for _, c := range wait(t, a.scq, len(wrs)) {
+				if c.Status != verbs.StatusSuccess {
+					t.Fatalf("crc %v: %+v", cfg.CRC, c)
+				}
+			}
+			for _, wr := range wrs {
+				o := wr.Local.Addr - dmr.Addr()
+				if !bytes.Equal(dst[o:o+uint64(wr.Local.Length)], src[o:o+uint64(wr.Local.Length)]) {
+					t.Fatalf("crc %v: READ %d differs", cfg.CRC, wr.ID)
+				}
+			}
+			if q := a.qp.(*qp); q.noSpec != tc.noSpec {
+				t.Errorf("%s, crc %v: the reader stopped predicting: %v", tc.name, cfg.CRC, q.noSpec)
+			}
+		}
+	}
+}
