@@ -39,25 +39,53 @@ type packedFile struct {
 // answered, in order; their bytes are valid only during the call. An
 // error fn returns, or one that breaks the session, stops it.
 func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first int, files []packedFile) error) error {
+	return s.getPackedFeed(ctx, staticPaths(paths), fn)
+}
+
+// pathFeed is the paths getPackedFeed packs, as they become known.
+type pathFeed interface {
+	// upTo blocks until the paths from i on are enough for a pack, or no
+	// more will come, and returns all the paths known so far: no more
+	// than i of them when there are no more.
+	upTo(i int) []string
+}
+
+type staticPaths []string
+
+func (p staticPaths) upTo(int) []string { return p }
+
+// getPackedFeed is getPacked for paths that come from feed as they are
+// found. The next Pack is asked for while this one is read and written
+// out (the target packs while we write), and it waits for its paths
+// itself, so waiting for them never holds up the writing.
+func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(first int, files []packedFile) error) error {
 	alg := s.cfg.Algorithm
 	type answer struct {
-		r   *protocol.PackReply
-		err error
+		r       *protocol.PackReply
+		err     error
+		done    bool   // no paths from i on
+		tooLong string // paths[i], which alone cannot fit a Pack
 	}
-	// ask sends the Pack for the paths from i on, answering on the
-	// channel it returns; nil when paths[i] alone cannot fit a Pack.
+	// ask sends the Pack for the paths from i on, once there are enough,
+	// answering on the channel it returns.
 	ask := func(i int) <-chan answer {
-		j := i
-		for j < len(paths) && j-i < 1024 && protocol.PackSize(paths[i:j+1]) <= protocol.MaxMessage {
-			j++
-		}
-		if j == i {
-			return nil
-		}
 		c := make(chan answer, 1)
 		go func() {
+			paths := feed.upTo(i)
+			if i >= len(paths) {
+				c <- answer{done: true, err: ctx.Err()}
+				return
+			}
+			j := i
+			for j < len(paths) && j-i < 1024 && protocol.PackSize(paths[i:j+1]) <= protocol.MaxMessage {
+				j++
+			}
+			if j == i {
+				c <- answer{tooLong: paths[i]}
+				return
+			}
 			r, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[i:j]})
-			c <- answer{r, err}
+			c <- answer{r: r, err: err}
 		}()
 		return c
 	}
@@ -70,49 +98,40 @@ func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first i
 		}
 		return err
 	}
-	var next <-chan answer
-	if len(paths) > 0 {
-		next = ask(0)
-	}
-	for i := 0; i < len(paths); {
-		if next == nil {
-			if err := fn(i, []packedFile{{err: fmt.Errorf("%s: path too long to pack", paths[i])}}); err != nil {
+	next := ask(0)
+	for i := 0; ; {
+		a := <-next
+		switch {
+		case a.err != nil:
+			return a.err
+		case a.done:
+			return nil
+		case a.tooLong != "":
+			if err := fn(i, []packedFile{{err: fmt.Errorf("%s: path too long to pack", a.tooLong)}}); err != nil {
 				return err
 			}
 			i++
-			if i < len(paths) {
-				next = ask(i)
-			}
+			next = ask(i)
 			continue
-		}
-		a := <-next
-		next = nil
-		if a.err != nil {
-			return a.err
 		}
 		r := a.r
 		s.packs++
 		end := i + len(r.Files)
-		// Ask for the next pack while this one is read and written out:
-		// the target packs while we write.
-		if end < len(paths) {
-			next = ask(end)
-		}
+		next = ask(end)
 		err := s.readPack(ctx, r, func(files []packedFile) error { return fn(i, files) })
 		if cerr := closePack(r); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			if next != nil {
-				if a := <-next; a.err == nil {
+			go func() { // the next may still be waiting for its paths
+				if a := <-next; a.r != nil {
 					closePack(a.r)
 				}
-			}
+			}()
 			return err
 		}
 		i = end
 	}
-	return nil
 }
 
 // packCall sends a Pack, waiting while the target's window budget is in

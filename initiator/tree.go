@@ -114,6 +114,20 @@ type item struct {
 // the tree goes on. Directories are kept whatever the shard; other
 // entries only if the shard has them.
 func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, error) {
+	var plan []item
+	err := walkTree(ctx, l, src, sh, func(it item) error {
+		plan = append(plan, it)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return plan, nil
+}
+
+// walkTree is planTree handing each item to emit as soon as it is known;
+// an error emit returns stops the walk.
+func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(item) error) error {
 	// Listings are fetched ahead, several at once: a directory's
 	// subdirectories are all asked for before the first is walked.
 	type listing struct {
@@ -137,7 +151,6 @@ func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, erro
 		}()
 		return ls
 	}
-	var plan []item
 	var walk func(remote, rel string, ls *listing) error
 	walk = func(remote, rel string, ls *listing) error {
 		<-ls.done
@@ -167,26 +180,29 @@ func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, erro
 				if ValidName(e.Name) != nil {
 					it.rel = path.Join(rel, fmt.Sprintf("%q", e.Name))
 				}
-				plan = append(plan, it)
+				if err := emit(it); err != nil {
+					return err
+				}
 				continue
 			}
 			if e.Type == protocol.FileDir {
-				plan = append(plan, it)
+				if err := emit(it); err != nil {
+					return err
+				}
 				if err := walk(remote+"/"+e.Name, it.rel, kids[e.Name]); err != nil {
 					return err
 				}
 				continue
 			}
 			if sh.Has(remote + "/" + e.Name) {
-				plan = append(plan, it)
+				if err := emit(it); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
 	}
-	if err := walk(src, "", start(src)); err != nil {
-		return nil, err
-	}
-	return plan, nil
+	return walk(src, "", start(src))
 }
 
 // listAhead is how many List requests a tree copy keeps outstanding.
@@ -231,10 +247,6 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if topEntry.Type != protocol.FileDir {
 		return tr, &protocol.Error{Code: protocol.CodeNotDir, Message: src + " is not a directory"}
 	}
-	plan, err := planTree(ctx, l, src, opt.Shard)
-	if err != nil {
-		return tr, err
-	}
 	// A tree whose destination does not exist yet is staged in a
 	// directory of its own and renamed into place at the end: its files
 	// need no temporary names, and it appears whole or not at all.
@@ -265,8 +277,13 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	dr := &dirRoots{root: root, m: map[string]*os.Root{}, fds: map[string]*os.File{}, final: stage != ""}
 	defer dr.close()
 
+	// The tree is listed, its directories made and its small files packed
+	// all at once: the small files go to a packer as they are found, and
+	// the rest wait for it to finish (one transfer at a time uses the
+	// data QPs).
+	var mu sync.Mutex // waiting and tr, shared with the packer
 	var waiting []pending
-	var small []item // small regular files, to pack
+	var large []item // regular files too large to pack, after the packer
 	dirs := []item{{rel: ".", entry: topEntry}}
 	defer func() {
 		for _, p := range waiting {
@@ -278,7 +295,14 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			}
 		}
 	}()
+	wait := func(p pending) {
+		mu.Lock()
+		waiting = append(waiting, p)
+		mu.Unlock()
+	}
 	report := func(fr FileResult) {
+		mu.Lock()
+		defer mu.Unlock()
 		tr.Files = append(tr.Files, fr)
 		switch fr.Status {
 		case StatusOK, StatusSame:
@@ -303,7 +327,41 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 		return false
 	}
-	for _, it := range plan {
+	ctx, cancel := context.WithCancel(ctx)
+	items := make(chan item, 256)
+	var planErr error
+	planned := make(chan struct{})
+	go func() {
+		defer close(planned)
+		defer close(items)
+		planErr = walkTree(ctx, l, src, opt.Shard, func(it item) error {
+			select {
+			case items <- it:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	feed := &treeFeed{in: make(chan item, 1024), src: src, ctx: ctx}
+	packErr := make(chan error, 1)
+	go func() {
+		err := s.treePacked(ctx, dr, src, feed, opt, wait, report)
+		if err != nil {
+			cancel() // the tree stops: no more listing, no more feeding
+		}
+		packErr <- err
+	}()
+	packing := true
+	defer func() { // stop both, on the way out early
+		cancel()
+		if packing {
+			feed.close()
+			<-packErr
+		}
+		<-planned
+	}()
+	for it := range items {
 		fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed}
 		if it.err != nil {
 			fr.Err = it.err
@@ -329,26 +387,15 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			dirs = append(dirs, it)
 		case protocol.FileSymlink:
 			fr.Status = StatusOK
-			waiting = append(waiting, pending{res: &fr, rel: it.rel, link: it.entry.Target})
+			wait(pending{res: &fr, rel: it.rel, link: it.entry.Target})
 		case protocol.FileRegular:
 			if !opt.NoPack && !opt.SkipSame && !s.noPack && int64(it.entry.Size) <= s.packMax() {
-				small = append(small, it) // after the loop, when every directory is made
-				continue
-			}
-			p, err := s.treeFile(ctx, dr, src, it, opt)
-			if err != nil {
-				if ctx.Err() != nil || errors.Is(err, ErrConnect) {
-					return tr, err
+				if !feed.put(it) { // the packer stopped: its error says why
+					break
 				}
-				fr.Err = err
-				report(fr)
 				continue
 			}
-			if p.tmp == "" { // already the same
-				report(*p.res)
-				continue
-			}
-			waiting = append(waiting, p)
+			large = append(large, it)
 		default:
 			fr.Status = StatusSkipped
 			fr.Err = fmt.Errorf("%s: skipping special file (%v)", it.rel, it.entry.Type)
@@ -356,8 +403,30 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			report(fr)
 		}
 	}
-	if err := s.treePacked(ctx, dr, src, small, opt, &waiting, report); err != nil {
+	feed.close()
+	err = <-packErr
+	packing = false
+	<-planned
+	if err == nil {
+		err = planErr
+	}
+	if err != nil {
 		return tr, err
+	}
+	for _, it := range large {
+		p, err := s.treeFile(ctx, dr, src, it, opt)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, ErrConnect) {
+				return tr, err
+			}
+			report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
+			continue
+		}
+		if p.tmp == "" && !p.placed { // already the same
+			report(*p.res)
+			continue
+		}
+		wait(p)
 	}
 	if err := ctx.Err(); err != nil {
 		return tr, err
@@ -666,10 +735,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 // treePacked copies a tree's small files with Pack, into temporary files
 // as treeFile does. Files the target will not pack (too large by now), and
 // all of them if the target does not know Pack, go through treeFile.
-func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, small []item, opt TreeOptions, waiting *[]pending, report func(FileResult)) error {
-	if len(small) == 0 {
-		return nil
-	}
+func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, feed *treeFeed, opt TreeOptions, wait func(pending), report func(FileResult)) error {
 	one := func(it item) error {
 		p, err := s.treeFile(ctx, dr, src, it, opt)
 		if err != nil {
@@ -679,18 +745,14 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 			report(FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
 			return nil
 		}
-		*waiting = append(*waiting, p)
+		wait(p)
 		return nil
 	}
-	paths := make([]string, len(small))
-	for i, it := range small {
-		paths[i] = src + "/" + it.rel
-	}
 	var later []item
-	err := s.getPacked(ctx, paths, func(first int, files []packedFile) error {
+	err := s.getPackedFeed(ctx, feed, func(first int, files []packedFile) error {
 		jobs := make([]packedJob, 0, len(files))
 		for k, f := range files {
-			it := small[first+k]
+			it := feed.item(first + k)
 			var pe *protocol.Error
 			if errors.As(f.err, &pe) && pe.Code == protocol.CodeTooMany {
 				later = append(later, it)
@@ -698,7 +760,7 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 			}
 			fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
 			if f.err != nil {
-				fr.Err = fmt.Errorf("%s: %w", paths[first+k], f.err)
+				fr.Err = fmt.Errorf("%s/%s: %w", src, it.rel, f.err)
 				report(fr)
 				continue
 			}
@@ -727,14 +789,14 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 			if !dr.final {
 				p.tmp = path.Join(path.Dir(j.rel), j.name)
 			}
-			*waiting = append(*waiting, p)
+			wait(p)
 		}
 		return nil
 	})
 	if errors.Is(err, errNoPack) {
 		s.noPack = true
 		s.cfg.Logger.Info("the target does not pack files; copying them one by one")
-		for _, it := range small {
+		for _, it := range feed.all() {
 			if err := one(it); err != nil {
 				return err
 			}
@@ -750,6 +812,75 @@ func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, smal
 		}
 	}
 	return nil
+}
+
+// treeFeed hands a tree's small files to the packer as they are found.
+type treeFeed struct {
+	in   chan item
+	src  string
+	ctx  context.Context
+	once sync.Once
+
+	mu    sync.Mutex // items and paths: appended by upTo, read by the packer
+	items []item     // received, in order
+	paths []string
+	ended bool // upTo's alone
+}
+
+// packFill is how many paths the packer waits for before a Pack, unless
+// the tree has no more.
+const packFill = 512
+
+// put hands it to the packer; false if the packer has stopped.
+func (f *treeFeed) put(it item) bool {
+	select {
+	case f.in <- it:
+		return true
+	case <-f.ctx.Done():
+		return false
+	}
+}
+
+// close says there are no more files.
+func (f *treeFeed) close() { f.once.Do(func() { close(f.in) }) }
+
+func (f *treeFeed) upTo(i int) []string {
+	f.mu.Lock()
+	n := len(f.paths)
+	f.mu.Unlock()
+	for !f.ended && n < i+packFill {
+		select {
+		case it, ok := <-f.in:
+			if !ok {
+				f.ended = true
+				break
+			}
+			f.mu.Lock()
+			f.items = append(f.items, it)
+			f.paths = append(f.paths, f.src+"/"+it.rel)
+			n = len(f.paths)
+			f.mu.Unlock()
+		case <-f.ctx.Done():
+			f.ended = true
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.paths
+}
+
+func (f *treeFeed) item(i int) item {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.items[i]
+}
+
+// all waits for every file and returns them.
+func (f *treeFeed) all() []item {
+	f.upTo(1 << 62)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.items
 }
 
 // packedJob is one packed file to write into directory dir as name.
