@@ -7,7 +7,7 @@
 #   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR]
 #
 # Both ends are on this machine; the tree is page-cached. Each copy goes
-# into an empty directory, DIR/out (DIR defaults to a new directory in
+# into a new empty directory, DIR/out.N (DIR defaults to a new directory in
 # /var/tmp; give -d /dev/shm/x to take the disk out of it). rdmacp
 # verifies every file (crc32c) and syncs the file system before the tree
 # is renamed into place; rsync and tar are shown as they run by default
@@ -36,6 +36,7 @@ for i in range(n):
         f.write(os.urandom(kib * 1024))
 PY
 cat "$dir"/export/tree/*/* >/dev/null
+sync # the new tree's own writeback would slow the first runs down
 port=$((20000 + RANDOM % 20000))
 rport=$((port + 1)) tport=$((port + 2))
 "$bin" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level warn &
@@ -52,16 +53,28 @@ rsync --daemon --no-detach --config="$dir/rsyncd.conf" &
 sleep 1
 
 now() { date +%s.%N; }
+# fresh points DIR/out at a new empty directory: nothing is deleted while
+# the runs go on (deleting 10,000 files just before creating 10,000 more
+# slows ext4 down for seconds on this VM, whoever creates them).
+nout=0
+fresh() {
+  nout=$((nout + 1))
+  mkdir "$dir/out.$nout"
+  ln -sfn "out.$nout" "$dir/out"
+  sync
+}
 declare -A res
-record() { res[$1]="${res[$1]:-} $2"; }
+warm=1 # the first round is a warm-up, not recorded
+record() { [ $warm = 1 ] || res[$1]="${res[$1]:-} $2"; }
 run() { # name command...
   local name=$1; shift
-  rm -rf "$dir/out"; mkdir -p "$dir/out"; sync
+  fresh
   local t0 t1; t0=$(now); "$@" >/dev/null; t1=$(now)
-  [ "$(find "$dir/out" -type f | wc -l)" -eq "$files" ] || { echo "$name: wrong file count" >&2; exit 1; }
+  [ "$(find "$dir/out/" -type f | wc -l)" -eq "$files" ] || { echo "$name: wrong file count" >&2; exit 1; }
   record "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
 }
-for _ in $(seq "$runs"); do
+for round in $(seq 0 "$runs"); do
+  [ "$round" = 0 ] || warm=0
   run rdmacp "$bin" cp -r -q --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
   run rdmacp-no-pack "$bin" cp -r -q --no-pack --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
   run rsync rsync -a rsync://127.0.0.1:$rport/data/tree "$dir/out/"
@@ -69,7 +82,7 @@ for _ in $(seq "$runs"); do
   for sync in 0 1; do
     # the listener's start-up is outside the timing: it starts first
     # and waits for the connection
-    rm -rf "$dir/out"; mkdir -p "$dir/out"; sync
+    fresh
     (nc -l 127.0.0.1 $tport | tar -C "$dir/out" -xf -) &
     lp=$!
     sleep 0.2
@@ -78,12 +91,12 @@ for _ in $(seq "$runs"); do
     wait $lp
     [ $sync = 0 ] || sync -f "$dir/out"
     t1=$(now)
-    [ "$(find "$dir/out" -type f | wc -l)" -eq "$files" ] || { echo "tar: wrong file count" >&2; exit 1; }
+    [ "$(find "$dir/out/" -type f | wc -l)" -eq "$files" ] || { echo "tar: wrong file count" >&2; exit 1; }
     record "tar|nc$([ $sync = 1 ] && echo +sync)" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
   done
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-echo "$files files x $kib KiB, $runs runs, median seconds:"
+echo "$files files x $kib KiB, $runs runs after a warm-up round, median seconds:"
 declare -A med
 for k in rdmacp rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+sync; do
   med[$k]=$(echo "${res[$k]}" | median)
