@@ -265,33 +265,47 @@ func hasCapIPCLock() bool {
 // windowsPerSession is the target's default limit of mapped windows per session.
 const windowsPerSession = 8
 
+// pushPinned is what a push registers of its source: three windows (one
+// with the target, one ready, one being prepared) of initiator.Put's
+// default size.
+const pushPinned = 3 * 32 << 20
+
 func memlockCheck(d *doctor, transport string, qps, depth int, readSize, chunk, maxWindow, budget int64) {
-	init, tgt := pinned(qps, depth, readSize, chunk, maxWindow, windowsPerSession)
+	pull, tgt := pinned(qps, depth, readSize, chunk, maxWindow, windowsPerSession)
+	init := max(pull, pushPinned)
 	tgt = min(tgt, budget)
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
 		d.report("memlock", checkWarn, "getrlimit: "+err.Error(), "")
 		return
 	}
-	need := fmt.Sprintf("cp pins %s (%d QPs x %d x %s READs in %s chunks, +2 chunks), a target session %s (%s x %d windows; the daemon at most its %s budget)",
-		formatBytes(init), qps, depth, formatBytes(min(readSize, chunk)), formatBytes(chunk), formatBytes(tgt), formatBytes(maxWindow), windowsPerSession, formatBytes(budget))
+	need := fmt.Sprintf("cp pins %s pulling (%d QPs x %d x %s READs in %s chunks, +2 chunks) and %s pushing (3 windows of its source), a target session %s (%s x %d windows; the daemon at most its %s budget)",
+		formatBytes(pull), qps, depth, formatBytes(min(readSize, chunk)), formatBytes(chunk), formatBytes(pushPinned), formatBytes(tgt), formatBytes(maxWindow), windowsPerSession, formatBytes(budget))
 	limit := "unlimited"
 	if rl.Cur != unix.RLIM_INFINITY {
 		limit = formatBytes(int64(min(rl.Cur, math.MaxInt64)))
 	}
 	detail := "ulimit -l " + limit + "; " + need
+	status, why, hint := memlockVerdict(rl.Cur, pull, init, tgt, hasCapIPCLock(), transport == iwarp.Name)
+	d.report("memlock", status, detail+why, hint)
+}
+
+// memlockVerdict judges a memlock limit of cur bytes against what a pull
+// (pull), any copy (init) and a target session (tgt) pin.
+func memlockVerdict(cur uint64, pull, init, tgt int64, capLock, soft bool) (status, why, hint string) {
 	switch {
-	case rl.Cur == unix.RLIM_INFINITY || rl.Cur >= uint64(tgt):
-		d.report("memlock", checkOK, detail, "")
-	case hasCapIPCLock():
-		d.report("memlock", checkOK, detail+"; but this process has CAP_IPC_LOCK, so the limit does not apply", "")
-	case transport == iwarp.Name:
-		d.report("memlock", checkOK, detail+"; iwarp-soft pins nothing, so the limit does not matter to it", "raise it before using ibverbs (ulimit -l unlimited, or memlock in /etc/security/limits.conf)")
-	case rl.Cur >= uint64(init):
-		d.report("memlock", checkWarn, detail+": enough to copy, not to serve", "raise it for serve (ulimit -l unlimited, LimitMEMLOCK=infinity in a systemd unit), or lower --max-window")
-	default:
-		d.report("memlock", checkFail, detail+": registering memory will fail (ENOMEM)", "raise it (ulimit -l unlimited, memlock in /etc/security/limits.conf), or lower --qps, --depth, --read-size")
+	case cur == unix.RLIM_INFINITY || cur >= uint64(tgt):
+		return checkOK, "", ""
+	case capLock:
+		return checkOK, "; but this process has CAP_IPC_LOCK, so the limit does not apply", ""
+	case soft:
+		return checkOK, "; iwarp-soft pins nothing, so the limit does not matter to it", "raise it before using ibverbs (ulimit -l unlimited, or memlock in /etc/security/limits.conf)"
+	case cur >= uint64(init):
+		return checkWarn, ": enough to copy, not to serve", "raise it for serve (ulimit -l unlimited, LimitMEMLOCK=infinity in a systemd unit), or lower --max-window"
+	case cur >= uint64(pull):
+		return checkWarn, ": enough to pull, not to push or serve", "raise it (ulimit -l unlimited, memlock in /etc/security/limits.conf; LimitMEMLOCK=infinity in a systemd unit)"
 	}
+	return checkFail, ": registering memory will fail (ENOMEM)", "raise it (ulimit -l unlimited, memlock in /etc/security/limits.conf), or lower --qps, --depth, --read-size"
 }
 
 // sysfsRoot is where the kernel lists RDMA devices.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/verbs/ibverbs"
 )
 
@@ -176,6 +178,29 @@ func TestBenchDoctorHelp(t *testing.T) {
 		out, _, code := run(t, c, "--help")
 		if code != 0 || !strings.Contains(out, "USAGE") {
 			t.Errorf("%s --help: exit %d, %q", c, code, out)
+		}
+	}
+}
+
+func TestMemlockVerdict(t *testing.T) {
+	const mib = 1 << 20
+	pull, init, tgt := int64(24*mib), int64(pushPinned), int64(256*mib)
+	for _, tc := range []struct {
+		cur           uint64
+		capLock, soft bool
+		want, why     string
+	}{
+		{unix.RLIM_INFINITY, false, false, checkOK, ""},
+		{256 * mib, false, false, checkOK, ""},
+		{8 * mib, true, false, checkOK, "CAP_IPC_LOCK"},
+		{8 * mib, false, true, checkOK, "iwarp-soft"},
+		{128 * mib, false, false, checkWarn, "not to serve"},
+		{64 * mib, false, false, checkWarn, "not to push"},
+		{8 * mib, false, false, checkFail, "ENOMEM"},
+	} {
+		got, why, _ := memlockVerdict(tc.cur, pull, init, tgt, tc.capLock, tc.soft)
+		if got != tc.want || !strings.Contains(why, tc.why) {
+			t.Errorf("%d MiB (cap %v, soft %v): %s %q, want %s %q", tc.cur/mib, tc.capLock, tc.soft, got, why, tc.want, tc.why)
 		}
 	}
 }
