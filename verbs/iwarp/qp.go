@@ -666,6 +666,16 @@ type frameReader struct {
 	rc   syscall.RawConn // c's socket, for readv; nil if it has none
 	buf  []byte
 	r, w int
+
+	// readv's call and scratch, kept so that a read allocates nothing.
+	rv struct {
+		fn  func(fd uintptr) bool
+		iov [][]byte
+		n   int
+		err error
+	}
+	iov, rest [2*specSegs + 2][]byte
+	got       [2*specSegs + 2]int
 }
 
 func newFrameReader(c io.Reader, size int) *frameReader {
@@ -675,7 +685,30 @@ func newFrameReader(c io.Reader, size int) *frameReader {
 			fr.rc = rc
 		}
 	}
+	fr.rv.fn = func(fd uintptr) bool {
+		fr.rv.n, fr.rv.err = unix.Readv(int(fd), fr.rv.iov)
+		return fr.rv.err != unix.EAGAIN
+	}
 	return fr
+}
+
+// readv reads into iov with one readv on the socket, waiting for it as
+// needed. 0 bytes and no error is the peer's end of stream.
+func (fr *frameReader) readv(iov [][]byte) (int, error) {
+	fr.rv.iov = iov
+	defer func() { fr.rv.iov = nil }()
+	for {
+		if err := fr.rc.Read(fr.rv.fn); err != nil {
+			return 0, err
+		}
+		if fr.rv.err != unix.EINTR {
+			break
+		}
+	}
+	if fr.rv.err != nil {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", fr.rv.err)}
+	}
+	return fr.rv.n, nil
 }
 
 // fill makes at least n bytes available, reading at most n+extra so
@@ -730,25 +763,14 @@ func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
 	if n+extra > len(fr.buf) {
 		extra = len(fr.buf) - n
 	}
-	iov := make([][]byte, 2)
 	for len(p) > 0 || fr.w < n {
-		iov = append(iov[:0], p, fr.buf[fr.w:n+extra])
+		iov := append(fr.iov[:0], p, fr.buf[fr.w:n+extra])
 		if len(p) == 0 {
 			iov = iov[1:]
 		}
-		var got int
-		var err error
-		if rerr := fr.rc.Read(func(fd uintptr) bool {
-			got, err = unix.Readv(int(fd), iov)
-			return err != unix.EAGAIN
-		}); rerr != nil {
-			return rerr
-		}
-		if err == unix.EINTR {
-			continue
-		}
+		got, err := fr.readv(iov)
 		if err != nil {
-			return &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", err)}
+			return err
 		}
 		if got == 0 {
 			if len(p) == 0 && fr.w >= n {
@@ -774,6 +796,7 @@ const specHdr = mpaLenLen + taggedHdrLen
 // header exactly as they must arrive, and where its payload goes.
 type specSeg struct {
 	hdr [specHdr]byte
+	n   int // payload bytes
 	pay []byte
 	pad int
 }
@@ -804,10 +827,8 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 	fr.r, fr.w = 0, 0
 	// The buffer's regions: before segment j its predecessor's trailer
 	// and its header; at the end the last trailer and the extra.
-	iov := make([][]byte, 0, 2*len(segs)+2)
-	hdrAt := make([]int, len(segs)) // where segment j's header starts in buf
-	regAt := make([]int, len(segs)) // where the region before it starts
-	iov = append(iov, p)
+	var hdrAt, regAt [specSegs]int // where segment j's header, and the region before it, start in buf
+	iov := append(fr.iov[:0], p)
 	at := 0
 	for j := range segs {
 		regAt[j], hdrAt[j] = at, at+trail
@@ -820,7 +841,8 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 	iov = append(iov, fr.buf[at:need+extra])
 	// Read until every payload and the last trailer are in, checking each
 	// header once it has come whole.
-	got := make([]int, len(iov)) // bytes received into each iov
+	got := fr.got[:len(iov)] // bytes received into each iov
+	clear(got)
 	cur, checked := 0, 0
 	for {
 		for cur < len(iov)-1 && got[cur] == len(iov[cur]) {
@@ -842,22 +864,11 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 			fr.w = at + got[cur]
 			return len(segs), nil
 		}
-		rest := make([][]byte, 0, len(iov)-cur)
-		rest = append(rest, iov[cur][got[cur]:])
+		rest := append(fr.rest[:0], iov[cur][got[cur]:])
 		rest = append(rest, iov[cur+1:]...)
-		var n int
-		var err error
-		if rerr := fr.rc.Read(func(fd uintptr) bool {
-			n, err = unix.Readv(int(fd), rest)
-			return err != unix.EAGAIN
-		}); rerr != nil {
-			return 0, rerr
-		}
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := fr.readv(rest)
 		if err != nil {
-			return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", err)}
+			return 0, err
 		}
 		if n == 0 {
 			return 0, io.ErrUnexpectedEOF
@@ -1097,7 +1108,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	} else {
 		segs = q.predict(h, n, uint64(wr.Local.Length)-s.placed-uint64(n))
 		for _, sg := range segs {
-			span += int(binary.BigEndian.Uint16(sg.hdr[:])) - taggedHdrLen
+			span += sg.n
 		}
 	}
 	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(span), LKey: h.stag}, verbs.AccessLocalWrite, nil)
@@ -1115,9 +1126,8 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	case len(segs) > 0:
 		off := n
 		for j := range segs {
-			ln := int(binary.BigEndian.Uint16(segs[j].hdr[:])) - taggedHdrLen
-			segs[j].pay = b[off : off+ln : off+ln]
-			off += ln
+			segs[j].pay = b[off : off+segs[j].n : off+segs[j].n]
+			off += segs[j].n
 		}
 		got, err := fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen)
 		if err != nil {
@@ -1128,8 +1138,8 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 		}
 		to := h.to + uint64(n)
 		for _, sg := range segs[:got] {
-			q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: len(sg.pay)})
-			to += uint64(len(sg.pay))
+			q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: sg.n})
+			to += uint64(sg.n)
 		}
 	default:
 		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
@@ -1156,7 +1166,7 @@ func (q *qp) predict(h *header, n int, rem uint64) []specSeg {
 	for len(segs) < specSegs && rem > 0 {
 		ln := int(min(uint64(n), rem))
 		nh := header{tagged: true, last: uint64(ln) == rem, op: opReadResp, stag: h.stag, to: to}
-		var sg specSeg
+		sg := specSeg{n: ln}
 		nh.put(sg.hdr[:], ln)
 		sg.pad = padLen(taggedHdrLen + ln)
 		segs = append(segs, sg)
