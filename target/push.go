@@ -96,19 +96,9 @@ func (x *export) pushDest(p, rel, name string) (string, *protocol.Error) {
 // temporary file with the file's space reserved, and sets up staging.
 func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 	cfg := &ss.srv.cfg
-	if len(ss.handles) >= cfg.MaxHandles {
-		return errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
-	}
-	alg := chunker.Algorithm(m.Algorithm)
-	if !alg.Valid() {
-		return errf(protocol.CodeUnsupported, "checksum algorithm %d", m.Algorithm)
-	}
-	cs := int64(m.ChunkSize)
-	if cs == 0 {
-		cs = cfg.ChunkSize
-	}
-	if err := chunker.ValidateChunkSize(cs); err != nil {
-		return errf(protocol.CodeBadRequest, "%v", err)
+	alg, cs, perr := ss.newHandle(m.Algorithm, m.ChunkSize)
+	if perr != nil {
+		return perr
 	}
 	if uint64(cs) > cfg.MaxWindow {
 		return errf(protocol.CodeBadRequest, "chunk size %d is over the target's max window %d", cs, cfg.MaxWindow)

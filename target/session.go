@@ -380,21 +380,33 @@ func (ss *session) stat(m *protocol.Stat) protocol.Message {
 	return &protocol.StatReply{Entry: e}
 }
 
-func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message {
+// newHandle checks what opening a file (Open or Push) asks for: room for
+// another handle, and the checksum algorithm and chunk size (0: the
+// target's), which it returns.
+func (ss *session) newHandle(algorithm uint8, chunkSize uint32) (chunker.Algorithm, int64, *protocol.Error) {
 	cfg := &ss.srv.cfg
 	if len(ss.handles) >= cfg.MaxHandles {
-		return errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
+		return 0, 0, errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
 	}
-	alg := chunker.Algorithm(m.Algorithm)
+	alg := chunker.Algorithm(algorithm)
 	if !alg.Valid() {
-		return errf(protocol.CodeUnsupported, "checksum algorithm %d", m.Algorithm)
+		return 0, 0, errf(protocol.CodeUnsupported, "checksum algorithm %d", algorithm)
 	}
-	cs := int64(m.ChunkSize)
+	cs := int64(chunkSize)
 	if cs == 0 {
 		cs = cfg.ChunkSize
 	}
 	if err := chunker.ValidateChunkSize(cs); err != nil {
-		return errf(protocol.CodeBadRequest, "%v", err)
+		return 0, 0, errf(protocol.CodeBadRequest, "%v", err)
+	}
+	return alg, cs, nil
+}
+
+func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message {
+	cfg := &ss.srv.cfg
+	alg, cs, perr := ss.newHandle(m.Algorithm, m.ChunkSize)
+	if perr != nil {
+		return perr
 	}
 	x, rel, perr := ss.srv.resolve(m.Path)
 	if perr != nil {
