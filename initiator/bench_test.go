@@ -87,6 +87,37 @@ func checkRates(t *testing.T, res *initiator.BenchResult) {
 	}
 }
 
+// inProcess serves dir as export "data" over iwarp-soft in this process
+// and dials a session to it with cfg (its Device set here), all torn down
+// when b ends.
+func inProcess(b *testing.B, dir string, cfg initiator.Config) *initiator.Session {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	b.Cleanup(func() { tdev.Close() })
+	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	b.Cleanup(func() { cancel(); <-done })
+	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	b.Cleanup(func() { idev.Close() })
+	cfg.Device = idev
+	s, err := initiator.Dial(ctx, ln.Addr(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
 // BenchmarkSessionBench is Session.Bench in one process (target and
 // initiator together), for profiling the READ path:
 //
@@ -99,29 +130,8 @@ func BenchmarkSessionBench(b *testing.B) {
 	}
 	f.Truncate(64 << 20)
 	f.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	defer tdev.Close()
-	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() { cancel(); <-done }()
-	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	defer idev.Close()
-	s, err := initiator.Dial(ctx, ln.Addr(), initiator.Config{Device: idev, QPs: 4, Depth: 4})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	ctx := context.Background()
+	s := inProcess(b, dir, initiator.Config{QPs: 4, Depth: 4})
 	const iters = 64 // READs of 1 MiB per QP
 	b.SetBytes(4 * iters << 20)
 	for b.Loop() {

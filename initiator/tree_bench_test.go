@@ -9,9 +9,6 @@ import (
 	"testing"
 
 	"github.com/rdmacp/rdmacp/initiator"
-	"github.com/rdmacp/rdmacp/target"
-	"github.com/rdmacp/rdmacp/verbs"
-	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
 
 // BenchmarkTreeSmallFiles copies a tree of 10,000 files of 4 KiB (100
@@ -37,29 +34,8 @@ func BenchmarkTreeSmallFiles(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	defer tdev.Close()
-	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: src}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	defer func() { cancel(); <-done }()
-	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	defer idev.Close()
-	s, err := initiator.Dial(ctx, ln.Addr(), initiator.Config{Device: idev})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	ctx := context.Background()
+	s := inProcess(b, src, initiator.Config{})
 	out := b.TempDir()
 	b.SetBytes(files * size)
 	n := 0
