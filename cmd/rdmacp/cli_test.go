@@ -36,6 +36,32 @@ func rdmacp(args ...string) *exec.Cmd {
 	return cmd
 }
 
+// runUntil starts cmd and, at the first line of its stdout for which at
+// is true, calls do; then it reads stdout to the end and waits. It says
+// whether do was called, and returns Wait's error.
+func runUntil(t *testing.T, cmd *exec.Cmd, at func(line []byte) bool, do func()) (bool, error) {
+	t.Helper()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	done := false
+	for sc.Scan() {
+		if at(sc.Bytes()) {
+			do()
+			done = true
+			break
+		}
+	}
+	for sc.Scan() {
+	}
+	return done, cmd.Wait()
+}
+
+// isStatus is true for a --json status line.
+func isStatus(line []byte) bool { return bytes.Contains(line, []byte(`"status"`)) }
+
 // run runs rdmacp and returns stdout, stderr and the exit code.
 func run(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
@@ -234,22 +260,9 @@ func TestKillTargetMidCopy(t *testing.T) {
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "big")
 	cp := rdmacp("cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
-	stdout, _ := cp.StdoutPipe()
 	var errb bytes.Buffer
 	cp.Stderr = &errb
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"status"`) {
-			s.cmd.Process.Kill() // SIGKILL: no goodbye from the target
-			break
-		}
-	}
-	for sc.Scan() {
-	}
-	err := cp.Wait()
+	_, err := runUntil(t, cp, isStatus, func() { s.cmd.Process.Kill() }) // SIGKILL: no goodbye from the target
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitConnect {
 		t.Fatalf("cp after the target died: %v (want exit %d); stderr %s", err, exitConnect, errb.String())
@@ -375,20 +388,7 @@ func TestInterruptedCopyLeavesNothing(t *testing.T) {
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "big")
 	cp := rdmacp("cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
-	stdout, _ := cp.StdoutPipe()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"status"`) {
-			cp.Process.Signal(syscall.SIGINT)
-			break
-		}
-	}
-	for sc.Scan() {
-	}
-	err := cp.Wait()
+	_, err := runUntil(t, cp, isStatus, func() { cp.Process.Signal(syscall.SIGINT) })
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupts {
 		t.Fatalf("interrupted cp: %v, want exit %d", err, exitInterrupts)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
@@ -235,29 +234,16 @@ func TestCpPartialResumeAfterKill(t *testing.T) {
 	dst := filepath.Join(t.TempDir(), "big")
 	sidecar := dst + initiator.PartialSuffix
 	cp := rdmacp("cp", "--json", "--partial", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
-	stdout, _ := cp.StdoutPipe()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	killed := false
-	for sc.Scan() {
+	killed, _ := runUntil(t, cp, func(line []byte) bool {
 		var st map[string]any
-		json.Unmarshal(sc.Bytes(), &st)
+		json.Unmarshal(line, &st)
 		if st["message_type"] != "status" {
-			continue
+			return false
 		}
-		if b, _ := st["bytes"].(float64); b > 4<<20 {
-			if _, err := os.Stat(sidecar); err == nil {
-				cp.Process.Kill()
-				killed = true
-				break
-			}
-		}
-	}
-	for sc.Scan() {
-	}
-	cp.Wait()
+		b, _ := st["bytes"].(float64)
+		_, err := os.Stat(sidecar)
+		return b > 4<<20 && err == nil
+	}, func() { cp.Process.Kill() })
 	if !killed {
 		t.Skip("the copy finished before it could be killed")
 	}
@@ -361,20 +347,7 @@ func TestCpPartialKeptOnSIGINT(t *testing.T) {
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "big")
 	cp := rdmacp("cp", "--json", "--partial", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
-	stdout, _ := cp.StdoutPipe()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"status"`) {
-			cp.Process.Signal(syscall.SIGINT)
-			break
-		}
-	}
-	for sc.Scan() {
-	}
-	cp.Wait()
+	runUntil(t, cp, isStatus, func() { cp.Process.Signal(syscall.SIGINT) })
 	if code := cp.ProcessState.ExitCode(); code != exitInterrupts {
 		t.Skipf("exit %d: finished before the interrupt?", code)
 	}
@@ -407,26 +380,15 @@ func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
 	s := serve(t, dir, nil) // 64 KiB chunks
 	out := t.TempDir()
 	cp := rdmacp("cp", "-r", "--json", "--partial", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/tree", out)
-	stdout, _ := cp.StdoutPipe()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	killed := false
-	for sc.Scan() {
+	killed, _ := runUntil(t, cp, func(line []byte) bool {
 		var st map[string]any
-		json.Unmarshal(sc.Bytes(), &st)
-		if p, _ := st["path"].(string); st["message_type"] == "status" && strings.HasSuffix(p, "/b") {
-			if _, err := os.Stat(filepath.Join(out, "tree", "b"+initiator.PartialSuffix)); err == nil {
-				cp.Process.Kill()
-				killed = true
-				break
-			}
+		json.Unmarshal(line, &st)
+		if p, _ := st["path"].(string); st["message_type"] != "status" || !strings.HasSuffix(p, "/b") {
+			return false
 		}
-	}
-	for sc.Scan() {
-	}
-	cp.Wait()
+		_, err := os.Stat(filepath.Join(out, "tree", "b"+initiator.PartialSuffix))
+		return err == nil
+	}, func() { cp.Process.Kill() })
 	if !killed {
 		t.Skip("the copy finished before it could be killed")
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/json"
 	"os"
@@ -160,20 +159,7 @@ func TestInterruptedPushLeavesNothing(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "big")
 	writeFile(t, src, 128<<20)
 	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
-	stdout, _ := cp.StdoutPipe()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), `"status"`) {
-			cp.Process.Signal(syscall.SIGINT)
-			break
-		}
-	}
-	for sc.Scan() {
-	}
-	err := cp.Wait()
+	_, err := runUntil(t, cp, isStatus, func() { cp.Process.Signal(syscall.SIGINT) })
 	code := 0
 	if ee, ok := err.(interface{ ExitCode() int }); ok {
 		code = ee.ExitCode()
