@@ -7,7 +7,8 @@ import (
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
-// PacksOf is how many Packs s has had answered.
+// PacksOf is how many Packs s has had answered, and walk batches with
+// packed files.
 func PacksOf(s *Session) int { return s.packs }
 
 // GetPacked is getPacked, for tests, with fn called for each file.

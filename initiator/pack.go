@@ -180,40 +180,60 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 // readPack READs a pack's window into registered memory and hands its
 // files to fn, verified.
 func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([]packedFile) error) error {
-	alg := s.cfg.Algorithm
 	var buf []byte
-	if n := r.Window.Length; n > 0 {
-		mr, b, err := s.packSink(int(n))
-		if err != nil {
+	if r.Window.Length > 0 {
+		var err error
+		if buf, err = s.readWindow(ctx, r.Window); err != nil {
 			return err
 		}
-		if err := s.readRange(ctx, mr, r.Window, 0, n); err != nil {
-			return err
-		}
-		buf = b[:n]
 	}
 	files := make([]packedFile, len(r.Files))
-	for k, f := range r.Files {
+	for k := range r.Files {
+		f := &r.Files[k]
 		if f.Code != 0 {
 			files[k] = packedFile{entry: f.Entry, err: &protocol.Error{Code: f.Code, Message: f.Message}}
 			continue
 		}
-		data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
-		var ferr error
-		for try := 0; alg.Size() > 0 && !chunker.Equal(chunker.Sum(alg, data), f.Digest); try++ {
-			if try >= max(s.cfg.Retries, 0) {
-				ferr = fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, f.Entry.Name, alg, try+1)
-				break
-			}
-			s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", try+1)
-			// The MR is gone: read again through a fresh one.
-			if err := s.reread(ctx, r.Window, f.Offset, data); err != nil {
-				return err
-			}
+		data, err := s.verifyPacked(ctx, r.Window, buf, f)
+		if err != nil && !errors.Is(err, ErrVerify) {
+			return err
 		}
-		files[k] = packedFile{entry: f.Entry, data: data, digest: f.Digest, err: ferr}
+		files[k] = packedFile{entry: f.Entry, data: data, digest: f.Digest, err: err}
 	}
 	return fn(files)
+}
+
+// readWindow READs all of a pack's (or walk batch's) window into the
+// session's pack sink and returns its bytes, valid until the next pack.
+func (s *Session) readWindow(ctx context.Context, w protocol.Window) ([]byte, error) {
+	n := w.Length
+	mr, b, err := s.packSink(int(n))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.readRange(ctx, mr, w, 0, n); err != nil {
+		return nil, err
+	}
+	return b[:n], nil
+}
+
+// verifyPacked checks packed file f, whose bytes window w put in buf,
+// against its digest, reading it again (--retries) while it fails. An
+// error wrapping ErrVerify is the file's own; any other stops everything.
+func (s *Session) verifyPacked(ctx context.Context, w protocol.Window, buf []byte, f *protocol.PackedFile) ([]byte, error) {
+	alg := s.cfg.Algorithm
+	data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
+	for try := 0; alg.Size() > 0 && !chunker.Equal(chunker.Sum(alg, data), f.Digest); try++ {
+		if try >= max(s.cfg.Retries, 0) || len(data) == 0 {
+			return nil, fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, f.Entry.Name, alg, try+1)
+		}
+		s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", try+1)
+		// The MR is gone: read again through a fresh one.
+		if err := s.reread(ctx, w, f.Offset, data); err != nil {
+			return nil, err
+		}
+	}
+	return data, nil
 }
 
 // packSink returns registered memory of at least n bytes to READ a pack

@@ -44,36 +44,40 @@ func checkTree(t *testing.T, src, dst string, files map[string][]byte) {
 	}
 }
 
+// Small files come many at a time, with Walk, or with Pack from a target
+// that does not walk.
 func TestGetTreePacksSmallFiles(t *testing.T) {
-	e := startTarget(t, nil) // 256 KiB windows: several packs
-	src := filepath.Join(e.dir, "t")
-	files := smallTree(t, src, 400)
-	var total int64
-	for _, b := range files {
-		total += int64(len(b))
-	}
-	for _, noPack := range []bool{false, true} {
-		s := e.dial(t, nil)
-		out := t.TempDir()
-		tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{NoPack: noPack})
-		if err != nil || tr.Failed != 0 {
-			t.Fatalf("nopack %v: %v %+v", noPack, err, tr)
+	for _, noWalk := range []bool{false, true} {
+		e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk }) // 256 KiB windows: several packs
+		src := filepath.Join(e.dir, "t")
+		files := smallTree(t, src, 400)
+		var total int64
+		for _, b := range files {
+			total += int64(len(b))
 		}
-		checkTree(t, src, filepath.Join(out, "t"), files)
-		packs := initiator.PacksOf(s)
-		t.Logf("nopack %v: %d packs for %d files", noPack, packs, len(files))
-		if noPack && packs != 0 || !noPack && (packs < 2 || packs > 40) {
-			t.Errorf("nopack %v: %d packs for %d files", noPack, packs, len(files))
-		}
-		if s.BytesRead() != total || tr.BytesRead != total {
-			t.Errorf("nopack %v: read %d (says %d), want %d", noPack, s.BytesRead(), tr.BytesRead, total)
+		for _, noPack := range []bool{false, true} {
+			s := e.dial(t, nil)
+			out := t.TempDir()
+			tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{NoPack: noPack})
+			if err != nil || tr.Failed != 0 {
+				t.Fatalf("nowalk %v nopack %v: %v %+v", noWalk, noPack, err, tr)
+			}
+			checkTree(t, src, filepath.Join(out, "t"), files)
+			packs := initiator.PacksOf(s)
+			t.Logf("nowalk %v nopack %v: %d packs for %d files", noWalk, noPack, packs, len(files))
+			if noPack && packs != 0 || !noPack && (packs < 2 || packs > 40) {
+				t.Errorf("nowalk %v nopack %v: %d packs for %d files", noWalk, noPack, packs, len(files))
+			}
+			if s.BytesRead() != total || tr.BytesRead != total {
+				t.Errorf("nowalk %v nopack %v: read %d (says %d), want %d", noWalk, noPack, s.BytesRead(), tr.BytesRead, total)
+			}
 		}
 	}
 }
 
-// A target that does not know Pack gets the files one by one.
+// A target that knows neither Walk nor Pack gets the files one by one.
 func TestGetTreeWithoutPackOnTarget(t *testing.T) {
-	e := startTarget(t, func(c *target.Config) { c.NoPack = true })
+	e := startTarget(t, func(c *target.Config) { c.NoPack, c.NoWalk = true, true })
 	src := filepath.Join(e.dir, "t")
 	files := smallTree(t, src, 30)
 	s := e.dial(t, nil)

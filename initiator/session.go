@@ -105,7 +105,8 @@ type Session struct {
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
 	noPack    bool   // the target does not know Pack
-	packs     int    // Packs answered
+	noWalk    bool   // the target does not know Walk
+	packs     int    // Packs answered, and walk batches with packed files
 	closeOnce sync.Once
 	// broken is why the data QPs can no longer be trusted: READs of an
 	// earlier transfer that never completed (see drain).

@@ -276,17 +276,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	defer root.Close()
 	dr := &dirRoots{root: root, m: map[string]*os.Root{}, fds: map[string]*os.File{}, final: stage != ""}
 	defer dr.close()
-
-	// The tree is listed, its directories made and its small files packed
-	// all at once: the small files go to a packer as they are found, and
-	// the rest wait for it to finish (one transfer at a time uses the
-	// data QPs).
-	var mu sync.Mutex // waiting and tr, shared with the packer
-	var waiting []pending
-	var large []item // regular files too large to pack, after the packer
-	dirs := []item{{rel: ".", entry: topEntry}}
+	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, dr: dr, tr: tr,
+		dirs: []item{{rel: ".", entry: topEntry}}, failedDirs: map[string]bool{}}
 	defer func() {
-		for _, p := range waiting {
+		for _, p := range c.waiting {
 			if p.rs != nil {
 				continue // kept, verified, for the next run
 			}
@@ -295,143 +288,32 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			}
 		}
 	}()
-	wait := func(p pending) {
-		mu.Lock()
-		waiting = append(waiting, p)
-		mu.Unlock()
-	}
-	report := func(fr FileResult) {
-		mu.Lock()
-		defer mu.Unlock()
-		tr.Files = append(tr.Files, fr)
-		switch fr.Status {
-		case StatusOK, StatusSame:
-			tr.OK++
-			tr.Bytes += fr.Bytes
-		case StatusFailed:
-			tr.Failed++
-		case StatusSkipped:
-			tr.Skipped++
-		}
-		tr.BytesRead += fr.BytesRead
-		if opt.File != nil {
-			opt.File(fr)
-		}
-	}
-	failedDirs := map[string]bool{}
-	underFailed := func(rel string) bool {
-		for d := path.Dir(rel); d != "."; d = path.Dir(d) {
-			if failedDirs[d] {
-				return true
-			}
-		}
-		return false
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	items := make(chan item, 256)
-	var planErr error
-	planned := make(chan struct{})
-	go func() {
-		defer close(planned)
-		defer close(items)
-		planErr = walkTree(ctx, l, src, opt.Shard, func(it item) error {
-			select {
-			case items <- it:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-	}()
-	feed := &treeFeed{in: make(chan item, 1024), src: src, ctx: ctx}
-	packErr := make(chan error, 1)
-	go func() {
-		err := s.treePacked(ctx, dr, src, feed, opt, wait, report)
-		if err != nil {
-			cancel() // the tree stops: no more listing, no more feeding
-		}
-		packErr <- err
-	}()
-	packing := true
-	defer func() { // stop both, on the way out early
-		cancel()
-		if packing {
-			feed.close()
-			<-packErr
-		}
-		<-planned
-	}()
-	for it := range items {
-		fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed}
-		if it.err != nil {
-			fr.Err = it.err
-			report(fr)
-			continue
-		}
-		if underFailed(it.rel) {
-			if it.entry.Type == protocol.FileDir {
-				failedDirs[it.rel] = true
-			}
-			fr.Err = fmt.Errorf("%s: its directory could not be made", it.rel)
-			report(fr)
-			continue
-		}
-		switch it.entry.Type {
-		case protocol.FileDir:
-			if err := mkdirIn(root, it.rel); err != nil {
-				failedDirs[it.rel] = true
-				fr.Err = err
-				report(fr)
-				continue
-			}
-			dirs = append(dirs, it)
-		case protocol.FileSymlink:
-			fr.Status = StatusOK
-			wait(pending{res: &fr, rel: it.rel, link: it.entry.Target})
-		case protocol.FileRegular:
-			if !opt.NoPack && !opt.SkipSame && !s.noPack && int64(it.entry.Size) <= s.packMax() {
-				if !feed.put(it) { // the packer stopped: its error says why
-					break
-				}
-				continue
-			}
-			large = append(large, it)
-		default:
-			fr.Status = StatusSkipped
-			fr.Err = fmt.Errorf("%s: skipping special file (%v)", it.rel, it.entry.Type)
-			s.cfg.Logger.Warn("skipping special file", "path", it.rel, "type", it.entry.Type)
-			report(fr)
-		}
-	}
-	feed.close()
-	err = <-packErr
-	packing = false
-	<-planned
-	if err == nil {
-		err = planErr
-	}
-	if err != nil {
+
+	if err := c.fill(l); err != nil {
 		return tr, err
 	}
-	for _, it := range large {
+	// The files too large to pack, one at a time (each one uses all the
+	// data QPs).
+	for _, it := range c.large {
 		p, err := s.treeFile(ctx, dr, src, it, opt)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, ErrConnect) {
 				return tr, err
 			}
-			report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
+			c.report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
 			continue
 		}
 		if p.tmp == "" && !p.placed { // already the same
-			report(*p.res)
+			c.report(*p.res)
 			continue
 		}
-		wait(p)
+		c.wait(p)
 	}
 	if err := ctx.Err(); err != nil {
 		return tr, err
 	}
 
+	waiting := c.waiting
 	if dr.final { // symlinks straight at their names too
 		for i := range waiting {
 			if p := &waiting[i]; !p.placed {
@@ -483,14 +365,14 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			f.Close()
 		}
 	}
-	done := make([]FileResult, 0, len(waiting)+len(dirs))
+	done := make([]FileResult, 0, len(waiting)+len(c.dirs))
 	for _, p := range waiting {
 		done = append(done, *p.res)
 	}
-	waiting = nil
+	c.waiting = nil
 	// Directories' modes and mtimes, children before parents.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		d := dirs[i]
+	for i := len(c.dirs) - 1; i >= 0; i-- {
+		d := c.dirs[i]
 		mt := time.Unix(0, d.entry.MtimeNs)
 		err := root.Chmod(d.rel, fs.FileMode(d.entry.Mode&0o777))
 		if err == nil {
@@ -517,10 +399,310 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 	}
 	for _, fr := range done {
-		report(fr)
+		c.report(fr)
 	}
 	tr.Elapsed = time.Since(start)
 	return tr, nil
+}
+
+// treeCopy is a tree copy's state while its entries come in.
+type treeCopy struct {
+	s    *Session
+	ctx  context.Context
+	src  string
+	opt  TreeOptions
+	root *os.Root
+	dr   *dirRoots
+
+	mu      sync.Mutex // tr and waiting: the packer reports too
+	tr      *TreeResult
+	waiting []pending
+
+	large      []item // regular files to copy with Open, after the rest
+	dirs       []item // made, for their modes and mtimes at the end
+	failedDirs map[string]bool
+}
+
+func (c *treeCopy) wait(p pending) {
+	c.mu.Lock()
+	c.waiting = append(c.waiting, p)
+	c.mu.Unlock()
+}
+
+func (c *treeCopy) report(fr FileResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tr := c.tr
+	tr.Files = append(tr.Files, fr)
+	switch fr.Status {
+	case StatusOK, StatusSame:
+		tr.OK++
+		tr.Bytes += fr.Bytes
+	case StatusFailed:
+		tr.Failed++
+	case StatusSkipped:
+		tr.Skipped++
+	}
+	tr.BytesRead += fr.BytesRead
+	if c.opt.File != nil {
+		c.opt.File(fr)
+	}
+}
+
+func (c *treeCopy) underFailed(rel string) bool {
+	for d := path.Dir(rel); d != "."; d = path.Dir(d) {
+		if c.failedDirs[d] {
+			return true
+		}
+	}
+	return false
+}
+
+// place deals with one entry of the tree as it comes: a directory is
+// made, a symlink waits for the end, a special file is skipped, and one
+// that was refused, or is in a directory that could not be made, fails.
+// It returns true for a regular file, which is the caller's to copy.
+func (c *treeCopy) place(it item) bool {
+	fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed}
+	if it.err != nil {
+		if it.entry.Type == protocol.FileDir {
+			c.failedDirs[it.rel] = true
+		}
+		fr.Err = it.err
+		c.report(fr)
+		return false
+	}
+	if c.underFailed(it.rel) {
+		if it.entry.Type == protocol.FileDir {
+			c.failedDirs[it.rel] = true
+		}
+		fr.Err = fmt.Errorf("%s: its directory could not be made", it.rel)
+		c.report(fr)
+		return false
+	}
+	switch it.entry.Type {
+	case protocol.FileDir:
+		if err := mkdirIn(c.root, it.rel); err != nil {
+			c.failedDirs[it.rel] = true
+			fr.Err = err
+			c.report(fr)
+			return false
+		}
+		c.dirs = append(c.dirs, it)
+	case protocol.FileSymlink:
+		fr.Status = StatusOK
+		c.wait(pending{res: &fr, rel: it.rel, link: it.entry.Target})
+	case protocol.FileRegular:
+		return true
+	default:
+		fr.Status = StatusSkipped
+		fr.Err = fmt.Errorf("%s: skipping special file (%v)", it.rel, it.entry.Type)
+		c.s.cfg.Logger.Warn("skipping special file", "path", it.rel, "type", it.entry.Type)
+		c.report(fr)
+	}
+	return false
+}
+
+// packs reports whether the tree's small files are copied many at a time.
+func (c *treeCopy) packs() bool {
+	return !c.opt.NoPack && !c.opt.SkipSame && !c.s.noPack
+}
+
+// fill takes in the whole tree but the files too large to pack, which it
+// leaves in c.large: with Walk where the target has it, else listing it
+// with l and packing its small files with Pack.
+func (c *treeCopy) fill(l lister) error {
+	if c.s.lister == nil && !c.s.noWalk {
+		err := c.walked()
+		if !errors.Is(err, errNoWalk) {
+			return err
+		}
+		c.s.noWalk = true
+		c.s.cfg.Logger.Info("the target does not walk trees; listing them directory by directory")
+	}
+	return c.listed(l)
+}
+
+// walked takes in the tree with Walk: each batch's packed files are
+// written while the target makes the next batch.
+func (c *treeCopy) walked() error {
+	packMax := int64(0)
+	if c.packs() {
+		packMax = c.s.packMax()
+	}
+	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, func(batch []walked) error {
+		var jobs []packedJob
+		for _, w := range batch {
+			if !c.place(w.it) {
+				continue
+			}
+			if !w.packed {
+				c.large = append(c.large, w.it)
+				continue
+			}
+			dir, err := c.dr.dir(w.it.rel)
+			if err != nil {
+				c.report(FileResult{Path: w.it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+				continue
+			}
+			jobs = append(jobs, packedJob{rel: w.it.rel, dir: dir, name: c.dr.fileName(w.it.rel),
+				f: packedFile{entry: w.it.entry, data: w.data, digest: w.digest}})
+		}
+		c.writeJobs(jobs)
+		return nil
+	})
+}
+
+// listed takes in the tree by listing it with l, directory by directory,
+// while a packer copies its small files with Pack.
+func (c *treeCopy) listed(l lister) error {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	items := make(chan item, 256)
+	var planErr error
+	planned := make(chan struct{})
+	go func() {
+		defer close(planned)
+		defer close(items)
+		planErr = walkTree(ctx, l, c.src, c.opt.Shard, func(it item) error {
+			select {
+			case items <- it:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	feed := &treeFeed{in: make(chan item, 1024), src: c.src, ctx: ctx}
+	packErr := make(chan error, 1)
+	go func() {
+		err := c.packed(ctx, feed)
+		if err != nil {
+			cancel() // the tree stops: no more listing, no more feeding
+		}
+		packErr <- err
+	}()
+	packing := true
+	defer func() { // stop both, on the way out early
+		cancel()
+		if packing {
+			feed.close()
+			<-packErr
+		}
+		<-planned
+	}()
+	for it := range items {
+		if !c.place(it) {
+			continue
+		}
+		if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
+			if !feed.put(it) { // the packer stopped: its error says why
+				break
+			}
+			continue
+		}
+		c.large = append(c.large, it)
+	}
+	feed.close()
+	err := <-packErr
+	packing = false
+	<-planned
+	if err == nil {
+		err = planErr
+	}
+	if err == nil {
+		err = c.ctx.Err()
+	}
+	return err
+}
+
+// packed copies the small files feed hands it with Pack. Files the target
+// will not pack (too large by now), and all of them if the target does not
+// know Pack, go through treeFile.
+func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
+	s := c.s
+	one := func(it item) error {
+		p, err := s.treeFile(ctx, c.dr, c.src, it, c.opt)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, ErrConnect) {
+				return err
+			}
+			c.report(FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+			return nil
+		}
+		c.wait(p)
+		return nil
+	}
+	var later []item
+	err := s.getPackedFeed(ctx, feed, func(first int, files []packedFile) error {
+		jobs := make([]packedJob, 0, len(files))
+		for k, f := range files {
+			it := feed.item(first + k)
+			var pe *protocol.Error
+			if errors.As(f.err, &pe) && pe.Code == protocol.CodeTooMany {
+				later = append(later, it)
+				continue
+			}
+			fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
+			if f.err != nil {
+				fr.Err = fmt.Errorf("%s/%s: %w", c.src, it.rel, f.err)
+				c.report(fr)
+				continue
+			}
+			dir, err := c.dr.dir(it.rel)
+			if err != nil {
+				fr.Err = err
+				c.report(fr)
+				continue
+			}
+			jobs = append(jobs, packedJob{rel: it.rel, dir: dir, name: c.dr.fileName(it.rel), f: f})
+		}
+		c.writeJobs(jobs)
+		return nil
+	})
+	if errors.Is(err, errNoPack) {
+		s.noPack = true
+		s.cfg.Logger.Info("the target does not pack files; copying them one by one")
+		for _, it := range feed.all() {
+			if err := one(it); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, it := range later {
+		if err := one(it); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeJobs writes packed files, verified, and reports those that fail;
+// the others wait for the end.
+func (c *treeCopy) writeJobs(jobs []packedJob) {
+	writePacked(jobs)
+	for _, j := range jobs {
+		fr := FileResult{Path: j.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: j.err}
+		if j.err != nil {
+			c.report(fr)
+			continue
+		}
+		n := int64(len(j.f.data))
+		fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
+		// The digest of the file's bytes, which they matched: for crc32c
+		// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
+		// file, not the chunk-list form a file copied with Open reports.
+		fr.Digest = chunker.FormatDigest(c.s.cfg.Algorithm, j.f.digest)
+		p := pending{res: &fr, rel: j.rel, placed: c.dr.final}
+		if !c.dr.final {
+			p.tmp = path.Join(path.Dir(j.rel), j.name)
+		}
+		c.wait(p)
+	}
 }
 
 // dirRoots caches an os.Root per directory of a destination tree, so
@@ -730,88 +912,6 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		return pending{res: fr, rel: it.rel, placed: true}, nil
 	}
 	return pending{res: fr, tmp: path.Join(path.Dir(it.rel), tmp), rel: it.rel, rs: rs}, nil
-}
-
-// treePacked copies a tree's small files with Pack, into temporary files
-// as treeFile does. Files the target will not pack (too large by now), and
-// all of them if the target does not know Pack, go through treeFile.
-func (s *Session) treePacked(ctx context.Context, dr *dirRoots, src string, feed *treeFeed, opt TreeOptions, wait func(pending), report func(FileResult)) error {
-	one := func(it item) error {
-		p, err := s.treeFile(ctx, dr, src, it, opt)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, ErrConnect) {
-				return err
-			}
-			report(FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
-			return nil
-		}
-		wait(p)
-		return nil
-	}
-	var later []item
-	err := s.getPackedFeed(ctx, feed, func(first int, files []packedFile) error {
-		jobs := make([]packedJob, 0, len(files))
-		for k, f := range files {
-			it := feed.item(first + k)
-			var pe *protocol.Error
-			if errors.As(f.err, &pe) && pe.Code == protocol.CodeTooMany {
-				later = append(later, it)
-				continue
-			}
-			fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
-			if f.err != nil {
-				fr.Err = fmt.Errorf("%s/%s: %w", src, it.rel, f.err)
-				report(fr)
-				continue
-			}
-			dir, err := dr.dir(it.rel)
-			if err != nil {
-				fr.Err = err
-				report(fr)
-				continue
-			}
-			jobs = append(jobs, packedJob{rel: it.rel, dir: dir, name: dr.fileName(it.rel), f: f})
-		}
-		writePacked(jobs)
-		for _, j := range jobs {
-			fr := FileResult{Path: j.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: j.err}
-			if j.err != nil {
-				report(fr)
-				continue
-			}
-			n := int64(len(j.f.data))
-			fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
-			// The digest of the file's bytes, which they matched: for crc32c
-			// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
-			// file, not the chunk-list form a file copied with Open reports.
-			fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, j.f.digest)
-			p := pending{res: &fr, rel: j.rel, placed: dr.final}
-			if !dr.final {
-				p.tmp = path.Join(path.Dir(j.rel), j.name)
-			}
-			wait(p)
-		}
-		return nil
-	})
-	if errors.Is(err, errNoPack) {
-		s.noPack = true
-		s.cfg.Logger.Info("the target does not pack files; copying them one by one")
-		for _, it := range feed.all() {
-			if err := one(it); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, it := range later {
-		if err := one(it); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // treeFeed hands a tree's small files to the packer as they are found.

@@ -348,6 +348,68 @@ func PackSize(paths []string) int {
 	return n
 }
 
+// Walk asks the target to walk the directory Path and send everything
+// under it, a batch at a time: the first WalkBatch answers Walk, the
+// others WalkNext. Regular files of at most PackMax bytes come with their
+// bytes packed into their batch's window, as Pack packs them (PackMax 0:
+// none are). With ShardN above 1 only directories, and the other entries
+// whose path (Path, "/", and the entry's path under Path) hashes with
+// 32-bit FNV-1a to ShardI modulo ShardN, are sent. MaxEntries caps the
+// first batch (0: the target's limit). Algorithm is as in Open.
+type Walk struct {
+	RequestID  uint32
+	Algorithm  uint8
+	MaxEntries uint16
+	ShardI     uint32
+	ShardN     uint32
+	PackMax    uint64
+	Path       string
+}
+
+// WalkNext asks for a walk's next batch, capped at MaxEntries (0: the
+// target's limit). Release is the window of an earlier batch that the
+// initiator is done with (0: none), which the target frees.
+type WalkNext struct {
+	RequestID  uint32
+	Handle     uint32
+	Release    uint32
+	MaxEntries uint16
+}
+
+// WalkBatch is a batch of a walk's entries. Handle is the walk, closed
+// with Close, which frees the windows it still has. Done: no batch
+// follows. Window holds the batch's packed files (Length 0, with no keys
+// needed, when there are none); it stays until released or closed.
+type WalkBatch struct {
+	RequestID uint32
+	Handle    uint32
+	Done      bool
+	Window    Window
+	Entries   []WalkEntry
+}
+
+// WalkEntry is one entry of a walk. Dir is the directory it is in: 0 for
+// the walk's root, k for the k-th entry of type FileDir that the walk
+// sent, counting from 1. A directory's entries come after its own, all
+// together. Packed: Entry.Size bytes of the file are at Offset in the
+// batch's window, with Digest as in a PackedFile. A Code other than 0
+// says, with Message, why the entry could not be read.
+type WalkEntry struct {
+	Dir    uint32
+	Packed bool
+	PackedFile
+}
+
+// walkEntryMin is the encoded size of a WalkEntry with empty strings and digest.
+const walkEntryMin = 4 + 1 + packedMin
+
+// WalkEntrySize is the number of bytes e takes in a WalkBatch.
+func WalkEntrySize(e *WalkEntry) int { return 4 + 1 + PackedFileSize(e.PackedFile) }
+
+// WalkBatchOverhead is the size of a WalkBatch with no entries, whose
+// window has keys for qps data QPs.
+func WalkBatchOverhead(qps int) int { return HeaderSize + 4 + 1 + 4 + 8 + 8 + 8 + 4 + 4*qps + 4 }
+
 // Push asks the target to take a file from the initiator: the target
 // pulls it with RDMA READs from windows the initiator registers (see
 // PushWindow) into a temporary file, and renames it to Path on
@@ -483,6 +545,15 @@ func (m *Pack) SetID(id uint32)            { m.RequestID = id }
 func (m *PackReply) Type() Type            { return TypePackReply }
 func (m *PackReply) ID() uint32            { return m.RequestID }
 func (m *PackReply) SetID(id uint32)       { m.RequestID = id }
+func (m *Walk) Type() Type                 { return TypeWalk }
+func (m *Walk) ID() uint32                 { return m.RequestID }
+func (m *Walk) SetID(id uint32)            { m.RequestID = id }
+func (m *WalkNext) Type() Type             { return TypeWalkNext }
+func (m *WalkNext) ID() uint32             { return m.RequestID }
+func (m *WalkNext) SetID(id uint32)        { m.RequestID = id }
+func (m *WalkBatch) Type() Type            { return TypeWalkBatch }
+func (m *WalkBatch) ID() uint32            { return m.RequestID }
+func (m *WalkBatch) SetID(id uint32)       { m.RequestID = id }
 func (m *Push) Type() Type                 { return TypePush }
 func (m *Push) ID() uint32                 { return m.RequestID }
 func (m *Push) SetID(id uint32)            { m.RequestID = id }
@@ -755,13 +826,24 @@ func (m *PackReply) encode(e *encoder) {
 	encodeWindow(e, &m.Window)
 	e.count(len(m.Files))
 	for i := range m.Files {
-		f := &m.Files[i]
-		e.u16(uint16(f.Code))
-		e.u64(f.Offset)
-		e.blob(f.Digest)
-		encodeEntry(e, &f.Entry)
-		e.str(f.Message)
+		encodePacked(e, &m.Files[i])
 	}
+}
+
+func encodePacked(e *encoder, f *PackedFile) {
+	e.u16(uint16(f.Code))
+	e.u64(f.Offset)
+	e.blob(f.Digest)
+	encodeEntry(e, &f.Entry)
+	e.str(f.Message)
+}
+
+func decodePacked(d *decoder, f *PackedFile) {
+	f.Code = Code(d.u16())
+	f.Offset = d.u64()
+	f.Digest = d.blob()
+	decodeEntry(d, &f.Entry)
+	f.Message = d.str()
 }
 
 func (m *PackReply) decode(d *decoder) {
@@ -773,12 +855,7 @@ func (m *PackReply) decode(d *decoder) {
 	}
 	m.Files = make([]PackedFile, n)
 	for i := range m.Files {
-		f := &m.Files[i]
-		f.Code = Code(d.u16())
-		f.Offset = d.u64()
-		f.Digest = d.blob()
-		decodeEntry(d, &f.Entry)
-		f.Message = d.str()
+		decodePacked(d, &m.Files[i])
 	}
 }
 
@@ -849,6 +926,66 @@ func (m *PushWindowReply) decode(d *decoder) {
 func (m *PushCommit) encode(e *encoder) {
 	e.u32(m.Handle)
 	e.blob(m.FileDigest)
+}
+
+func (m *Walk) encode(e *encoder) {
+	e.u8(m.Algorithm)
+	e.u16(m.MaxEntries)
+	e.u32(m.ShardI)
+	e.u32(m.ShardN)
+	e.u64(m.PackMax)
+	e.str(m.Path)
+}
+
+func (m *Walk) decode(d *decoder) {
+	m.Algorithm = d.u8()
+	m.MaxEntries = d.u16()
+	m.ShardI = d.u32()
+	m.ShardN = d.u32()
+	m.PackMax = d.u64()
+	m.Path = d.str()
+}
+
+func (m *WalkNext) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.Release)
+	e.u16(m.MaxEntries)
+}
+
+func (m *WalkNext) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Release = d.u32()
+	m.MaxEntries = d.u16()
+}
+
+func (m *WalkBatch) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.bool(m.Done)
+	encodeWindow(e, &m.Window)
+	e.count(len(m.Entries))
+	for i := range m.Entries {
+		w := &m.Entries[i]
+		e.u32(w.Dir)
+		e.bool(w.Packed)
+		encodePacked(e, &w.PackedFile)
+	}
+}
+
+func (m *WalkBatch) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Done = d.bool()
+	decodeWindow(d, &m.Window)
+	n := d.count(walkEntryMin)
+	if n == 0 {
+		return
+	}
+	m.Entries = make([]WalkEntry, n)
+	for i := range m.Entries {
+		w := &m.Entries[i]
+		w.Dir = d.u32()
+		w.Packed = d.bool()
+		decodePacked(d, &w.PackedFile)
+	}
 }
 
 func (m *PushCommit) decode(d *decoder) {

@@ -93,9 +93,12 @@ const (
 	TypePushWindow      Type = 25
 	TypePushWindowReply Type = 26
 	TypePushCommit      Type = 27
+	TypeWalk            Type = 28
+	TypeWalkNext        Type = 29
+	TypeWalkBatch       Type = 30
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypePushCommit
+	typeMax = TypeWalkBatch
 )
 
 var typeNames = [...]string{
@@ -126,6 +129,9 @@ var typeNames = [...]string{
 	TypePushWindow:      "PushWindow",
 	TypePushWindowReply: "PushWindowReply",
 	TypePushCommit:      "PushCommit",
+	TypeWalk:            "Walk",
+	TypeWalkNext:        "WalkNext",
+	TypeWalkBatch:       "WalkBatch",
 }
 
 func (t Type) String() string {
@@ -192,6 +198,12 @@ func newMessage(t Type) Message {
 		return new(PushWindowReply)
 	case TypePushCommit:
 		return new(PushCommit)
+	case TypeWalk:
+		return new(Walk)
+	case TypeWalkNext:
+		return new(WalkNext)
+	case TypeWalkBatch:
+		return new(WalkBatch)
 	}
 	return nil
 }

@@ -71,6 +71,15 @@ func samples() []Message {
 			Addr: 0x7f00_2000_0000, RKeys: []uint32{0x11, 0x11, 0x11}}, Digests: bytes.Repeat([]byte{5, 6, 7, 8}, 8)},
 		&PushWindowReply{RequestID: 13, Handle: 79, Offset: 1 << 25, Retries: 2, BytesRead: 1<<25 + 8<<20},
 		&PushCommit{RequestID: 14, Handle: 79, FileDigest: []byte{0xde, 0xad, 0xbe, 0xef}},
+		&Walk{RequestID: 15, Algorithm: 1, MaxEntries: 128, ShardI: 2, ShardN: 5, PackMax: 256 << 10, Path: "data/tree"},
+		&WalkNext{RequestID: 16, Handle: 80, Release: 7, MaxEntries: 1024},
+		&WalkBatch{RequestID: 16, Handle: 80, Done: true, Window: Window{ID: 8, Length: 4100, Addr: 0x7f00_0000_2000, RKeys: []uint32{11, 12}},
+			Entries: []WalkEntry{
+				{Dir: 0, PackedFile: PackedFile{Entry: Entry{Type: FileDir, Mode: 0o755, MtimeNs: 5, Name: "sub"}}},
+				{Dir: 1, Packed: true, PackedFile: PackedFile{Offset: 4, Digest: []byte{1, 2, 3, 4}, Entry: sampleEntry}},
+				{Dir: 1, PackedFile: PackedFile{Entry: Entry{Type: FileSymlink, Mode: 0o777, Size: 2, Name: "l", Target: ".."}}},
+				{Dir: 1, PackedFile: PackedFile{Code: CodePermission, Entry: Entry{Type: FileRegular, Name: "secret"}, Message: "permission denied"}},
+			}},
 	}
 }
 
@@ -154,6 +163,15 @@ func TestGolden(t *testing.T) {
 			Files: []PackedFile{{Code: 0, Offset: 1, Digest: []byte{0xaa}, Entry: Entry{Type: FileRegular, Mode: 0o644, Size: 5, MtimeNs: 9, Name: "a"}}}},
 			"01 16 0000 00000002" + "00000003 00000004 0000000000000000 0000000000000005 0000000000000006 00000001 00000007" +
 				"00000001" + "0000 0000000000000001 00000001 aa" + "01 000001a4 0000000000000005 0000000000000009 0001 61 0000" + "0000"},
+		{&Walk{RequestID: 4, Algorithm: 1, MaxEntries: 0x80, ShardI: 1, ShardN: 3, PackMax: 0x40000, Path: "d/t"},
+			"01 1c 0000 00000004" + "01 0080 00000001 00000003 0000000000040000 0003 642f74"},
+		{&WalkNext{RequestID: 5, Handle: 6, Release: 7, MaxEntries: 0x400},
+			"01 1d 0000 00000005" + "00000006 00000007 0400"},
+		{&WalkBatch{RequestID: 5, Handle: 6, Done: true, Window: Window{ID: 7, Length: 5, Addr: 8, RKeys: []uint32{9}},
+			Entries: []WalkEntry{{Dir: 2, Packed: true, PackedFile: PackedFile{Offset: 1, Digest: []byte{0xaa},
+				Entry: Entry{Type: FileRegular, Mode: 0o644, Size: 5, MtimeNs: 9, Name: "a"}}}}},
+			"01 1e 0000 00000005" + "00000006 01 00000007 0000000000000000 0000000000000005 0000000000000008 00000001 00000009" +
+				"00000001" + "00000002 01" + "0000 0000000000000001 00000001 aa" + "01 000001a4 0000000000000005 0000000000000009 0001 61 0000" + "0000"},
 		{&Push{RequestID: 3, Algorithm: 0, ChunkSize: 0x10000, Retries: 3, Size: 5, Mode: 0o644, MtimeNs: 9, Path: "d/x", Name: "y"},
 			"01 17 0000 00000003" + "00 00010000 03 0000000000000005 000001a4 0000000000000009 0003 642f78 0001 79"},
 		{&PushReply{RequestID: 3, Handle: 4, ChunkSize: 0x10000, Algorithm: 0, Chunks: 1, Path: "d/x"},
@@ -537,6 +555,14 @@ func TestPackSizes(t *testing.T) {
 			}
 			if n := len(mustMarshal(t, m)); n != want {
 				t.Errorf("PackReply: %d bytes, sizes say %d", n, want)
+			}
+		case *WalkBatch:
+			want := WalkBatchOverhead(len(m.Window.RKeys))
+			for i := range m.Entries {
+				want += WalkEntrySize(&m.Entries[i])
+			}
+			if n := len(mustMarshal(t, m)); n != want {
+				t.Errorf("WalkBatch: %d bytes, sizes say %d", n, want)
 			}
 		}
 	}

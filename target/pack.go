@@ -149,41 +149,20 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	if len(reply.Files) == 0 {
 		return errf(protocol.CodeBadRequest, "the first file's entry does not fit a reply")
 	}
-	w := &window{id: ss.nextWindow}
-	rkeys := make([]uint32, len(qps))
+	var w *window
 	if total > 0 {
-		mapping, size, perr := ss.spare.get(ss.srv, total)
-		if perr != nil {
+		var rkeys []uint32
+		var perr *protocol.Error
+		if w, rkeys, perr = ss.packWindow(ctx, total, qps); perr != nil {
 			return perr
 		}
-		w.mapping, w.size, w.pack = mapping, size, true
-		buf := mapping[:total]
-		ss.fill(buf, files, reply.Files, alg)
-		access := verbs.AccessRemoteRead
-		if ss.mws {
-			access |= verbs.AccessMWBind
-		}
-		var err error
-		if w.mr, err = ss.pd.RegMR(buf, access); err != nil {
-			ss.freeWindow(w)
-			return errf(protocol.CodeInternal, "register pack: %v", err)
-		}
-		if ss.mws {
-			if err := ss.bind(ctx, w, qps); err != nil {
-				ss.freeWindow(w)
-				return errf(protocol.CodeInternal, "bind windows: %v", err)
-			}
-			for i, mw := range w.mws {
-				rkeys[i] = mw.RKey()
-			}
-		} else {
-			for i := range rkeys {
-				rkeys[i] = w.mr.RKey()
-			}
-		}
+		ss.fill(w.mapping[:total], files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
 		reply.Window = protocol.Window{ID: w.id, Length: total, Addr: w.mr.Addr(), RKeys: rkeys}
 	} else {
-		reply.Window = protocol.Window{ID: w.id, RKeys: rkeys}
+		w = &window{id: ss.nextWindow}
+		ss.nextWindow++
+		ss.fill(nil, files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
+		reply.Window = protocol.Window{ID: w.id, RKeys: make([]uint32, len(qps))}
 	}
 	for i := range reply.Files {
 		if f := &reply.Files[i]; f.Code == 0 && alg.Size() > 0 && f.Digest == nil {
@@ -192,12 +171,48 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	}
 	h := &handle{id: ss.nextHandle, export: x0, path: "(pack)", packed: true, windows: map[uint32]*window{w.id: w}}
 	ss.nextHandle++
-	ss.nextWindow++
 	ss.windows++
 	ss.handles[h.id] = h
 	reply.Handle = h.id
 	ss.log.Debug("pack", "files", len(reply.Files), "packed", len(files), "bytes", total)
 	return reply
+}
+
+// packWindow takes memory for total bytes of packed files from the
+// session's spare and registers it as a new window, keyed for each of
+// qps: the caller fills it before anyone can read it (the keys are not
+// sent yet) and keeps it in a handle.
+func (ss *session) packWindow(ctx context.Context, total uint64, qps []verbs.QP) (*window, []uint32, *protocol.Error) {
+	mapping, size, perr := ss.spare.get(ss.srv, total)
+	if perr != nil {
+		return nil, nil, perr
+	}
+	w := &window{id: ss.nextWindow, mapping: mapping, size: size, pack: true}
+	access := verbs.AccessRemoteRead
+	if ss.mws {
+		access |= verbs.AccessMWBind
+	}
+	var err error
+	if w.mr, err = ss.pd.RegMR(mapping[:total], access); err != nil {
+		ss.freeWindow(w)
+		return nil, nil, errf(protocol.CodeInternal, "register pack: %v", err)
+	}
+	rkeys := make([]uint32, len(qps))
+	if ss.mws {
+		if err := ss.bind(ctx, w, qps); err != nil {
+			ss.freeWindow(w)
+			return nil, nil, errf(protocol.CodeInternal, "bind windows: %v", err)
+		}
+		for i, mw := range w.mws {
+			rkeys[i] = mw.RKey()
+		}
+	} else {
+		for i := range rkeys {
+			rkeys[i] = w.mr.RKey()
+		}
+	}
+	ss.nextWindow++
+	return w, rkeys, nil
 }
 
 // maxSpare is the largest pack buffer a session keeps for its next pack.
@@ -284,8 +299,8 @@ const packReaders = 4
 
 // fill reads the packed files into buf at their offsets, several at a
 // time, and sets each one's digest, or its error if it failed or changed
-// since it was opened.
-func (ss *session) fill(buf []byte, files []packed, out []protocol.PackedFile, alg chunker.Algorithm) {
+// since it was opened, in out(its idx).
+func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.PackedFile, alg chunker.Algorithm) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(packReaders, len(files)) {
@@ -296,7 +311,7 @@ func (ss *session) fill(buf []byte, files []packed, out []protocol.PackedFile, a
 					return
 				}
 				p := &files[k]
-				pf := &out[p.idx]
+				pf := out(p.idx)
 				data := buf[pf.Offset : pf.Offset+uint64(p.size)]
 				err := readFull(p.fd, data)
 				var st unix.Stat_t

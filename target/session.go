@@ -56,8 +56,9 @@ type handle struct {
 	size     int64
 	mtime    int64 // for a block device: its write generation
 	blockdev bool
-	packed   bool  // a Pack's window: no file stays open
-	push     *push // a push in progress: no file open for reading
+	packed   bool    // a Pack's window: no file stays open
+	push     *push   // a push in progress: no file open for reading
+	walk     *walker // a walk in progress: its windows are its batches'
 	layout   chunker.Layout
 	digests  chunker.Digests
 	windows  map[uint32]*window
@@ -302,6 +303,13 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 			break
 		}
 		return ss.pack(ctx, m)
+	case *protocol.Walk:
+		if ss.srv.cfg.NoWalk {
+			break
+		}
+		return ss.walk(ctx, m)
+	case *protocol.WalkNext:
+		return ss.walkNext(ctx, m)
 	case *protocol.Push:
 		if ss.srv.cfg.NoPush {
 			break
@@ -468,7 +476,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 }
 
 // file reports whether h is a file open for reading (not a pack or a push).
-func (h *handle) file() bool { return !h.packed && h.push == nil }
+func (h *handle) file() bool { return !h.packed && h.push == nil && h.walk == nil }
 
 // changed reports whether the file's size or mtime (for a block device,
 // its size or write counters) differ from open time.
@@ -690,6 +698,9 @@ func (ss *session) closeHandle(h *handle) {
 	}
 	if h.push != nil {
 		h.push.free(ss)
+	}
+	if h.walk != nil {
+		h.walk.close()
 	}
 	delete(ss.handles, h.id)
 }

@@ -67,6 +67,9 @@ type Config struct {
 	// NoPack answers Pack with Unsupported, as a target from before Pack
 	// would (for tests and for comparisons).
 	NoPack bool
+	// NoWalk answers Walk with Unsupported, as a target from before Walk
+	// would.
+	NoWalk bool
 	// NoPush answers Push with Unsupported, as a target from before Push
 	// would.
 	NoPush bool

@@ -1,0 +1,264 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// errNoWalk: the target does not know Walk (an older one).
+var errNoWalk = errors.New("target does not walk trees")
+
+// walked is one entry of a walk: its item (err set if it was refused, or
+// failed on the target) and, for a packed file, its verified bytes.
+type walked struct {
+	it     item
+	packed bool
+	data   []byte // valid only during the batch's call
+	digest []byte // the target's, which data matched
+}
+
+// walkFirst and walkMost bound a batch's entries: the first batch is
+// small, so that the writing starts soon, and each one after is twice the
+// last.
+const (
+	walkFirst = 128
+	walkMost  = 1024
+)
+
+// walk walks the remote directory src with Walk and hands fn each batch
+// of its entries in order, every directory before what is in it. Regular
+// files of at most packMax bytes (none, for 0) come packed, READ and
+// verified; the rest are just entries. Only the entries shard sh has come,
+// besides directories. While fn runs, the target makes the next batch. An
+// error fn returns, or one that breaks the session, stops the walk.
+func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard, fn func([]walked) error) (err error) {
+	alg := s.cfg.Algorithm
+	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src}
+	if sh.N > 1 {
+		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
+	}
+	b, err := s.walkCall(ctx, req)
+	if err != nil {
+		var pe *protocol.Error
+		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
+			return fmt.Errorf("%w: %w", errNoWalk, err)
+		}
+		return err
+	}
+	type answer struct {
+		b   *protocol.WalkBatch
+		err error
+	}
+	var next chan answer // the batch asked for, if any
+	defer func() {
+		if next != nil {
+			<-next // its window goes with the walk's Close
+		}
+		m, cerr := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: b.Handle})
+		if cerr == nil {
+			if _, ok := m.(*protocol.CloseReply); !ok {
+				cerr = unexpected(m)
+			}
+		}
+		if err == nil {
+			err = cerr
+		}
+	}()
+	t := newWalkTrack(src)
+	var release uint32 // the window of the batch before this one
+	maxEntries := uint16(walkFirst)
+	for {
+		if !b.Done {
+			maxEntries = min(2*maxEntries, walkMost)
+			next = make(chan answer, 1)
+			go func(m *protocol.WalkNext) {
+				r, err := s.walkCall(ctx, m)
+				next <- answer{r, err}
+			}(&protocol.WalkNext{Handle: b.Handle, Release: release, MaxEntries: maxEntries})
+		}
+		ents, err := t.batch(b, len(s.data), s.ch0.MaxWindow, alg)
+		if err != nil {
+			return err
+		}
+		var buf []byte
+		if b.Window.Length > 0 {
+			if buf, err = s.readWindow(ctx, b.Window); err != nil {
+				return err
+			}
+		}
+		for i := range ents {
+			w := &ents[i]
+			if !w.packed {
+				continue
+			}
+			f := &b.Entries[i]
+			w.digest = f.Digest
+			w.data, w.it.err = s.verifyPacked(ctx, b.Window, buf, &f.PackedFile)
+			if w.it.err != nil && !errors.Is(w.it.err, ErrVerify) {
+				return w.it.err
+			}
+			w.packed = w.it.err == nil
+		}
+		for _, w := range ents {
+			if w.packed {
+				s.packs++
+				break
+			}
+		}
+		if err := fn(ents); err != nil {
+			return err
+		}
+		release = b.Window.ID
+		if b.Window.Length == 0 {
+			release = 0
+		}
+		if b.Done {
+			return nil
+		}
+		a := <-next
+		next = nil
+		if a.err != nil {
+			return a.err
+		}
+		if a.b.Handle != b.Handle {
+			return fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, a.b.Handle, b.Handle)
+		}
+		b = a.b
+	}
+}
+
+// walkCall sends Walk or WalkNext, waiting while the target's window
+// budget is in use by others.
+func (s *Session) walkCall(ctx context.Context, m protocol.Message) (*protocol.WalkBatch, error) {
+	backoff := 10 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r, err := s.call(ctx, m)
+		var pe *protocol.Error
+		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany && time.Now().Before(deadline) {
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, ok := r.(*protocol.WalkBatch)
+		if !ok {
+			return nil, unexpected(r)
+		}
+		return b, nil
+	}
+}
+
+// walkTrack follows a walk's directories across its batches, to give
+// each entry its path and to refuse what does not add up.
+type walkTrack struct {
+	src  string
+	dirs []walkDir // by Dir number: 0 is the walk's root
+	// The directories the walk is in, from the root, and the names each
+	// has sent so far: entries come depth first, so a directory left for
+	// its parent is done.
+	stack []int
+	seen  []map[string]bool
+}
+
+type walkDir struct {
+	rel     string
+	parent  int
+	bad     bool // refused or failed: nothing may come from it
+	entered bool
+}
+
+func newWalkTrack(src string) *walkTrack {
+	return &walkTrack{src: src, dirs: []walkDir{{entered: true}}, stack: []int{0}, seen: []map[string]bool{{}}}
+}
+
+// enter makes directory k the one the walk is in: one it is already in,
+// or one its parent sent and it has not been in before.
+func (t *walkTrack) enter(k int) bool {
+	up := func(k int) bool { // back up to k, if the walk is in it
+		for i := len(t.stack) - 1; i >= 0; i-- {
+			if t.stack[i] == k {
+				t.stack, t.seen = t.stack[:i+1], t.seen[:i+1]
+				return true
+			}
+		}
+		return false
+	}
+	if up(k) {
+		return true
+	}
+	d := &t.dirs[k]
+	if d.entered || !up(d.parent) {
+		return false
+	}
+	d.entered = true
+	t.stack = append(t.stack, k)
+	t.seen = append(t.seen, map[string]bool{})
+	return true
+}
+
+// batch checks batch b and turns its entries into walked ones: a name
+// that is not one path element, or that its directory sent twice, is
+// refused, as is anything from a directory that failed; a batch that
+// does not add up (a window or offset out of bounds, an unknown
+// directory, entries out of depth-first order) is an error.
+func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg chunker.Algorithm) ([]walked, error) {
+	malformed := func(format string, a ...any) error {
+		return fmt.Errorf("%w: WalkBatch: %s", protocol.ErrMalformed, fmt.Sprintf(format, a...))
+	}
+	w := b.Window
+	if w.Offset != 0 || w.Length > maxWindow || (w.Length > 0 && len(w.RKeys) != qps) {
+		return nil, malformed("window of %d bytes at %d with %d keys", w.Length, w.Offset, len(w.RKeys))
+	}
+	if len(b.Entries) == 0 && !b.Done {
+		return nil, malformed("no entries, and not done")
+	}
+	out := make([]walked, len(b.Entries))
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		if int64(e.Dir) >= int64(len(t.dirs)) {
+			return nil, malformed("entry %q in directory %d of %d", e.Entry.Name, e.Dir, len(t.dirs)-1)
+		}
+		if !t.enter(int(e.Dir)) {
+			return nil, malformed("entry %q of directory %d out of order", e.Entry.Name, e.Dir)
+		}
+		seen := t.seen[len(t.seen)-1]
+		d := &t.dirs[e.Dir]
+		it := item{rel: path.Join(d.rel, e.Entry.Name), entry: e.Entry}
+		switch {
+		case ValidName(e.Entry.Name) != nil:
+			it.err = ValidName(e.Entry.Name)
+			it.rel = path.Join(d.rel, fmt.Sprintf("%q", e.Entry.Name))
+		case seen[e.Entry.Name]:
+			it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Entry.Name)
+		case d.bad:
+			it.err = fmt.Errorf("%s: its directory could not be read", it.rel)
+		case e.Code != 0:
+			it.err = fmt.Errorf("%s/%s: %w", t.src, it.rel, &protocol.Error{Code: e.Code, Message: e.Message})
+		}
+		seen[e.Entry.Name] = true
+		if e.Entry.Type == protocol.FileDir {
+			t.dirs = append(t.dirs, walkDir{rel: it.rel, parent: int(e.Dir), bad: it.err != nil})
+		}
+		if e.Packed {
+			if e.Entry.Type != protocol.FileRegular || e.Code != 0 || e.Offset > w.Length || e.Entry.Size > w.Length-e.Offset ||
+				len(e.Digest) != alg.Size() {
+				return nil, malformed("packed %q at %d of %d bytes does not add up", e.Entry.Name, e.Offset, e.Entry.Size)
+			}
+		}
+		out[i] = walked{it: it, packed: e.Packed && it.err == nil}
+	}
+	return out, nil
+}

@@ -1,0 +1,490 @@
+package target
+
+import (
+	"context"
+	"encoding/binary"
+	"hash/fnv"
+	"io/fs"
+	"path"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// maxOpenDirs is how many directories of a walk's path stay open; deeper
+// ones are opened again through the export's root when the walk comes
+// back to them.
+const maxOpenDirs = 64
+
+// walker is a walk in progress: a depth-first stack of the directories it
+// is in, each with its sorted entries and how far it has got.
+type walker struct {
+	x       *export
+	root    string // the walk's Path as sent: shard hashes start with it
+	alg     chunker.Algorithm
+	packMax int64
+	shardI  uint32
+	shardN  uint32
+	dirs    uint32      // directory entries made so far
+	stack   []*walkDir  // the walk's path, from its root
+	held    []walkEntry // made but not yet sent
+	buf     []byte      // for getdents
+}
+
+type walkDir struct {
+	fd    int    // -1 while closed (too deep)
+	rel   string // in the export: "." for its root
+	wrel  string // under the walk's root: "" for the root itself
+	index uint32 // its Dir number
+	ents  []dirent
+	pos   int
+}
+
+type dirent struct {
+	name string
+	typ  uint8 // DT_*
+}
+
+// walkEntry is an entry made for a batch, with its open file if packed.
+type walkEntry struct {
+	e  protocol.WalkEntry
+	pk packed // fd -1 unless e.Packed
+}
+
+// newWalker starts a walk of directory rel of export x.
+func newWalker(x *export, rel string, m *protocol.Walk, maxWindow uint64) (*walker, error) {
+	w := &walker{x: x, root: m.Path, alg: chunker.Algorithm(m.Algorithm), packMax: int64(min(m.PackMax, maxWindow)), shardI: m.ShardI, shardN: m.ShardN}
+	f, err := x.root.Open(rel)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return nil, &fs.PathError{Op: "dup", Path: rel, Err: err}
+	}
+	d := &walkDir{fd: fd, rel: rel}
+	w.buf = make([]byte, 32<<10)
+	if d.ents, err = readDir(fd, w.buf); err != nil {
+		unix.Close(fd)
+		return nil, &fs.PathError{Op: "readdir", Path: rel, Err: err}
+	}
+	w.stack = []*walkDir{d}
+	return w, nil
+}
+
+// close closes what the walk holds open.
+func (w *walker) close() {
+	for _, d := range w.stack {
+		if d.fd >= 0 {
+			unix.Close(d.fd)
+		}
+	}
+	w.stack = nil
+	for _, h := range w.held {
+		if h.e.Packed {
+			unix.Close(h.pk.fd)
+		}
+	}
+	w.held = nil
+}
+
+// next returns the walk's next entry, false at its end.
+func (w *walker) next() (walkEntry, bool) {
+	for len(w.stack) > 0 {
+		d := w.stack[len(w.stack)-1]
+		if d.pos == len(d.ents) {
+			if d.fd >= 0 {
+				unix.Close(d.fd)
+			}
+			w.stack = w.stack[:len(w.stack)-1]
+			continue
+		}
+		de := d.ents[d.pos]
+		d.pos++
+		if d.fd < 0 {
+			if err := w.reopen(d); err != nil { // each of its entries left fails
+				return w.failed(d, de.name, protocol.Entry{Name: de.name}, err), true
+			}
+		}
+		if de.typ == unix.DT_UNKNOWN {
+			var st unix.Stat_t
+			if unix.Fstatat(d.fd, de.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				de.typ = dtype(st.Mode)
+			}
+		}
+		if de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
+			continue
+		}
+		we, sub := w.entry(d, de)
+		if we.e.Entry.Type == protocol.FileDir {
+			w.dirs++ // every directory entry sent takes a Dir number
+			if sub != nil {
+				sub.index = w.dirs
+				w.stack = append(w.stack, sub)
+				if n := len(w.stack); n > maxOpenDirs {
+					if up := w.stack[n-1-maxOpenDirs]; up.fd >= 0 {
+						unix.Close(up.fd)
+						up.fd = -1
+					}
+				}
+			}
+		} else if sub != nil {
+			unix.Close(sub.fd)
+		}
+		return we, true
+	}
+	return walkEntry{}, false
+}
+
+func (w *walker) inShard(d *walkDir, name string) bool {
+	if w.shardN <= 1 {
+		return true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(w.root))
+	h.Write([]byte{'/'})
+	if d.wrel != "" {
+		h.Write([]byte(d.wrel))
+		h.Write([]byte{'/'})
+	}
+	h.Write([]byte(name))
+	return h.Sum32()%w.shardN == w.shardI
+}
+
+// reopen opens directory d again through the export's root.
+func (w *walker) reopen(d *walkDir) error {
+	f, err := w.x.root.Open(d.rel)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		return &fs.PathError{Op: "dup", Path: d.rel, Err: err}
+	}
+	d.fd = fd
+	return nil
+}
+
+// entry makes the entry for de in d. A directory is opened and read, and
+// returned as sub for the walk to enter; a regular file small enough to
+// pack is opened.
+func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
+	const oflags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+	name := de.name
+	var st unix.Stat_t
+	switch {
+	case de.typ == unix.DT_DIR:
+		fd, err := unix.Openat(d.fd, name, oflags|unix.O_DIRECTORY, 0)
+		if err == unix.ENOTDIR || err == unix.ELOOP {
+			return w.changed(d, name), nil
+		}
+		if err == nil {
+			if err = unix.Fstat(fd, &st); err != nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			e := w.lstat(d, name)
+			e.Type = protocol.FileDir
+			return w.failed(d, name, e, &fs.PathError{Op: "open", Path: name, Err: err}), nil
+		}
+		we := walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: statEntry(name, &st)}}, pk: packed{fd: -1}}
+		ents, err := readDir(fd, w.buf)
+		if err != nil {
+			unix.Close(fd)
+			we.e.Code, we.e.Message = fsCode(path.Join(d.wrel, name), &fs.PathError{Op: "readdir", Path: name, Err: err})
+			return we, nil
+		}
+		return we, &walkDir{fd: fd, rel: path.Join(d.rel, name), wrel: path.Join(d.wrel, name), ents: ents}
+	case de.typ == unix.DT_REG && w.packMax > 0:
+		fd, err := unix.Openat(d.fd, name, oflags, 0)
+		if err == unix.ELOOP {
+			return w.changed(d, name), nil
+		}
+		if err != nil {
+			return w.failed(d, name, w.lstat(d, name), &fs.PathError{Op: "open", Path: name, Err: err}), nil
+		}
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return w.failed(d, name, protocol.Entry{Type: protocol.FileRegular, Name: name}, &fs.PathError{Op: "fstat", Path: name, Err: err}), nil
+		}
+		e := statEntry(name, &st)
+		switch {
+		case e.Type != protocol.FileRegular:
+			unix.Close(fd)
+			return w.changed(d, name), nil
+		case st.Size > w.packMax:
+			unix.Close(fd) // copied with Open
+			return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}, nil
+		}
+		return walkEntry{e: protocol.WalkEntry{Dir: d.index, Packed: true, PackedFile: protocol.PackedFile{Entry: e}},
+			pk: packed{fd: fd, st: st, size: st.Size}}, nil
+	}
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return w.failed(d, name, protocol.Entry{Name: name}, &fs.PathError{Op: "lstat", Path: name, Err: err}), nil
+	}
+	e := statEntry(name, &st)
+	if e.Type == protocol.FileDir { // since it was listed
+		return w.changed(d, name), nil
+	}
+	if e.Type == protocol.FileSymlink {
+		e.Target = readlinkAt(d.fd, name)
+	}
+	return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}, nil
+}
+
+// lstat is name's entry as far as it can be had; zero but for its name if not.
+func (w *walker) lstat(d *walkDir, name string) protocol.Entry {
+	var st unix.Stat_t
+	if unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+		return protocol.Entry{Name: name}
+	}
+	return statEntry(name, &st)
+}
+
+func (w *walker) failed(d *walkDir, name string, e protocol.Entry, err error) walkEntry {
+	we := walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}
+	we.e.Code, we.e.Message = fsCode(path.Join(d.wrel, name), err)
+	return we
+}
+
+// changed is the entry for a name whose type changed while it was walked.
+func (w *walker) changed(d *walkDir, name string) walkEntry {
+	e := w.lstat(d, name)
+	return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Code: protocol.CodeChanged,
+		Entry: e, Message: "changed while it was walked"}}, pk: packed{fd: -1}}
+}
+
+func fsCode(p string, err error) (protocol.Code, string) {
+	e := fsError(p, err)
+	return e.Code, e.Message
+}
+
+// dtype is the DT_* type of a stat's mode.
+func dtype(mode uint32) uint8 {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return unix.DT_REG
+	case unix.S_IFDIR:
+		return unix.DT_DIR
+	case unix.S_IFLNK:
+		return unix.DT_LNK
+	case unix.S_IFBLK:
+		return unix.DT_BLK
+	case unix.S_IFCHR:
+		return unix.DT_CHR
+	case unix.S_IFIFO:
+		return unix.DT_FIFO
+	}
+	return unix.DT_SOCK
+}
+
+// readlinkAt is the target of symlink name in directory fd, "" if it
+// cannot be read.
+func readlinkAt(fd int, name string) string {
+	b := make([]byte, 256)
+	for {
+		n, err := unix.Readlinkat(fd, name, b)
+		if err != nil {
+			return ""
+		}
+		if n < len(b) {
+			return string(b[:n])
+		}
+		if len(b) >= 1<<16 {
+			return ""
+		}
+		b = make([]byte, 2*len(b))
+	}
+}
+
+// readDir reads all of directory fd's entries but "." and "..", sorted by
+// name, through buf.
+func readDir(fd int, buf []byte) ([]dirent, error) {
+	var ents []dirent
+	for {
+		n, err := unix.ReadDirent(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n <= 0 {
+			break
+		}
+		ents = parseDirents(buf[:n], ents)
+	}
+	slices.SortFunc(ents, func(a, b dirent) int { return strings.Compare(a.name, b.name) })
+	return ents, nil
+}
+
+// parseDirents appends the entries of getdents64 records b to ents.
+func parseDirents(b []byte, ents []dirent) []dirent {
+	const hdr = 8 + 8 + 2 + 1 // d_ino, d_off, d_reclen, d_type
+	for len(b) >= hdr {
+		ino := binary.NativeEndian.Uint64(b)
+		reclen := int(binary.NativeEndian.Uint16(b[16:]))
+		if reclen < hdr || reclen > len(b) {
+			break
+		}
+		typ := b[18]
+		name := b[hdr:reclen]
+		if i := slices.Index(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		b = b[reclen:]
+		if ino == 0 || string(name) == "." || string(name) == ".." || len(name) == 0 {
+			continue
+		}
+		ents = append(ents, dirent{name: string(name), typ: typ})
+	}
+	return ents
+}
+
+// walkMaxEntries caps a batch's entries, whatever fits.
+const walkMaxEntries = maxPackFiles
+
+// walk starts a walk and answers with its first batch.
+func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message {
+	cfg := &ss.srv.cfg
+	alg := chunker.Algorithm(m.Algorithm)
+	switch {
+	case !alg.Valid():
+		return errf(protocol.CodeUnsupported, "checksum algorithm %d", m.Algorithm)
+	case m.ShardN > 1 && m.ShardI >= m.ShardN:
+		return errf(protocol.CodeBadRequest, "shard %d of %d", m.ShardI, m.ShardN)
+	case len(ss.handles) >= cfg.MaxHandles:
+		return errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
+	}
+	x, rel, perr := ss.srv.resolve(m.Path)
+	if perr != nil {
+		return perr
+	}
+	if x.root == nil {
+		return errf(protocol.CodeNotDir, "%s is not a directory", m.Path)
+	}
+	w, err := newWalker(x, rel, m, cfg.MaxWindow)
+	if err != nil {
+		return fsError(m.Path, err)
+	}
+	h := &handle{id: ss.nextHandle, export: x, path: m.Path, walk: w, windows: map[uint32]*window{}}
+	ss.nextHandle++
+	ss.handles[h.id] = h
+	ss.log.Debug("walk", "path", m.Path, "pack_max", w.packMax, "shard", m.ShardI, "of", m.ShardN)
+	return ss.walkBatch(ctx, h, m.MaxEntries)
+}
+
+// walkNext answers WalkNext: it frees the released window and sends the
+// next batch.
+func (ss *session) walkNext(ctx context.Context, m *protocol.WalkNext) protocol.Message {
+	h := ss.handles[m.Handle]
+	if h == nil || h.walk == nil {
+		return errf(protocol.CodeBadRequest, "no walk %d", m.Handle)
+	}
+	if m.Release != 0 {
+		w := h.windows[m.Release]
+		if w == nil {
+			return errf(protocol.CodeBadRequest, "no window %d on walk %d", m.Release, m.Handle)
+		}
+		ss.unmap(h, w)
+	}
+	return ss.walkBatch(ctx, h, m.MaxEntries)
+}
+
+// walkBatch makes the walk's next batch: as many entries as fit the
+// reply, the window limit and max (at least one, while there are any),
+// with the packed files' bytes in a window of their own.
+func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) protocol.Message {
+	cfg := &ss.srv.cfg
+	w := h.walk
+	limit := walkMaxEntries
+	if maxEntries > 0 {
+		limit = min(limit, int(maxEntries))
+	}
+	ss.mu.Lock()
+	qps := append([]verbs.QP(nil), ss.data...)
+	ss.mu.Unlock()
+	if len(qps) == 0 {
+		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	}
+	reply := &protocol.WalkBatch{Handle: h.id}
+	size := protocol.WalkBatchOverhead(len(qps))
+	reserve := max(w.alg.Size(), maxPackMessage) // a digest, or why it failed after all
+	var total uint64
+	n := 0 // entries taken, from w.held
+	for n < limit {
+		if n == len(w.held) {
+			we, ok := w.next()
+			if !ok {
+				reply.Done = true
+				break
+			}
+			w.held = append(w.held, we)
+		}
+		we := &w.held[n]
+		sz := protocol.WalkEntrySize(&we.e)
+		if we.e.Packed {
+			sz += reserve
+			if total+uint64(we.pk.size) > cfg.MaxWindow {
+				break
+			}
+		}
+		if size+sz > protocol.MaxMessage {
+			break
+		}
+		size += sz
+		if we.e.Packed {
+			we.e.Offset = total
+			total += uint64(we.pk.size)
+		}
+		n++
+	}
+	var files []packed
+	reply.Entries = make([]protocol.WalkEntry, n)
+	for i := range n {
+		reply.Entries[i] = w.held[i].e
+		if w.held[i].e.Packed {
+			pk := w.held[i].pk
+			pk.idx = i
+			files = append(files, pk)
+		}
+	}
+	if total > 0 {
+		if ss.windows >= cfg.MaxWindowsPerSession {
+			return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
+		}
+		win, rkeys, perr := ss.packWindow(ctx, total, qps)
+		if perr != nil {
+			return perr // the entries stay held for the next try
+		}
+		ss.fill(win.mapping[:total], files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
+		h.windows[win.id] = win
+		ss.windows++
+		reply.Window = protocol.Window{ID: win.id, Length: total, Addr: win.mr.Addr(), RKeys: rkeys}
+	} else if len(files) > 0 { // empty files only
+		ss.fill(nil, files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
+	}
+	for i := range reply.Entries {
+		e := &reply.Entries[i]
+		if e.Packed && e.Code != 0 {
+			e.Packed = false
+		}
+		if e.Packed && e.Digest == nil && w.alg.Size() > 0 {
+			e.Digest = chunker.Sum(w.alg, nil)
+		}
+	}
+	for _, pk := range files { // read: closed, and the sent entries dropped
+		unix.Close(pk.fd)
+	}
+	w.held = append(w.held[:0], w.held[n:]...)
+	ss.log.Debug("walk batch", "entries", n, "packed", len(files), "bytes", total, "done", reply.Done)
+	return reply
+}
