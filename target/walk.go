@@ -379,7 +379,11 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 	ss.nextHandle++
 	ss.handles[h.id] = h
 	ss.log.Debug("walk", "path", m.Path, "pack_max", w.packMax, "shard", m.ShardI, "of", m.ShardN)
-	return ss.walkBatch(ctx, h, m.MaxEntries)
+	reply := ss.walkBatch(ctx, h, m.MaxEntries)
+	if _, ok := reply.(*protocol.Error); ok {
+		ss.closeHandle(h) // the initiator never learns of it: it asks again
+	}
+	return reply
 }
 
 // walkNext answers WalkNext: it frees the released window and sends the
