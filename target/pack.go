@@ -66,7 +66,7 @@ func (d packDirs) open(x *export, rel string) (int, error) {
 			return -1, err
 		}
 		defer f.Close()
-		return unix.Dup(int(f.Fd()))
+		return dupFd(f)
 	}
 	if err != nil {
 		return -1, &fs.PathError{Op: "open", Path: rel, Err: err}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"io/fs"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -63,7 +64,7 @@ func newWalker(x *export, rel string, m *protocol.Walk, maxWindow uint64) (*walk
 	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Dup(int(f.Fd()))
+	fd, err := dupFd(f)
 	f.Close()
 	if err != nil {
 		return nil, &fs.PathError{Op: "dup", Path: rel, Err: err}
@@ -157,6 +158,11 @@ func (w *walker) inShard(d *walkDir, name string) bool {
 	return h.Sum32()%w.shardN == w.shardI
 }
 
+// dupFd duplicates f's descriptor, close-on-exec, to outlive f.
+func dupFd(f *os.File) (int, error) {
+	return unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+}
+
 // reopen opens directory d again through the export's root.
 func (w *walker) reopen(d *walkDir) error {
 	f, err := w.x.root.Open(d.rel)
@@ -164,7 +170,7 @@ func (w *walker) reopen(d *walkDir) error {
 		return err
 	}
 	defer f.Close()
-	fd, err := unix.Dup(int(f.Fd()))
+	fd, err := dupFd(f)
 	if err != nil {
 		return &fs.PathError{Op: "dup", Path: d.rel, Err: err}
 	}
