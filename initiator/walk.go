@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"sync"
 	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -43,7 +44,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 	if sh.N > 1 {
 		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
 	}
-	b, err := s.walkCall(ctx, req)
+	b, err := s.walkCall(ctx, req, nil)
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
@@ -71,16 +72,27 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		}
 	}()
 	t := newWalkTrack(src)
-	var release uint32 // the window of the batch before this one
+	// written is the window of a batch written and not yet released: the
+	// next WalkNext releases it, or the one asked for already, when tried
+	// again for want of room for its window.
+	var mu sync.Mutex
+	var written uint32
+	release := func() uint32 {
+		mu.Lock()
+		defer mu.Unlock()
+		r := written
+		written = 0
+		return r
+	}
 	maxEntries := uint16(walkFirst)
 	for {
 		if !b.Done {
 			maxEntries = min(2*maxEntries, walkMost)
 			next = make(chan answer, 1)
 			go func(m *protocol.WalkNext) {
-				r, err := s.walkCall(ctx, m)
+				r, err := s.walkCall(ctx, m, release)
 				next <- answer{r, err}
-			}(&protocol.WalkNext{Handle: b.Handle, Release: release, MaxEntries: maxEntries})
+			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries})
 		}
 		ents, err := t.batch(b, len(s.data), s.ch0.MaxWindow, alg)
 		if err != nil {
@@ -114,9 +126,10 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		if err := fn(ents); err != nil {
 			return err
 		}
-		release = b.Window.ID
-		if b.Window.Length == 0 {
-			release = 0
+		if b.Window.Length > 0 {
+			mu.Lock()
+			written = b.Window.ID
+			mu.Unlock()
 		}
 		if b.Done {
 			return nil
@@ -134,14 +147,19 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 }
 
 // walkCall sends Walk or WalkNext, waiting while the target's window
-// budget is in use by others.
-func (s *Session) walkCall(ctx context.Context, m protocol.Message) (*protocol.WalkBatch, error) {
+// budget is in use by others. A WalkNext answered TooMany has had its
+// Release freed all the same: it is sent again with what release gives,
+// the window of a batch written since, if any.
+func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, error) {
 	backoff := 10 * time.Millisecond
 	deadline := time.Now().Add(time.Minute)
 	for {
 		r, err := s.call(ctx, m)
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany && time.Now().Before(deadline) {
+			if n, ok := m.(*protocol.WalkNext); ok {
+				n.Release = release()
+			}
 			select {
 			case <-time.After(backoff):
 			case <-ctx.Done():
