@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/target"
 )
 
 // makeTree fills dir with a tree exercising what -r must keep; it returns
@@ -48,11 +49,19 @@ func makeTree(t *testing.T, dir string) map[string][]byte {
 	return files
 }
 
+// Both ways a tree is copied: with Walk, and with List and Pack from a
+// target that does not walk.
 func TestGetTree(t *testing.T) {
-	e := startTarget(t, nil)
+	for _, tp := range treePaths {
+		t.Run(tp.name, func(t *testing.T) { testGetTree(t, tp.noWalk) })
+	}
+}
+
+func testGetTree(t *testing.T, noWalk bool) {
+	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
 	src := filepath.Join(e.dir, "tree")
 	files := makeTree(t, src)
-	s := e.dial(t, nil)
+	s, log := dialLogged(t, e)
 	out := t.TempDir()
 	var seen []initiator.FileResult
 	before := s.BytesRead()
@@ -117,6 +126,7 @@ func TestGetTree(t *testing.T) {
 	if err != nil || tr.Failed != 0 || s.BytesRead() != before || tr.BytesRead != 0 {
 		t.Fatalf("skip-same copy read %d: %v %+v", s.BytesRead()-before, err, tr)
 	}
+	log.walked(t, !noWalk)
 }
 
 // A file that fails leaves nothing at its destination, and the rest of
@@ -149,9 +159,29 @@ func TestGetTreeOneFileFails(t *testing.T) {
 	}
 }
 
-// Shards 0..N-1 of a tree copy every file exactly once between them.
+// Shards 0..N-1 of a tree copy every file exactly once between them, and
+// each shard the same files whether the target walks the tree or it is
+// listed.
 func TestGetTreeShards(t *testing.T) {
-	e := startTarget(t, nil)
+	const n = 3
+	shards := map[bool][][]string{} // by noWalk, then shard
+	for _, tp := range treePaths {
+		t.Run(tp.name, func(t *testing.T) { shards[tp.noWalk] = testGetTreeShards(t, tp.noWalk, n) })
+	}
+	if t.Failed() {
+		return
+	}
+	for i := range n {
+		if w, l := shards[false][i], shards[true][i]; strings.Join(w, ",") != strings.Join(l, ",") {
+			t.Errorf("shard %d/%d: walked\n%v\nlisted\n%v", i, n, w, l)
+		}
+	}
+}
+
+// testGetTreeShards copies shards 0..n-1 of a tree and returns the files
+// each one copied, sorted.
+func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
+	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
 	var all []string
 	for i := range 40 {
 		rel := filepath.Join("d"+string(rune('0'+i%3)), "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
@@ -159,24 +189,29 @@ func TestGetTreeShards(t *testing.T) {
 		randomFile(t, filepath.Join(e.dir, "t", rel), 10+i)
 		all = append(all, rel)
 	}
+	randomFile(t, filepath.Join(e.dir, "t", "top"), 100<<10) // too large to pack
+	all = append(all, "top")
 	sort.Strings(all)
-	s := e.dial(t, nil)
-	const n = 3
+	s, log := dialLogged(t, e)
 	out := t.TempDir()
 	var got []string
+	shards := make([][]string, n)
 	for i := range n {
 		tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Shard: initiator.Shard{I: i, N: n}})
 		if err != nil || tr.Failed != 0 {
 			t.Fatalf("shard %d: %v %+v", i, err, tr)
 		}
-		k := 0
 		for _, fr := range tr.Files {
 			if fr.Type.String() == "file" {
-				got = append(got, fr.Path)
-				k++
+				shards[i] = append(shards[i], fr.Path)
+				if !(initiator.Shard{I: i, N: n}).Has("data/t/" + fr.Path) {
+					t.Errorf("shard %d/%d copied %s, which is not its", i, n, fr.Path)
+				}
 			}
 		}
-		if k == 0 || k == len(all) {
+		sort.Strings(shards[i])
+		got = append(got, shards[i]...)
+		if k := len(shards[i]); k == 0 || k == len(all) {
 			t.Errorf("shard %d/%d took %d of %d files", i, n, k, len(all))
 		}
 	}
@@ -189,6 +224,8 @@ func TestGetTreeShards(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	log.walked(t, !noWalk)
+	return shards
 }
 
 // A tree copied to a new destination is staged beside it and appears
