@@ -60,7 +60,7 @@ type walkEntry struct {
 // newWalker starts a walk of directory rel of export x.
 func newWalker(x *export, rel string, m *protocol.Walk, maxWindow uint64) (*walker, error) {
 	w := &walker{x: x, root: m.Path, alg: chunker.Algorithm(m.Algorithm), packMax: int64(min(m.PackMax, maxWindow)), shardI: m.ShardI, shardN: m.ShardN}
-	f, err := x.root.Open(rel)
+	f, err := x.root.OpenFile(rel, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +108,9 @@ func (w *walker) next() (walkEntry, bool) {
 		}
 		de := d.ents[d.pos]
 		d.pos++
+		if de.typ != unix.DT_DIR && de.typ != unix.DT_UNKNOWN && !w.inShard(d, de.name) {
+			continue
+		}
 		if d.fd < 0 {
 			if err := w.reopen(d); err != nil { // each of its entries left fails
 				return w.failed(d, de.name, protocol.Entry{Name: de.name}, err), true
@@ -165,7 +168,7 @@ func dupFd(f *os.File) (int, error) {
 
 // reopen opens directory d again through the export's root.
 func (w *walker) reopen(d *walkDir) error {
-	f, err := w.x.root.Open(d.rel)
+	f, err := w.x.root.OpenFile(d.rel, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -465,9 +466,24 @@ func TestWalkShards(t *testing.T) {
 func TestNewWalkerErrors(t *testing.T) {
 	dir := t.TempDir()
 	mkfile(t, filepath.Join(dir, "f"), []byte("file"))
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	x := testExport(t, dir)
-	for rel, code := range map[string]protocol.Code{"f": protocol.CodeNotDir, "nope": protocol.CodeNotFound} {
-		w, err := newWalker(x, rel, &protocol.Walk{Path: "data/" + rel}, 1<<20)
+	for rel, code := range map[string]protocol.Code{"f": protocol.CodeNotDir, "nope": protocol.CodeNotFound, "fifo": protocol.CodeNotDir} {
+		// A FIFO is not opened for reading, which would wait for a writer.
+		var w *walker
+		var err error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			w, err = newWalker(x, rel, &protocol.Walk{Path: "data/" + rel}, 1<<20)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: newWalker blocked", rel)
+		}
 		if err == nil {
 			w.close()
 			t.Errorf("%s: walk started", rel)
