@@ -57,7 +57,9 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		err error
 	}
 	var next chan answer // the batch asked for, if any
+	nctx, stop := context.WithCancel(ctx)
 	defer func() {
+		stop() // a WalkNext waiting for room need not wait on
 		if next != nil {
 			<-next // its window goes with the walk's Close
 		}
@@ -90,7 +92,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 			maxEntries = min(2*maxEntries, walkMost)
 			next = make(chan answer, 1)
 			go func(m *protocol.WalkNext) {
-				r, err := s.walkCall(ctx, m, release)
+				r, err := s.walkCall(nctx, m, release)
 				next <- answer{r, err}
 			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries})
 		}
