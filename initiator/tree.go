@@ -278,6 +278,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	defer dr.close()
 	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, dr: dr, tr: tr,
 		dirs: []item{{rel: ".", entry: topEntry}}, failedDirs: map[string]bool{}}
+	defer c.flush.wait()
 	defer func() {
 		for _, p := range c.waiting {
 			if p.rs != nil {
@@ -325,6 +326,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 	}
 	// All data durable, then every name in place.
+	c.flush.wait()
 	if err := syncRoot(root); err != nil {
 		return tr, err
 	}
@@ -419,6 +421,7 @@ type treeCopy struct {
 	waiting []pending
 
 	large      []item // regular files to copy with Open, after the rest
+	flush      flusher
 	dirs       []item // made, for their modes and mtimes at the end
 	failedDirs map[string]bool
 }
@@ -681,10 +684,50 @@ func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 	return nil
 }
 
+// flusher syncs a tree's file system in the background while the copy
+// goes on, so that the syncfs before the renames has less left to write.
+type flusher struct {
+	bytes   int64
+	running chan struct{} // closed when the sync in progress ends
+}
+
+// flushEvery is how many bytes of packed files start a background sync.
+const flushEvery = 8 << 20
+
+func (f *flusher) wrote(root *os.Root, jobs []packedJob) {
+	for _, j := range jobs {
+		f.bytes += int64(len(j.f.data))
+	}
+	if f.bytes < flushEvery {
+		return
+	}
+	if f.running != nil {
+		select {
+		case <-f.running:
+		default:
+			return // still syncing
+		}
+	}
+	f.bytes = 0
+	done := make(chan struct{})
+	f.running = done
+	go func() {
+		defer close(done)
+		syncRoot(root) // only a head start: the final sync reports errors
+	}()
+}
+
+func (f *flusher) wait() {
+	if f.running != nil {
+		<-f.running
+	}
+}
+
 // writeJobs writes packed files, verified, and reports those that fail;
 // the others wait for the end.
 func (c *treeCopy) writeJobs(jobs []packedJob) {
 	writePacked(jobs)
+	c.flush.wrote(c.root, jobs)
 	for _, j := range jobs {
 		fr := FileResult{Path: j.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: j.err}
 		if j.err != nil {
@@ -992,26 +1035,40 @@ type packedJob struct {
 	err  error
 }
 
-// packedWriters is how many files of a pack are written at once: creating
-// small files is mostly waiting on the file system, which overlaps.
+// packedWriters is how many directories' files of a pack are written at
+// once: creating small files is mostly waiting on the file system, which
+// overlaps across directories. Within one directory creates take its
+// lock in turn (and on ext4 the waiters spin on it), so each directory's
+// files are written by one writer.
 const packedWriters = 4
 
-// writePacked writes the jobs' files, several at a time, setting each
-// job's err.
+// writePacked writes the jobs' files, several directories at a time,
+// setting each job's err.
 func writePacked(jobs []packedJob) {
+	var runs [][]packedJob // jobs in one directory, in a row
+	for i := 0; i < len(jobs); {
+		j := i + 1
+		for j < len(jobs) && jobs[j].dir == jobs[i].dir {
+			j++
+		}
+		runs = append(runs, jobs[i:j])
+		i = j
+	}
 	var wg sync.WaitGroup
 	var next atomic.Int64
-	for range min(packedWriters, len(jobs)) {
+	for range min(packedWriters, len(runs)) {
 		wg.Go(func() {
 			for {
 				k := int(next.Add(1) - 1)
-				if k >= len(jobs) {
+				if k >= len(runs) {
 					return
 				}
-				j := &jobs[k]
-				j.err = writeSmall(j.dir, j.name, j.f.entry, j.f.data)
-				if j.err != nil {
-					j.err = fmt.Errorf("%s: %w", j.rel, j.err)
+				for i := range runs[k] {
+					j := &runs[k][i]
+					j.err = writeSmall(j.dir, j.name, j.f.entry, j.f.data)
+					if j.err != nil {
+						j.err = fmt.Errorf("%s: %w", j.rel, j.err)
+					}
 				}
 			}
 		})
