@@ -4,25 +4,37 @@
 # `tar | nc`, and prints each one's time and the others' time divided by
 # rdmacp's.
 #
-#   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR]
+#   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR | -e]
 #
 # Both ends are on this machine; the tree is page-cached. Each copy goes
 # into a new empty directory, DIR/out.N (DIR defaults to a new directory in
-# /var/tmp; give -d /dev/shm/x to take the disk out of it). rdmacp
+# /var/tmp; give -d /dev/shm/x to take the disk out of it). -e (root only)
+# makes DIR a fresh ext4 file system in a loop file instead: ext4 creates
+# files far more slowly for a few minutes after many were deleted (it
+# skips recently freed inodes), so a used file system gives every tool
+# whatever the last deletions left it. rdmacp
 # verifies every file (crc32c) and syncs the file system before the tree
 # is renamed into place; rsync and tar are shown as they run by default
 # (no fsync), and with `sync -f` of the destination after.
 set -euo pipefail
-files=10000 kib=4 runs=3 dir=
-while getopts n:k:r:d: o; do
-  case $o in n) files=$OPTARG ;; k) kib=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; *) exit 2 ;; esac
+files=10000 kib=4 runs=3 dir= ext4=
+while getopts n:k:r:d:e o; do
+  case $o in n) files=$OPTARG ;; k) kib=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; e) ext4=1 ;; *) exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
 for c in rsync tar nc; do
   command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 1; }
 done
 [ -n "$dir" ] || dir=$(mktemp -d /var/tmp/rdmacp-small.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$dir"' EXIT
+img=
+if [ -n "$ext4" ]; then
+  # room for every round's copies (6 per round), data and inodes
+  img=$(mktemp /var/tmp/rdmacp-small-ext4.XXXXXX)
+  truncate -s $(( (runs + 1) * 6 * files * (kib + 4) / 1024 + 1024 ))M "$img"
+  mkfs.ext4 -q -F -N $(( (runs + 2) * 6 * (files + files / 50) )) "$img"
+  mount -o loop "$img" "$dir"
+fi
+trap 'kill $(jobs -p) 2>/dev/null; wait; if [ -n "$img" ]; then umount "$dir"; rm -f "$img"; rmdir "$dir"; else rm -rf "$dir"; fi' EXIT
 mkdir -p "$dir/export/tree"
 bin=$dir/rdmacp
 go build -o "$bin" ./cmd/rdmacp
@@ -96,7 +108,7 @@ for round in $(seq 0 "$runs"); do
   done
 done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-echo "$files files x $kib KiB, $runs runs after a warm-up round, median seconds:"
+echo "$files files x $kib KiB into $(df --output=fstype "$dir" | tail -1)$([ -n "$img" ] && echo " (fresh, in a loop file)"), $runs runs after a warm-up round, median seconds:"
 declare -A med
 for k in rdmacp rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+sync; do
   med[$k]=$(echo "${res[$k]}" | median)
