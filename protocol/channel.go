@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -30,6 +31,9 @@ type Channel struct {
 	qp    verbs.QP
 
 	sendMu sync.Mutex
+	// stuck: a send given up on before its completion, whose buffer the
+	// QP may still be reading; no other send may go (under sendMu).
+	stuck  error
 	recvMu sync.Mutex
 	callMu sync.Mutex
 	nextID uint32
@@ -104,10 +108,19 @@ func (c *Channel) QP() verbs.QP { return c.qp }
 // ErrClosed reports a channel whose connection is gone.
 var ErrClosed = errors.New("control connection closed")
 
-// Send sends m. It returns once the message is on its way.
+// sendGrace is how long a send whose caller gave up is still waited for.
+const sendGrace = 5 * time.Second
+
+// Send sends m. It returns once the message is on its way. Once posted, a
+// message is waited for even if ctx ends (a little longer, sendGrace): the
+// next Send reuses its buffer. One that never completes leaves the channel
+// unable to send.
 func (c *Channel) Send(ctx context.Context, m Message) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	if c.stuck != nil {
+		return c.stuck
+	}
 	buf := c.mem.Bytes()[:MaxMessage]
 	b, err := AppendMarshal(buf[:0], m)
 	if err != nil {
@@ -122,6 +135,8 @@ func (c *Channel) Send(ctx context.Context, m Message) error {
 		return err
 	}
 	var out [1]verbs.Completion
+	wctx := ctx
+	var gaveUp error // ctx's end, reported once the send completes
 	for {
 		n, err := c.scq.Poll(out[:])
 		if err != nil {
@@ -131,15 +146,22 @@ func (c *Channel) Send(ctx context.Context, m Message) error {
 			if out[0].Status != verbs.StatusSuccess {
 				return c.deadErr(out[0].Status)
 			}
-			return nil
+			return gaveUp
 		}
 		select {
 		case <-c.qp.Done():
 			return c.deadErr(verbs.StatusWRFlush)
 		default:
 		}
-		if err := c.wait(ctx, c.scq); err != nil {
-			return err
+		if err := c.wait(wctx, c.scq); err != nil {
+			if gaveUp != nil {
+				c.stuck = fmt.Errorf("%w: a %v was not sent within %v", ErrClosed, m.Type(), sendGrace)
+				return c.stuck
+			}
+			gaveUp = err
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), sendGrace)
+			defer cancel()
 		}
 	}
 }
