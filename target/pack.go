@@ -17,7 +17,7 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
-// maxPackFiles caps the files one Pack packs, whatever fits.
+// maxPackFiles caps the files one Pack (or walk batch) packs, whatever fits.
 const maxPackFiles = 1024
 
 // maxPackMessage bounds the message of a file that fails once packed.
@@ -27,7 +27,7 @@ const maxPackMessage = 32
 type packed struct {
 	fd   int
 	st   unix.Stat_t
-	idx  int // in the reply's Files
+	idx  int // in the reply's Files (a walk batch's Entries)
 	size int64
 }
 
@@ -93,11 +93,9 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	case ss.windows >= cfg.MaxWindowsPerSession:
 		return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
 	}
-	ss.mu.Lock()
-	qps := append([]verbs.QP(nil), ss.data...)
-	ss.mu.Unlock()
-	if len(qps) == 0 {
-		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	qps, perr := ss.dataQPs()
+	if perr != nil {
+		return perr
 	}
 	reply := &protocol.PackReply{}
 	size := protocol.PackReplyOverhead(len(qps))
@@ -163,11 +161,6 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 		ss.nextWindow++
 		ss.fill(nil, files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
 		reply.Window = protocol.Window{ID: w.id, RKeys: make([]uint32, len(qps))}
-	}
-	for i := range reply.Files {
-		if f := &reply.Files[i]; f.Code == 0 && alg.Size() > 0 && f.Digest == nil {
-			f.Digest = chunker.Sum(alg, nil) // an empty file
-		}
 	}
 	h := &handle{id: ss.nextHandle, export: x0, path: "(pack)", packed: true, windows: map[uint32]*window{w.id: w}}
 	ss.nextHandle++
@@ -294,7 +287,7 @@ func (p *packSpare) drop() {
 	}
 }
 
-// packReaders is how many files one Pack reads at once.
+// packReaders is how many files one Pack (or walk batch) reads at once.
 const packReaders = 4
 
 // fill reads the packed files into buf at their offsets, several at a

@@ -110,11 +110,9 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 	if layout.Chunks() > math.MaxUint32 {
 		return errf(protocol.CodeBadRequest, "%d bytes in chunks of %d is more than 2^32-1 chunks", m.Size, cs)
 	}
-	ss.mu.Lock()
-	qps := append([]verbs.QP(nil), ss.data...)
-	ss.mu.Unlock()
-	if len(qps) == 0 {
-		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	qps, perr := ss.dataQPs()
+	if perr != nil {
+		return perr
 	}
 	depth := cfg.PushDepth
 	for i, qp := range qps {

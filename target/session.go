@@ -388,6 +388,17 @@ func (ss *session) stat(m *protocol.Stat) protocol.Message {
 	return &protocol.StatReply{Entry: e}
 }
 
+// dataQPs is a snapshot of the session's data QPs; BadRequest if none
+// have joined.
+func (ss *session) dataQPs() ([]verbs.QP, *protocol.Error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if len(ss.data) == 0 {
+		return nil, errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	}
+	return append([]verbs.QP(nil), ss.data...), nil
+}
+
 // newHandle checks what opening a file (Open or Push) asks for: room for
 // another handle, and the checksum algorithm and chunk size (0: the
 // target's), which it returns.
@@ -530,11 +541,9 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	if h.changed() {
 		return errf(protocol.CodeChanged, "%s changed since it was opened", h.path)
 	}
-	ss.mu.Lock()
-	qps := append([]verbs.QP(nil), ss.data...)
-	ss.mu.Unlock()
-	if len(qps) == 0 {
-		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	qps, perr := ss.dataQPs()
+	if perr != nil {
+		return perr
 	}
 	n := min(m.Length, cfg.MaxWindow, size-m.Offset)
 	if !ss.srv.reserve(n) {

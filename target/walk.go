@@ -3,6 +3,7 @@ package target
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"hash/fnv"
 	"io/fs"
 	"os"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
-	"github.com/rdmacp/rdmacp/verbs"
 )
 
 // maxOpenDirs is how many directories of a walk's path stay open; deeper
@@ -39,6 +39,8 @@ type walker struct {
 
 type walkDir struct {
 	fd    int    // -1 while closed (too deep)
+	dev   uint64 // what it is, to know it again when reopened
+	ino   uint64
 	rel   string // in the export: "." for its root
 	wrel  string // under the walk's root: "" for the root itself
 	index uint32 // its Dir number
@@ -70,6 +72,12 @@ func newWalker(x *export, rel string, m *protocol.Walk, maxWindow uint64) (*walk
 		return nil, &fs.PathError{Op: "dup", Path: rel, Err: err}
 	}
 	d := &walkDir{fd: fd, rel: rel}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &fs.PathError{Op: "fstat", Path: rel, Err: err}
+	}
+	d.dev, d.ino = st.Dev, st.Ino
 	w.buf = make([]byte, 32<<10)
 	if d.ents, err = readDir(fd, w.buf); err != nil {
 		unix.Close(fd)
@@ -113,7 +121,11 @@ func (w *walker) next() (walkEntry, bool) {
 		}
 		if d.fd < 0 {
 			if err := w.reopen(d); err != nil { // each of its entries left fails
-				return w.failed(d, de.name, protocol.Entry{Name: de.name}, err), true
+				we := w.failed(d, de.name, protocol.Entry{Name: de.name}, err)
+				if errors.Is(err, errMoved) {
+					we.e.Code = protocol.CodeChanged
+				}
+				return we, true
 			}
 		}
 		if de.typ == unix.DT_UNKNOWN {
@@ -138,8 +150,6 @@ func (w *walker) next() (walkEntry, bool) {
 					}
 				}
 			}
-		} else if sub != nil {
-			unix.Close(sub.fd)
 		}
 		return we, true
 	}
@@ -166,13 +176,24 @@ func dupFd(f *os.File) (int, error) {
 	return unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 }
 
-// reopen opens directory d again through the export's root.
+// errMoved: a directory reopened by its path is another one now.
+var errMoved = errors.New("directory moved or replaced during the walk")
+
+// reopen opens directory d again through the export's root, if it is
+// still the directory it was.
 func (w *walker) reopen(d *walkDir) error {
 	f, err := w.x.root.OpenFile(d.rel, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return &fs.PathError{Op: "fstat", Path: d.rel, Err: err}
+	}
+	if st.Dev != d.dev || st.Ino != d.ino {
+		return &fs.PathError{Op: "reopen", Path: d.rel, Err: errMoved}
+	}
 	fd, err := dupFd(f)
 	if err != nil {
 		return &fs.PathError{Op: "dup", Path: d.rel, Err: err}
@@ -204,14 +225,14 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 			e.Type = protocol.FileDir
 			return w.failed(d, name, e, &fs.PathError{Op: "open", Path: name, Err: err}), nil
 		}
-		we := walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: statEntry(name, &st)}}, pk: packed{fd: -1}}
+		we := plain(d, statEntry(name, &st))
 		ents, err := readDir(fd, w.buf)
 		if err != nil {
 			unix.Close(fd)
 			we.e.Code, we.e.Message = fsCode(path.Join(d.wrel, name), &fs.PathError{Op: "readdir", Path: name, Err: err})
 			return we, nil
 		}
-		return we, &walkDir{fd: fd, rel: path.Join(d.rel, name), wrel: path.Join(d.wrel, name), ents: ents}
+		return we, &walkDir{fd: fd, dev: st.Dev, ino: st.Ino, rel: path.Join(d.rel, name), wrel: path.Join(d.wrel, name), ents: ents}
 	case de.typ == unix.DT_REG && w.packMax > 0:
 		fd, err := unix.Openat(d.fd, name, oflags, 0)
 		if err == unix.ELOOP {
@@ -231,7 +252,7 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 			return w.changed(d, name), nil
 		case st.Size > w.packMax:
 			unix.Close(fd) // copied with Open
-			return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}, nil
+			return plain(d, e), nil
 		}
 		return walkEntry{e: protocol.WalkEntry{Dir: d.index, Packed: true, PackedFile: protocol.PackedFile{Entry: e}},
 			pk: packed{fd: fd, st: st, size: st.Size}}, nil
@@ -246,7 +267,12 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 	if e.Type == protocol.FileSymlink {
 		e.Target = readlinkAt(d.fd, name)
 	}
-	return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}, nil
+	return plain(d, e), nil
+}
+
+// plain is an entry of d that is sent without bytes.
+func plain(d *walkDir, e protocol.Entry) walkEntry {
+	return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}
 }
 
 // lstat is name's entry as far as it can be had; zero but for its name if not.
@@ -259,16 +285,16 @@ func (w *walker) lstat(d *walkDir, name string) protocol.Entry {
 }
 
 func (w *walker) failed(d *walkDir, name string, e protocol.Entry, err error) walkEntry {
-	we := walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Entry: e}}, pk: packed{fd: -1}}
+	we := plain(d, e)
 	we.e.Code, we.e.Message = fsCode(path.Join(d.wrel, name), err)
 	return we
 }
 
 // changed is the entry for a name whose type changed while it was walked.
 func (w *walker) changed(d *walkDir, name string) walkEntry {
-	e := w.lstat(d, name)
-	return walkEntry{e: protocol.WalkEntry{Dir: d.index, PackedFile: protocol.PackedFile{Code: protocol.CodeChanged,
-		Entry: e, Message: "changed while it was walked"}}, pk: packed{fd: -1}}
+	we := plain(d, w.lstat(d, name))
+	we.e.Code, we.e.Message = protocol.CodeChanged, "changed while it was walked"
+	return we
 }
 
 func fsCode(p string, err error) (protocol.Code, string) {
@@ -361,6 +387,10 @@ func parseDirents(b []byte, ents []dirent) []dirent {
 // walkMaxEntries caps a batch's entries, whatever fits.
 const walkMaxEntries = maxPackFiles
 
+// maxWalks caps the walks a session has open at once: each holds its
+// path's directory listings.
+const maxWalks = 8
+
 // walk starts a walk and answers with its first batch.
 func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message {
 	cfg := &ss.srv.cfg
@@ -372,6 +402,15 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 		return errf(protocol.CodeBadRequest, "shard %d of %d", m.ShardI, m.ShardN)
 	case len(ss.handles) >= cfg.MaxHandles:
 		return errf(protocol.CodeTooMany, "%d files open in this session", len(ss.handles))
+	}
+	walks := 0
+	for _, h := range ss.handles {
+		if h.walk != nil {
+			walks++
+		}
+	}
+	if walks >= maxWalks {
+		return errf(protocol.CodeTooMany, "%d walks open in this session", walks)
 	}
 	x, rel, perr := ss.srv.resolve(m.Path)
 	if perr != nil {
@@ -422,11 +461,13 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 	if maxEntries > 0 {
 		limit = min(limit, int(maxEntries))
 	}
-	ss.mu.Lock()
-	qps := append([]verbs.QP(nil), ss.data...)
-	ss.mu.Unlock()
-	if len(qps) == 0 {
-		return errf(protocol.CodeBadRequest, "no data QPs have joined the session")
+	qps, perr := ss.dataQPs()
+	if perr != nil {
+		return perr
+	}
+	if w.packMax > 0 && ss.windows >= cfg.MaxWindowsPerSession {
+		// Before any file is opened: no descriptors wait for room.
+		return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
 	}
 	reply := &protocol.WalkBatch{Handle: h.id}
 	size := protocol.WalkBatchOverhead(len(qps))
@@ -460,38 +501,45 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 		}
 		n++
 	}
+	sent := w.held[:n]
+	var win *window
+	var rkeys []uint32
+	if total > 0 {
+		win, rkeys, perr = ss.packWindow(ctx, total, qps)
+		if perr != nil {
+			// The budget is in use (or memory ran out): these files go
+			// unpacked, for the initiator to copy with Open.
+			ss.log.Info("walk: no memory for a batch's window; its small files go unpacked", "err", perr.Message)
+			for i := range sent {
+				if we := &sent[i]; we.e.Packed {
+					unix.Close(we.pk.fd)
+					we.e.Packed, we.e.Offset, we.pk.fd = false, 0, -1
+				}
+			}
+			total = 0
+		}
+	}
 	var files []packed
 	reply.Entries = make([]protocol.WalkEntry, n)
-	for i := range n {
-		reply.Entries[i] = w.held[i].e
-		if w.held[i].e.Packed {
-			pk := w.held[i].pk
+	for i := range sent {
+		reply.Entries[i] = sent[i].e
+		if sent[i].e.Packed {
+			pk := sent[i].pk
 			pk.idx = i
 			files = append(files, pk)
 		}
 	}
-	if total > 0 {
-		if ss.windows >= cfg.MaxWindowsPerSession {
-			return errf(protocol.CodeTooMany, "%d windows mapped in this session", ss.windows)
-		}
-		win, rkeys, perr := ss.packWindow(ctx, total, qps)
-		if perr != nil {
-			return perr // the entries stay held for the next try
-		}
-		ss.fill(win.mapping[:total], files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
+	var buf []byte
+	if win != nil {
+		buf = win.mapping[:total]
 		h.windows[win.id] = win
 		ss.windows++
 		reply.Window = protocol.Window{ID: win.id, Length: total, Addr: win.mr.Addr(), RKeys: rkeys}
-	} else if len(files) > 0 { // empty files only
-		ss.fill(nil, files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
 	}
+	ss.fill(buf, files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
 	for i := range reply.Entries {
-		e := &reply.Entries[i]
-		if e.Packed && e.Code != 0 {
-			e.Packed = false
-		}
-		if e.Packed && e.Digest == nil && w.alg.Size() > 0 {
-			e.Digest = chunker.Sum(w.alg, nil)
+		if e := &reply.Entries[i]; e.Packed && e.Code != 0 {
+			e.Packed = false // it failed as it was read
 		}
 	}
 	for _, pk := range files { // read: closed, and the sent entries dropped

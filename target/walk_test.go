@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
 	"os"
 	"path"
@@ -279,47 +280,65 @@ func TestWalkDeep(t *testing.T) {
 		}
 	})
 
-	// A closed directory that went away meanwhile: what was left of it,
-	// and of the closed ones under it, fails; the rest goes on.
-	t.Run("gone", func(t *testing.T) {
+	// A closed directory that went away meanwhile, or was replaced by
+	// another at its path: what was left of it, and of the closed ones
+	// under it, fails (NotFound, or Changed: the walk does not read the
+	// new one's files for the old one's names); the rest goes on.
+	for i, tc := range []struct {
+		name    string
+		replace bool
+		code    protocol.Code
+	}{{"gone", false, protocol.CodeNotFound}, {"replaced", true, protocol.CodeChanged}} {
 		const moved = 40
-		w := startWalk(t, x, "t", protocol.Walk{})
-		var closed []bool // by level, once at the bottom
-		got := walkAll(t, w, func(g walked) {
-			if closed == nil && len(w.stack) == depth+1 {
-				for _, d := range w.stack {
-					closed = append(closed, d.fd < 0)
+		t.Run(tc.name, func(t *testing.T) {
+			w := startWalk(t, x, "t", protocol.Walk{})
+			var closed []bool // by level, once at the bottom
+			got := walkAll(t, w, func(g walked) {
+				if closed == nil && len(w.stack) == depth+1 {
+					for _, d := range w.stack {
+						closed = append(closed, d.fd < 0)
+					}
+					from := filepath.Join(dir, "t", strings.Repeat("d/", moved))
+					if err := os.Rename(from, filepath.Join(dir, fmt.Sprintf("moved%d", i))); err != nil {
+						t.Fatal(err)
+					}
+					if tc.replace { // the same names, in new directories
+						p := from
+						for l := moved; l <= depth; l++ {
+							mkfile(t, filepath.Join(p, "z"), []byte{byte(l)})
+							p = filepath.Join(p, "d")
+						}
+					}
 				}
-				from := filepath.Join(dir, "t", strings.Repeat("d/", moved))
-				if err := os.Rename(from, filepath.Join(dir, "moved")); err != nil {
-					t.Fatal(err)
+			})
+			if !closed[moved] {
+				t.Fatalf("level %d still open at the bottom", moved)
+			}
+			failed := 0
+			for _, g := range got[depth:] {
+				l := int(g.e.Dir)
+				if g.e.Entry.Name != "z" {
+					t.Fatalf("%s after the directories", g.rel)
 				}
+				wantFail := l >= moved && closed[l]
+				if (g.e.Code != 0) != wantFail {
+					t.Errorf("%s: code %v %s, want failure %v", g.rel, g.e.Code, g.e.Message, wantFail)
+				}
+				if wantFail {
+					failed++
+					if g.e.Code != tc.code || g.e.Packed {
+						t.Errorf("%s: code %v packed %v, want %v", g.rel, g.e.Code, g.e.Packed, tc.code)
+					}
+				}
+			}
+			if len(got) != 2*depth+1 || failed == 0 {
+				t.Errorf("%d entries, %d failed", len(got), failed)
 			}
 		})
-		if !closed[moved] {
-			t.Fatalf("level %d still open at the bottom", moved)
-		}
-		failed := 0
-		for _, g := range got[depth:] {
-			l := int(g.e.Dir)
-			if g.e.Entry.Name != "z" {
-				t.Fatalf("%s after the directories", g.rel)
-			}
-			wantFail := l >= moved && closed[l]
-			if (g.e.Code != 0) != wantFail {
-				t.Errorf("%s: code %v %s, want failure %v", g.rel, g.e.Code, g.e.Message, wantFail)
-			}
-			if wantFail {
-				failed++
-				if g.e.Code != protocol.CodeNotFound || g.e.Packed {
-					t.Errorf("%s: code %v packed %v, want NotFound", g.rel, g.e.Code, g.e.Packed)
-				}
-			}
-		}
-		if len(got) != 2*depth+1 || failed == 0 {
-			t.Errorf("%d entries, %d failed", len(got), failed)
-		}
-	})
+		// The next case walks the tree as it is now.
+		os.RemoveAll(filepath.Join(dir, "t", strings.Repeat("d/", moved)))
+		os.Rename(filepath.Join(dir, fmt.Sprintf("moved%d", i)), filepath.Join(dir, "t", strings.Repeat("d/", moved)))
+	}
 }
 
 // An entry whose type changed between getdents and its open is sent with

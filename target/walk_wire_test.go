@@ -69,6 +69,9 @@ type walkState struct {
 	files map[string][]byte // regular files: what packed ones must hold
 	dirs  []string          // by Dir number
 	rels  []string          // in the order they came
+	// unpacked: the batches taken now come with no window, every entry
+	// unpacked.
+	unpacked bool
 }
 
 func newWalkState(p *peer, files map[string][]byte) *walkState {
@@ -109,7 +112,7 @@ func (ws *walkState) take(b *protocol.WalkBatch, maxEntries int) {
 			continue
 		}
 		want, regular := ws.files[rel]
-		small := regular && len(want) <= 4096
+		small := regular && len(want) <= 4096 && !ws.unpacked
 		if e.Packed != small {
 			t.Errorf("%s (%d bytes): packed %v", rel, len(want), e.Packed)
 			continue
@@ -298,9 +301,11 @@ func TestWalkNoWalk(t *testing.T) {
 	walkCode(t, err, protocol.CodeBadRequest, "next of a target without Walk")
 }
 
-// While the target has no room for a batch's window, Walk and WalkNext
-// are answered TooMany, and the entries are kept for the next try: the
-// walk as a whole loses none and repeats none.
+// While the session has its limit of windows, WalkNext is answered
+// TooMany before any file is opened, and the walk goes on once a window
+// is released; while the target's window budget is in use, a batch comes
+// with its small files unpacked (the initiator copies them with Open).
+// Either way the walk as a whole loses no entry and repeats none.
 func TestWalkTooMany(t *testing.T) {
 	for _, limit := range []string{"budget", "windows"} {
 		t.Run(limit, func(t *testing.T) {
@@ -341,21 +346,32 @@ func TestWalkTooMany(t *testing.T) {
 			ws := newWalkState(a, files)
 			const max = 5
 			walk := &protocol.Walk{MaxEntries: max, PackMax: 4096, Path: "data/t"}
+			var b0 *protocol.WalkBatch // unpacked, for want of budget
 			if limit == "budget" {
-				// All of the budget in use: the walk does not start, and
-				// takes none of a's one handle.
 				free := hold(64 << 10)
-				for range 2 {
-					_, err := a.call(walk)
-					walkCode(t, err, protocol.CodeTooMany, "walk with the budget in use")
+				m, err = a.call(walk)
+				if err != nil {
+					t.Fatalf("walk with the budget in use: %v", err)
+				}
+				b0 = m.(*protocol.WalkBatch)
+				ws.unpacked = true
+				ws.take(b0, max)
+				ws.unpacked = false
+				if b0.Window.Length != 0 || len(b0.Entries) != max {
+					t.Fatalf("with the budget in use: a window of %d bytes, %d entries", b0.Window.Length, len(b0.Entries))
 				}
 				free()
 			}
-			m, err = a.call(walk)
+			var b1 *protocol.WalkBatch
+			if b0 == nil {
+				m, err = a.call(walk)
+			} else {
+				m, err = a.call(&protocol.WalkNext{Handle: b0.Handle, MaxEntries: max})
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			b1 := m.(*protocol.WalkBatch)
+			b1 = m.(*protocol.WalkBatch)
 			h := b1.Handle
 			ws.take(b1, max)
 			next := func(release uint32) (*protocol.WalkBatch, error) {
@@ -373,17 +389,26 @@ func TestWalkTooMany(t *testing.T) {
 			if b1.Window.Length != 2500 || b2.Window.Length != 2500 {
 				t.Fatalf("windows of %d and %d bytes, want 2500", b1.Window.Length, b2.Window.Length)
 			}
-			free := func() {}
-			what := "next with two windows held"
 			if limit == "budget" {
 				// Room for a's two windows and the other's, not a third.
-				free, what = hold(59<<10), "next with the budget in use"
+				free := hold(59 << 10)
+				b, err := next(0)
+				if err != nil {
+					t.Fatalf("next with the budget in use: %v", err)
+				}
+				ws.unpacked = true
+				ws.take(b, max)
+				ws.unpacked = false
+				if b.Window.Length != 0 {
+					t.Fatalf("next with the budget in use: a window of %d bytes", b.Window.Length)
+				}
+				free()
+			} else {
+				for range 2 {
+					_, err := next(0)
+					walkCode(t, err, protocol.CodeTooMany, "next with two windows held")
+				}
 			}
-			for range 2 {
-				_, err := next(0)
-				walkCode(t, err, protocol.CodeTooMany, what)
-			}
-			free()
 			release := b1.Window.ID
 			prev := b2.Window.ID
 			for {
@@ -401,5 +426,29 @@ func TestWalkTooMany(t *testing.T) {
 				t.Fatalf("walked\n%q\nwant\n%q", ws.rels, want)
 			}
 		})
+	}
+}
+
+// A session has at most eight walks open at once (each holds its path's
+// listings); closing one makes room for another.
+func TestWalkLimit(t *testing.T) {
+	dir := t.TempDir()
+	walkTree(t, filepath.Join(dir, "t"), 3)
+	p := newPeer(t, serve(t, walkConfig(dir)))
+	var handles []uint32
+	for range 8 {
+		m, err := p.call(&protocol.Walk{MaxEntries: 1, Path: "data/t"})
+		if err != nil {
+			t.Fatalf("walk %d: %v", len(handles)+1, err)
+		}
+		handles = append(handles, m.(*protocol.WalkBatch).Handle)
+	}
+	_, err := p.call(&protocol.Walk{MaxEntries: 1, Path: "data/t"})
+	walkCode(t, err, protocol.CodeTooMany, "a ninth walk")
+	if _, err := p.call(&protocol.Close{Handle: handles[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.call(&protocol.Walk{MaxEntries: 1, Path: "data/t"}); err != nil {
+		t.Errorf("a walk after one was closed: %v", err)
 	}
 }
