@@ -53,10 +53,13 @@ type dirent struct {
 	typ  uint8 // DT_*
 }
 
-// walkEntry is an entry made for a batch, with its open file if packed.
+// walkEntry is an entry made for a batch, with its open file if packed:
+// closed (fd -1) while the entry waits for room, and opened again by its
+// path in the export, rel, when it is sent.
 type walkEntry struct {
-	e  protocol.WalkEntry
-	pk packed // fd -1 unless e.Packed
+	e   protocol.WalkEntry
+	pk  packed // fd -1 unless e.Packed
+	rel string // a packed file's
 }
 
 // newWalker starts a walk of directory rel of export x.
@@ -95,12 +98,45 @@ func (w *walker) close() {
 		}
 	}
 	w.stack = nil
-	for _, h := range w.held {
-		if h.e.Packed {
+	w.closeHeld()
+	w.held = nil
+}
+
+// closeHeld closes the files of the entries waiting to be sent.
+func (w *walker) closeHeld() {
+	for i := range w.held {
+		if h := &w.held[i]; h.e.Packed && h.pk.fd >= 0 {
 			unix.Close(h.pk.fd)
+			h.pk.fd = -1
 		}
 	}
-	w.held = nil
+}
+
+// reopenHeld opens again the file of packed entry we, which waited for
+// room closed; if it is not the file it was (device, inode, size, mtime),
+// the entry fails with Changed.
+func (w *walker) reopenHeld(we *walkEntry) {
+	fail := func(code protocol.Code, msg string) {
+		we.e.Packed, we.e.Code, we.e.Message = false, code, msg
+	}
+	f, err := w.x.root.OpenFile(we.rel, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		fail(fsCode(we.rel, err))
+		return
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Dev != we.pk.st.Dev || st.Ino != we.pk.st.Ino ||
+		st.Size != we.pk.st.Size || st.Mtim != we.pk.st.Mtim {
+		fail(protocol.CodeChanged, "changed while it was walked")
+		return
+	}
+	fd, err := dupFd(f)
+	if err != nil {
+		fail(fsCode(we.rel, &fs.PathError{Op: "dup", Path: we.rel, Err: err}))
+		return
+	}
+	we.pk.fd = fd
 }
 
 // next returns the walk's next entry, false at its end.
@@ -255,7 +291,7 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 			return plain(d, e), nil
 		}
 		return walkEntry{e: protocol.WalkEntry{Dir: d.index, Packed: true, PackedFile: protocol.PackedFile{Entry: e}},
-			pk: packed{fd: fd, st: st, size: st.Size}}, nil
+			pk: packed{fd: fd, st: st, size: st.Size}, rel: path.Join(d.rel, name)}, nil
 	}
 	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return w.failed(d, name, protocol.Entry{Name: name}, &fs.PathError{Op: "lstat", Path: name, Err: err}), nil
@@ -484,6 +520,9 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 			w.held = append(w.held, we)
 		}
 		we := &w.held[n]
+		if we.e.Packed && we.pk.fd < 0 {
+			w.reopenHeld(we)
+		}
 		sz := protocol.WalkEntrySize(&we.e)
 		if we.e.Packed {
 			sz += reserve
@@ -505,18 +544,11 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 	var win *window
 	var rkeys []uint32
 	if total > 0 {
-		win, rkeys, perr = ss.packWindow(ctx, total, qps)
-		if perr != nil {
-			// The budget is in use (or memory ran out): these files go
-			// unpacked, for the initiator to copy with Open.
-			ss.log.Info("walk: no memory for a batch's window; its small files go unpacked", "err", perr.Message)
-			for i := range sent {
-				if we := &sent[i]; we.e.Packed {
-					unix.Close(we.pk.fd)
-					we.e.Packed, we.e.Offset, we.pk.fd = false, 0, -1
-				}
-			}
-			total = 0
+		if win, rkeys, perr = ss.packWindow(ctx, total, qps); perr != nil {
+			// The entries wait for the next try, their files closed: a
+			// walk holds no descriptors while it waits for room.
+			w.closeHeld()
+			return perr
 		}
 	}
 	var files []packed

@@ -69,9 +69,8 @@ type walkState struct {
 	files map[string][]byte // regular files: what packed ones must hold
 	dirs  []string          // by Dir number
 	rels  []string          // in the order they came
-	// unpacked: the batches taken now come with no window, every entry
-	// unpacked.
-	unpacked bool
+	// changed: files expected to come with CodeChanged, and those that did.
+	changed, sawChanged map[string]bool
 }
 
 func newWalkState(p *peer, files map[string][]byte) *walkState {
@@ -108,11 +107,15 @@ func (ws *walkState) take(b *protocol.WalkBatch, maxEntries int) {
 		}
 		ws.rels = append(ws.rels, rel)
 		if e.Code != 0 {
+			if ws.changed[rel] && e.Code == protocol.CodeChanged && !e.Packed {
+				ws.sawChanged[rel] = true
+				continue
+			}
 			t.Errorf("%s: %v %s", rel, e.Code, e.Message)
 			continue
 		}
 		want, regular := ws.files[rel]
-		small := regular && len(want) <= 4096 && !ws.unpacked
+		small := regular && len(want) <= 4096
 		if e.Packed != small {
 			t.Errorf("%s (%d bytes): packed %v", rel, len(want), e.Packed)
 			continue
@@ -301,11 +304,9 @@ func TestWalkNoWalk(t *testing.T) {
 	walkCode(t, err, protocol.CodeBadRequest, "next of a target without Walk")
 }
 
-// While the session has its limit of windows, WalkNext is answered
-// TooMany before any file is opened, and the walk goes on once a window
-// is released; while the target's window budget is in use, a batch comes
-// with its small files unpacked (the initiator copies them with Open).
-// Either way the walk as a whole loses no entry and repeats none.
+// While the target has no room for a batch's window, Walk and WalkNext
+// are answered TooMany, and the entries are kept for the next try: the
+// walk as a whole loses none and repeats none.
 func TestWalkTooMany(t *testing.T) {
 	for _, limit := range []string{"budget", "windows"} {
 		t.Run(limit, func(t *testing.T) {
@@ -346,32 +347,21 @@ func TestWalkTooMany(t *testing.T) {
 			ws := newWalkState(a, files)
 			const max = 5
 			walk := &protocol.Walk{MaxEntries: max, PackMax: 4096, Path: "data/t"}
-			var b0 *protocol.WalkBatch // unpacked, for want of budget
 			if limit == "budget" {
+				// All of the budget in use: the walk does not start, and
+				// takes none of a's one handle.
 				free := hold(64 << 10)
-				m, err = a.call(walk)
-				if err != nil {
-					t.Fatalf("walk with the budget in use: %v", err)
-				}
-				b0 = m.(*protocol.WalkBatch)
-				ws.unpacked = true
-				ws.take(b0, max)
-				ws.unpacked = false
-				if b0.Window.Length != 0 || len(b0.Entries) != max {
-					t.Fatalf("with the budget in use: a window of %d bytes, %d entries", b0.Window.Length, len(b0.Entries))
+				for range 2 {
+					_, err := a.call(walk)
+					walkCode(t, err, protocol.CodeTooMany, "walk with the budget in use")
 				}
 				free()
 			}
-			var b1 *protocol.WalkBatch
-			if b0 == nil {
-				m, err = a.call(walk)
-			} else {
-				m, err = a.call(&protocol.WalkNext{Handle: b0.Handle, MaxEntries: max})
-			}
+			m, err = a.call(walk)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b1 = m.(*protocol.WalkBatch)
+			b1 := m.(*protocol.WalkBatch)
 			h := b1.Handle
 			ws.take(b1, max)
 			next := func(release uint32) (*protocol.WalkBatch, error) {
@@ -389,26 +379,36 @@ func TestWalkTooMany(t *testing.T) {
 			if b1.Window.Length != 2500 || b2.Window.Length != 2500 {
 				t.Fatalf("windows of %d and %d bytes, want 2500", b1.Window.Length, b2.Window.Length)
 			}
+			free := func() {}
+			what := "next with two windows held"
 			if limit == "budget" {
 				// Room for a's two windows and the other's, not a third.
-				free := hold(59 << 10)
-				b, err := next(0)
-				if err != nil {
-					t.Fatalf("next with the budget in use: %v", err)
-				}
-				ws.unpacked = true
-				ws.take(b, max)
-				ws.unpacked = false
-				if b.Window.Length != 0 {
-					t.Fatalf("next with the budget in use: a window of %d bytes", b.Window.Length)
-				}
-				free()
-			} else {
-				for range 2 {
-					_, err := next(0)
-					walkCode(t, err, protocol.CodeTooMany, "next with two windows held")
-				}
+				free, what = hold(59<<10), "next with the budget in use"
 			}
+			fds := func() int {
+				ents, err := os.ReadDir("/proc/self/fd")
+				if err != nil {
+					t.Skipf("no /proc/self/fd: %v", err)
+				}
+				return len(ents)
+			}
+			before := fds()
+			for range 2 {
+				_, err := next(0)
+				walkCode(t, err, protocol.CodeTooMany, what)
+			}
+			if n := fds() - before; n > 0 {
+				t.Errorf("%d more descriptors open while the walk waits for room", n)
+			}
+			if limit == "budget" {
+				// The next batch's files were opened and closed again to
+				// wait: one changed meanwhile is sent as changed, not
+				// read as what it is now.
+				ws.changed = map[string]bool{"f10": true}
+				ws.sawChanged = map[string]bool{}
+				os.WriteFile(filepath.Join(root, "f10"), bytes.Repeat([]byte{'x'}, 600), 0o644)
+			}
+			free()
 			release := b1.Window.ID
 			prev := b2.Window.ID
 			for {
@@ -424,6 +424,9 @@ func TestWalkTooMany(t *testing.T) {
 			}
 			if want := walkOrder(t, root); !slices.Equal(ws.rels, want) {
 				t.Fatalf("walked\n%q\nwant\n%q", ws.rels, want)
+			}
+			if limit == "budget" && !ws.sawChanged["f10"] {
+				t.Error("f10, changed while its entry waited, was not sent as changed")
 			}
 		})
 	}
