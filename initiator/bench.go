@@ -147,21 +147,7 @@ func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*Be
 // benchMap maps the window, waiting (as a copy does) while the target's
 // window budget is used up by other sessions.
 func (s *Session) benchMap(ctx context.Context, handle uint32, n uint64) (protocol.Message, error) {
-	backoff := 10 * time.Millisecond
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := s.call(ctx, &protocol.Map{Handle: handle, Offset: 0, Length: n})
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany || time.Now().After(deadline) {
-			return m, err
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, time.Second)
-	}
+	return s.retryBusy(ctx, nil, &protocol.Map{Handle: handle, Offset: 0, Length: n})
 }
 
 type bench struct {

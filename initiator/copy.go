@@ -921,21 +921,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 // mapWindow asks for a window, waiting while the target's window budget
 // is used up by other sessions.
 func (f *fetch) mapWindow(ctx context.Context, off, n uint64) (protocol.Message, error) {
-	backoff := 10 * time.Millisecond
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := f.s.call(ctx, &protocol.Map{Handle: f.handle, Offset: off, Length: n})
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany || time.Now().After(deadline) {
-			return m, err
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, time.Second)
-	}
+	return f.s.retryBusy(ctx, nil, &protocol.Map{Handle: f.handle, Offset: off, Length: n})
 }
 
 func (f *fetch) mapErr(err error) error {

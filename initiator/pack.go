@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -137,44 +136,31 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 // packCall sends a Pack, waiting while the target's window budget is in
 // use by others, and checks the reply adds up.
 func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, error) {
-	backoff := 10 * time.Millisecond
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := s.call(ctx, p)
-		var pe *protocol.Error
-		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
-			return nil, fmt.Errorf("%w: %w", errNoPack, err)
-		}
-		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany && time.Now().Before(deadline) {
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		r, ok := m.(*protocol.PackReply)
-		if !ok {
-			return nil, unexpected(m)
-		}
-		w := r.Window
-		bad := len(r.Files) == 0 || len(r.Files) > len(p.Paths) || w.Offset != 0 || w.Length > s.ch0.MaxWindow ||
-			(w.Length > 0 && len(w.RKeys) != len(s.data))
-		for _, f := range r.Files {
-			if f.Code == 0 && (f.Offset > w.Length || f.Entry.Size > w.Length-f.Offset || len(f.Digest) != chunker.Algorithm(p.Algorithm).Size()) {
-				bad = true
-			}
-		}
-		if bad {
-			s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
-			return nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
-		}
-		return r, nil
+	m, err := s.retryBusy(ctx, nil, p)
+	var pe *protocol.Error
+	if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
+		return nil, fmt.Errorf("%w: %w", errNoPack, err)
 	}
+	if err != nil {
+		return nil, err
+	}
+	r, ok := m.(*protocol.PackReply)
+	if !ok {
+		return nil, unexpected(m)
+	}
+	w := r.Window
+	bad := len(r.Files) == 0 || len(r.Files) > len(p.Paths) || w.Offset != 0 || w.Length > s.ch0.MaxWindow ||
+		(w.Length > 0 && len(w.RKeys) != len(s.data))
+	for _, f := range r.Files {
+		if f.Code == 0 && (f.Offset > w.Length || f.Entry.Size > w.Length-f.Offset || len(f.Digest) != chunker.Algorithm(p.Algorithm).Size()) {
+			bad = true
+		}
+	}
+	if bad {
+		s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
+		return nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
+	}
+	return r, nil
 }
 
 // readPack READs a pack's window into registered memory and hands its

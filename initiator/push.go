@@ -97,7 +97,7 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 	if !fi.Mode().IsRegular() {
 		return res, &fs.PathError{Op: "push", Path: src, Err: errors.New("not a regular file")}
 	}
-	m, err := s.retryBusy(ctx, &protocol.Push{
+	m, err := s.retryBusy(ctx, nil, &protocol.Push{
 		Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize), Retries: uint8(min(max(s.cfg.Retries, 0), 255)),
 		Size: uint64(fi.Size()), Mode: unixMode(fi.Mode()), MtimeNs: fi.ModTime().UnixNano(),
 		Path: dst, Name: filepath.Base(src),
@@ -155,26 +155,6 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 		opt.Progress(Progress{Path: src, Bytes: layout.Size, Total: layout.Size, Retries: res.Retries})
 	}
 	return res, nil
-}
-
-// retryBusy calls m, again while the target answers TooMany (its window
-// budget is in use by other sessions), for up to a minute.
-func (s *Session) retryBusy(ctx context.Context, m protocol.Message) (protocol.Message, error) {
-	backoff := 10 * time.Millisecond
-	deadline := time.Now().Add(time.Minute)
-	for {
-		r, err := s.call(ctx, m)
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany || time.Now().After(deadline) {
-			return r, err
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, time.Second)
-	}
 }
 
 // abandon tells the target to drop a push, waiting a little for its word.

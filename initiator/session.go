@@ -303,6 +303,30 @@ func (s *Session) List(ctx context.Context, path string) ([]protocol.Entry, erro
 	}
 }
 
+// retryBusy calls m, again while the target answers TooMany (its window
+// budget in use by other sessions, or this session's limits), for up to a
+// minute, with a backoff. again, if set, is called before each new try.
+func (s *Session) retryBusy(ctx context.Context, again func(), m protocol.Message) (protocol.Message, error) {
+	backoff := 10 * time.Millisecond
+	deadline := time.Now().Add(time.Minute)
+	for {
+		r, err := s.call(ctx, m)
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany || time.Now().After(deadline) {
+			return r, err
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		backoff = min(2*backoff, time.Second)
+		if again != nil {
+			again()
+		}
+	}
+}
+
 func unexpected(m protocol.Message) error {
 	return fmt.Errorf("%w: unexpected %v reply", protocol.ErrMalformed, m.Type())
 }

@@ -76,7 +76,8 @@ type TreeOptions struct {
 	File     func(FileResult)
 	Shard    Shard
 	SkipSame bool
-	// NoPack copies small files one by one instead of in Packs.
+	// NoPack copies small files one by one instead of packed many to a
+	// request.
 	NoPack bool
 	// Partial keeps, for each file that is not packed, its temporary
 	// file and a sidecar if the copy is interrupted, and resumes from
@@ -158,28 +159,17 @@ func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(ite
 			return ls.err
 		}
 		seen := make(map[string]bool, len(ls.ents))
-		refused := make([]error, len(ls.ents))
+		items := make([]item, len(ls.ents))
 		kids := map[string]*listing{}
 		for i, e := range ls.ents {
-			if err := ValidName(e.Name); err != nil {
-				refused[i] = err
-				continue
-			}
-			if seen[e.Name] {
-				refused[i] = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
-				continue
-			}
-			seen[e.Name] = true
-			if e.Type == protocol.FileDir {
+			items[i] = listed(rel, e, seen)
+			if items[i].err == nil && e.Type == protocol.FileDir {
 				kids[e.Name] = start(remote + "/" + e.Name)
 			}
 		}
 		for i, e := range ls.ents {
-			it := item{rel: path.Join(rel, e.Name), entry: e, err: refused[i]}
+			it := items[i]
 			if it.err != nil {
-				if ValidName(e.Name) != nil {
-					it.rel = path.Join(rel, fmt.Sprintf("%q", e.Name))
-				}
 				if err := emit(it); err != nil {
 					return err
 				}
@@ -203,6 +193,20 @@ func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(ite
 		return nil
 	}
 	return walk(src, "", start(src))
+}
+
+// listed is the item for entry e of directory dir (a tree's rel), with
+// err set if its name is not one path element (its rel then quotes it)
+// or seen already has it; it adds the name to seen.
+func listed(dir string, e protocol.Entry, seen map[string]bool) item {
+	it := item{rel: path.Join(dir, e.Name), entry: e}
+	if err := ValidName(e.Name); err != nil {
+		it.err, it.rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
+	} else if seen[e.Name] {
+		it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
+	}
+	seen[e.Name] = true
+	return it
 }
 
 // listAhead is how many List requests a tree copy keeps outstanding.
@@ -1045,15 +1049,7 @@ const packedWriters = 4
 // writePacked writes the jobs' files, several directories at a time,
 // setting each job's err.
 func writePacked(jobs []packedJob) {
-	var runs [][]packedJob // jobs in one directory, in a row
-	for i := 0; i < len(jobs); {
-		j := i + 1
-		for j < len(jobs) && jobs[j].dir == jobs[i].dir {
-			j++
-		}
-		runs = append(runs, jobs[i:j])
-		i = j
-	}
+	runs := byDir(jobs)
 	var wg sync.WaitGroup
 	var next atomic.Int64
 	for range min(packedWriters, len(runs)) {
@@ -1063,8 +1059,7 @@ func writePacked(jobs []packedJob) {
 				if k >= len(runs) {
 					return
 				}
-				for i := range runs[k] {
-					j := &runs[k][i]
+				for _, j := range runs[k] {
 					j.err = writeSmall(j.dir, j.name, j.f.entry, j.f.data)
 					if j.err != nil {
 						j.err = fmt.Errorf("%s: %w", j.rel, j.err)
@@ -1074,6 +1069,24 @@ func writePacked(jobs []packedJob) {
 		})
 	}
 	wg.Wait()
+}
+
+// byDir groups jobs by directory, directories in the order they first
+// come and each one's jobs in order: a walk's files of one directory can
+// come on both sides of a subdirectory's.
+func byDir(jobs []packedJob) [][]*packedJob {
+	var runs [][]*packedJob
+	run := map[*os.File]int{}
+	for i := range jobs {
+		k, ok := run[jobs[i].dir]
+		if !ok {
+			k = len(runs)
+			run[jobs[i].dir] = k
+			runs = append(runs, nil)
+		}
+		runs[k] = append(runs[k], &jobs[i])
+	}
+	return runs
 }
 
 // umask is the process's file mode creation mask, read once from

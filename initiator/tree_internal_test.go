@@ -3,10 +3,12 @@ package initiator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -134,5 +136,29 @@ func TestShardSplitsEvenly(t *testing.T) {
 	}
 	if !(Shard{}).Has("anything") || !(Shard{I: 0, N: 1}).Has("x") {
 		t.Error("the whole is not its only shard")
+	}
+}
+
+// byDir gives each directory's packed files to one writer, whichever
+// order they come in.
+func TestByDir(t *testing.T) {
+	a, b, c := new(os.File), new(os.File), new(os.File)
+	var jobs []packedJob
+	for i, d := range []*os.File{a, a, b, a, c, b, a} {
+		jobs = append(jobs, packedJob{rel: fmt.Sprint(i), dir: d})
+	}
+	var got []string
+	for _, run := range byDir(jobs) {
+		var s []string
+		for _, j := range run {
+			if j.dir != run[0].dir {
+				t.Fatalf("run of %s mixes directories", j.rel)
+			}
+			s = append(s, j.rel)
+		}
+		got = append(got, strings.Join(s, ","))
+	}
+	if want := "0,1,3,6 2,5 4"; strings.Join(got, " ") != want {
+		t.Fatalf("runs %q, want %q", strings.Join(got, " "), want)
 	}
 }

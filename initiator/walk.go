@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"sync"
-	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -148,37 +146,24 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 	}
 }
 
-// walkCall sends Walk or WalkNext, waiting while the target's window
-// budget is in use by others. A WalkNext answered TooMany has had its
-// Release freed all the same: it is sent again with what release gives,
-// the window of a batch written since, if any.
+// walkCall sends Walk or WalkNext, waiting while the target has no room
+// for a batch's window. A WalkNext answered TooMany has had its Release
+// freed all the same: it is sent again with what release gives, the
+// window of a batch written since, if any.
 func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, error) {
-	backoff := 10 * time.Millisecond
-	deadline := time.Now().Add(time.Minute)
-	for {
-		r, err := s.call(ctx, m)
-		var pe *protocol.Error
-		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany && time.Now().Before(deadline) {
-			if n, ok := m.(*protocol.WalkNext); ok {
-				n.Release = release()
-			}
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		b, ok := r.(*protocol.WalkBatch)
-		if !ok {
-			return nil, unexpected(r)
-		}
-		return b, nil
+	var again func()
+	if n, ok := m.(*protocol.WalkNext); ok {
+		again = func() { n.Release = release() }
 	}
+	r, err := s.retryBusy(ctx, again, m)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := r.(*protocol.WalkBatch)
+	if !ok {
+		return nil, unexpected(r)
+	}
+	return b, nil
 }
 
 // walkTrack follows a walk's directories across its batches, to give
@@ -254,21 +239,15 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 		if !t.enter(int(e.Dir)) {
 			return nil, malformed("entry %q of directory %d out of order", e.Entry.Name, e.Dir)
 		}
-		seen := t.seen[len(t.seen)-1]
 		d := &t.dirs[e.Dir]
-		it := item{rel: path.Join(d.rel, e.Entry.Name), entry: e.Entry}
+		it := listed(d.rel, e.Entry, t.seen[len(t.seen)-1])
 		switch {
-		case ValidName(e.Entry.Name) != nil:
-			it.err = ValidName(e.Entry.Name)
-			it.rel = path.Join(d.rel, fmt.Sprintf("%q", e.Entry.Name))
-		case seen[e.Entry.Name]:
-			it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Entry.Name)
+		case it.err != nil:
 		case d.bad:
 			it.err = fmt.Errorf("%s: its directory could not be read", it.rel)
 		case e.Code != 0:
 			it.err = fmt.Errorf("%s/%s: %w", t.src, it.rel, &protocol.Error{Code: e.Code, Message: e.Message})
 		}
-		seen[e.Entry.Name] = true
 		if e.Entry.Type == protocol.FileDir {
 			t.dirs = append(t.dirs, walkDir{rel: it.rel, parent: int(e.Dir), bad: it.err != nil})
 		}

@@ -390,8 +390,9 @@ type WalkBatch struct {
 
 // WalkEntry is one entry of a walk. Dir is the directory it is in: 0 for
 // the walk's root, k for the k-th entry of type FileDir that the walk
-// sent, counting from 1. A directory's entries come after its own, all
-// together. Packed: Entry.Size bytes of the file are at Offset in the
+// sent, counting from 1. The walk is depth first: a directory's entry is
+// followed by everything under it, then by the next entry of its own
+// directory. Packed: Entry.Size bytes of the file are at Offset in the
 // batch's window, with Digest as in a PackedFile. A Code other than 0
 // says, with Message, why the entry could not be read.
 type WalkEntry struct {
