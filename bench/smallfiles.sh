@@ -25,16 +25,21 @@ cd "$(dirname "$0")/.."
 for c in rsync tar nc; do
   command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 1; }
 done
+if [ -n "$ext4" ] && [ -n "$dir" ]; then
+  echo "-e makes its own directory: give -d or -e, not both" >&2
+  exit 2
+fi
 [ -n "$dir" ] || dir=$(mktemp -d /var/tmp/rdmacp-small.XXXXXX)
-img=
+img= mounted=
+trap 'kill $(jobs -p) 2>/dev/null; wait; if [ -n "$img" ]; then [ -z "$mounted" ] || umount "$dir"; rm -f "$img"; rmdir "$dir"; else rm -rf "$dir"; fi' EXIT
 if [ -n "$ext4" ]; then
   # room for every round's copies (6 per round), data and inodes
   img=$(mktemp /var/tmp/rdmacp-small-ext4.XXXXXX)
   truncate -s $(( (runs + 1) * 6 * files * (kib + 4) / 1024 + 1024 ))M "$img"
   mkfs.ext4 -q -F -N $(( (runs + 2) * 6 * (files + files / 50) )) "$img"
   mount -o loop "$img" "$dir"
+  mounted=1
 fi
-trap 'kill $(jobs -p) 2>/dev/null; wait; if [ -n "$img" ]; then umount "$dir"; rm -f "$img"; rmdir "$dir"; else rm -rf "$dir"; fi' EXIT
 mkdir -p "$dir/export/tree"
 bin=$dir/rdmacp
 go build -o "$bin" ./cmd/rdmacp
