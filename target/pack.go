@@ -148,20 +148,21 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 		return errf(protocol.CodeBadRequest, "the first file's entry does not fit a reply")
 	}
 	var w *window
+	var buf []byte
 	if total > 0 {
 		var rkeys []uint32
 		var perr *protocol.Error
 		if w, rkeys, perr = ss.packWindow(ctx, total, qps); perr != nil {
 			return perr
 		}
-		ss.fill(w.mapping[:total], files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
+		buf = w.mapping[:total]
 		reply.Window = protocol.Window{ID: w.id, Length: total, Addr: w.mr.Addr(), RKeys: rkeys}
-	} else {
+	} else { // every file empty or failed: a window of nothing
 		w = &window{id: ss.nextWindow}
 		ss.nextWindow++
-		ss.fill(nil, files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
 		reply.Window = protocol.Window{ID: w.id, RKeys: make([]uint32, len(qps))}
 	}
+	ss.fill(buf, files, func(i int) *protocol.PackedFile { return &reply.Files[i] }, alg)
 	h := &handle{id: ss.nextHandle, export: x0, path: "(pack)", packed: true, windows: map[uint32]*window{w.id: w}}
 	ss.nextHandle++
 	ss.windows++
