@@ -77,3 +77,11 @@ func DirectAlign(dir string) int64 {
 	a, _ := directAlign(f)
 	return a
 }
+
+// SetDirCacheMax bounds the destination directories a tree copy keeps
+// open until the returned function is called.
+func SetDirCacheMax(n int) (restore func()) {
+	old := dirCacheMax
+	dirCacheMax = n
+	return func() { dirCacheMax = old }
+}

@@ -538,6 +538,7 @@ func (c *treeCopy) walked() error {
 		packMax = c.s.packMax()
 	}
 	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, func(batch []walked) error {
+		c.dr.trim()
 		var jobs []packedJob
 		for _, w := range batch {
 			if !c.place(w.it) {
@@ -642,6 +643,7 @@ func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 	}
 	var later []item
 	err := s.getPackedFeed(ctx, feed, func(first int, files []packedFile) error {
+		c.dr.trim()
 		jobs := make([]packedJob, 0, len(files))
 		for k, f := range files {
 			it := feed.item(first + k)
@@ -765,7 +767,23 @@ type dirRoots struct {
 	final bool
 }
 
-// dir returns rel's directory, opened (once) for the *at system calls.
+// dirCacheMax bounds the directories dirRoots keeps open of each kind: a
+// tree can have more directories than the process may have descriptors.
+var dirCacheMax = 4096
+
+// trim closes the directories dir opened, if there are more than
+// dirCacheMax: none of them may be in use.
+func (d *dirRoots) trim() {
+	if len(d.fds) > dirCacheMax {
+		for _, f := range d.fds {
+			f.Close()
+		}
+		clear(d.fds)
+	}
+}
+
+// dir returns rel's directory, opened (once, until trim) for the *at
+// system calls.
 func (d *dirRoots) dir(rel string) (*os.File, error) {
 	dir := path.Dir(rel)
 	if f := d.fds[dir]; f != nil {
@@ -788,7 +806,8 @@ func (d *dirRoots) fileName(rel string) string {
 	return path.Base(tempName(rel))
 }
 
-// in returns the root of rel's directory and rel's last element.
+// in returns the root of rel's directory and rel's last element. The root
+// is the caller's only until its next call.
 func (d *dirRoots) in(rel string) (*os.Root, string, error) {
 	dir, base := path.Split(rel)
 	dir = strings.TrimSuffix(dir, "/")
@@ -797,6 +816,12 @@ func (d *dirRoots) in(rel string) (*os.Root, string, error) {
 	}
 	if r := d.m[dir]; r != nil {
 		return r, base, nil
+	}
+	if len(d.m) >= dirCacheMax {
+		for _, r := range d.m {
+			r.Close()
+		}
+		clear(d.m)
 	}
 	r, err := d.root.OpenRoot(dir)
 	if err != nil {

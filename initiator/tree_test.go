@@ -3,6 +3,7 @@ package initiator_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -291,5 +292,38 @@ func TestGetTreeStaged(t *testing.T) {
 	}
 	if len(staged()) != 0 {
 		t.Errorf("left %v", staged())
+	}
+}
+
+// A tree with more directories than a copy keeps open is copied whole,
+// into a new destination and over an existing one, both ways of walking
+// it: directories closed to stay within the bound are opened again.
+func TestGetTreeManyDirectories(t *testing.T) {
+	defer initiator.SetDirCacheMax(2)()
+	for _, tp := range treePaths {
+		t.Run(tp.name, func(t *testing.T) {
+			e := startTarget(t, func(c *target.Config) { c.NoWalk = tp.noWalk })
+			src := filepath.Join(e.dir, "t")
+			files := map[string][]byte{}
+			for i := range 30 {
+				for j := range 3 {
+					rel := filepath.Join(fmt.Sprintf("d%02d", i), fmt.Sprintf("s%d", i%4), fmt.Sprintf("f%d", j))
+					os.MkdirAll(filepath.Join(src, filepath.Dir(rel)), 0o755)
+					files[rel] = randomFile(t, filepath.Join(src, rel), 100+i*j)
+				}
+			}
+			for _, rel := range []string{"d03/big", "d17/s1/big", "d29/big"} { // copied with Open
+				files[rel] = randomFile(t, filepath.Join(src, rel), 300<<10)
+			}
+			s := e.dial(t, nil)
+			out := t.TempDir()
+			for _, what := range []string{"new", "existing"} {
+				tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
+				if err != nil || tr.Failed != 0 {
+					t.Fatalf("%s destination: %v %+v", what, err, tr)
+				}
+				checkTree(t, src, filepath.Join(out, "t"), files)
+			}
+		})
 	}
 }
