@@ -109,25 +109,12 @@ type item struct {
 	err   error // the entry is refused
 }
 
-// planTree lists the remote directory src recursively, parents before
-// their children. Names that are not single path elements, and names a
-// directory lists twice, are refused (items with err set); the rest of
-// the tree goes on. Directories are kept whatever the shard; other
-// entries only if the shard has them.
-func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, error) {
-	var plan []item
-	err := walkTree(ctx, l, src, sh, func(it item) error {
-		plan = append(plan, it)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return plan, nil
-}
-
-// walkTree is planTree handing each item to emit as soon as it is known;
-// an error emit returns stops the walk.
+// walkTree lists the remote directory src recursively with List, parents
+// before their children, and hands each item to emit as soon as it is
+// known. Names that are not single path elements, and names a directory
+// lists twice, are refused (items with err set); the rest of the tree
+// goes on. Directories are kept whatever the shard; other entries only if
+// the shard has them. An error emit returns stops the walk.
 func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(item) error) error {
 	// Listings are fetched ahead, several at once: a directory's
 	// subdirectories are all asked for before the first is walked.

@@ -162,3 +162,16 @@ func TestByDir(t *testing.T) {
 		t.Fatalf("runs %q, want %q", strings.Join(got, " "), want)
 	}
 }
+
+// planTree is walkTree collecting its items.
+func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, error) {
+	var plan []item
+	err := walkTree(ctx, l, src, sh, func(it item) error {
+		plan = append(plan, it)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return plan, nil
+}
