@@ -90,12 +90,16 @@ func checkRates(t *testing.T, res *initiator.BenchResult) {
 // inProcess serves dir as export "data" over iwarp-soft in this process
 // and dials a session to it with cfg (its Device set here), all torn down
 // when b ends.
-func inProcess(b *testing.B, dir string, cfg initiator.Config) *initiator.Session {
+func inProcess(b *testing.B, dir string, cfg initiator.Config, tweak func(*target.Config)) *initiator.Session {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
 	b.Cleanup(func() { tdev.Close() })
-	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}})
+	tcfg := target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}}
+	if tweak != nil {
+		tweak(&tcfg)
+	}
+	srv, err := target.New(tcfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -131,7 +135,7 @@ func BenchmarkSessionBench(b *testing.B) {
 	f.Truncate(64 << 20)
 	f.Close()
 	ctx := context.Background()
-	s := inProcess(b, dir, initiator.Config{QPs: 4, Depth: 4})
+	s := inProcess(b, dir, initiator.Config{QPs: 4, Depth: 4}, nil)
 	const iters = 64 // READs of 1 MiB per QP
 	b.SetBytes(4 * iters << 20)
 	for b.Loop() {
