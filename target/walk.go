@@ -55,11 +55,11 @@ type dirent struct {
 
 // walkEntry is an entry made for a batch, with its open file if packed:
 // closed (fd -1) while the entry waits for room, and opened again by its
-// path in the export, rel, when it is sent.
+// path in the export when it is sent.
 type walkEntry struct {
 	e   protocol.WalkEntry
-	pk  packed // fd -1 unless e.Packed
-	rel string // a packed file's
+	pk  packed   // fd -1 unless e.Packed
+	dir *walkDir // a packed file's
 }
 
 // newWalker starts a walk of directory rel of export x.
@@ -119,9 +119,11 @@ func (w *walker) reopenHeld(we *walkEntry) {
 	fail := func(code protocol.Code, msg string) {
 		we.e.Packed, we.e.Code, we.e.Message = false, code, msg
 	}
-	f, err := w.x.root.OpenFile(we.rel, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	rel := path.Join(we.dir.rel, we.e.Entry.Name)
+	shown := path.Join(we.dir.wrel, we.e.Entry.Name) // as the walk's other messages say it
+	f, err := w.x.root.OpenFile(rel, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
-		fail(fsCode(we.rel, err))
+		fail(fsCode(shown, err))
 		return
 	}
 	defer f.Close()
@@ -133,7 +135,7 @@ func (w *walker) reopenHeld(we *walkEntry) {
 	}
 	fd, err := dupFd(f)
 	if err != nil {
-		fail(fsCode(we.rel, &fs.PathError{Op: "dup", Path: we.rel, Err: err}))
+		fail(fsCode(shown, &fs.PathError{Op: "dup", Path: rel, Err: err}))
 		return
 	}
 	we.pk.fd = fd
@@ -152,7 +154,8 @@ func (w *walker) next() (walkEntry, bool) {
 		}
 		de := d.ents[d.pos]
 		d.pos++
-		if de.typ != unix.DT_DIR && de.typ != unix.DT_UNKNOWN && !w.inShard(d, de.name) {
+		known := de.typ != unix.DT_UNKNOWN
+		if known && de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
 			continue
 		}
 		if d.fd < 0 {
@@ -164,14 +167,14 @@ func (w *walker) next() (walkEntry, bool) {
 				return we, true
 			}
 		}
-		if de.typ == unix.DT_UNKNOWN {
+		if !known { // the file system does not say: ask
 			var st unix.Stat_t
 			if unix.Fstatat(d.fd, de.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 				de.typ = dtype(st.Mode)
 			}
-		}
-		if de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
-			continue
+			if de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
+				continue
+			}
 		}
 		we, sub := w.entry(d, de)
 		if we.e.Entry.Type == protocol.FileDir {
@@ -291,7 +294,7 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 			return plain(d, e), nil
 		}
 		return walkEntry{e: protocol.WalkEntry{Dir: d.index, Packed: true, PackedFile: protocol.PackedFile{Entry: e}},
-			pk: packed{fd: fd, st: st, size: st.Size}, rel: path.Join(d.rel, name)}, nil
+			pk: packed{fd: fd, st: st, size: st.Size}, dir: d}, nil
 	}
 	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return w.failed(d, name, protocol.Entry{Name: name}, &fs.PathError{Op: "lstat", Path: name, Err: err}), nil
