@@ -507,19 +507,19 @@ func (c *treeCopy) packs() bool {
 // with l and packing its small files with Pack.
 func (c *treeCopy) fill(l lister) error {
 	if c.s.lister == nil && !c.s.noWalk {
-		err := c.walked()
+		err := c.viaWalk()
 		if !errors.Is(err, errNoWalk) {
 			return err
 		}
 		c.s.noWalk = true
 		c.s.cfg.Logger.Info("the target does not walk trees; listing them directory by directory")
 	}
-	return c.listed(l)
+	return c.viaList(l)
 }
 
-// walked takes in the tree with Walk: each batch's packed files are
+// viaWalk takes in the tree with Walk: each batch's packed files are
 // written while the target makes the next batch.
-func (c *treeCopy) walked() error {
+func (c *treeCopy) viaWalk() error {
 	packMax := int64(0)
 	if c.packs() {
 		packMax = c.s.packMax()
@@ -548,9 +548,9 @@ func (c *treeCopy) walked() error {
 	})
 }
 
-// listed takes in the tree by listing it with l, directory by directory,
+// viaList takes in the tree by listing it with l, directory by directory,
 // while a packer copies its small files with Pack.
-func (c *treeCopy) listed(l lister) error {
+func (c *treeCopy) viaList(l lister) error {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	items := make(chan item, 256)
