@@ -191,19 +191,9 @@ func (ss *session) packWindow(ctx context.Context, total uint64, qps []verbs.QP)
 		ss.freeWindow(w)
 		return nil, nil, errf(protocol.CodeInternal, "register pack: %v", err)
 	}
-	rkeys := make([]uint32, len(qps))
-	if ss.mws {
-		if err := ss.bind(ctx, w, qps); err != nil {
-			ss.freeWindow(w)
-			return nil, nil, errf(protocol.CodeInternal, "bind windows: %v", err)
-		}
-		for i, mw := range w.mws {
-			rkeys[i] = mw.RKey()
-		}
-	} else {
-		for i := range rkeys {
-			rkeys[i] = w.mr.RKey()
-		}
+	rkeys, perr := ss.keys(ctx, w, qps, ss.mws)
+	if perr != nil {
+		return nil, nil, perr
 	}
 	ss.nextWindow++
 	return w, rkeys, nil

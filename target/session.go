@@ -585,19 +585,9 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		ss.freeWindow(w)
 		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
 	}
-	rkeys := make([]uint32, len(qps))
-	if useMWs {
-		if err := ss.bind(ctx, w, qps); err != nil {
-			ss.freeWindow(w)
-			return errf(protocol.CodeInternal, "bind windows: %v", err)
-		}
-		for i, mw := range w.mws {
-			rkeys[i] = mw.RKey()
-		}
-	} else {
-		for i := range rkeys {
-			rkeys[i] = w.mr.RKey()
-		}
+	rkeys, perr := ss.keys(ctx, w, qps, useMWs)
+	if perr != nil {
+		return perr
 	}
 	ss.nextWindow++
 	ss.windows++
@@ -659,6 +649,27 @@ func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP) error {
 		}
 	}
 	return nil
+}
+
+// keys returns a registered window's key for each data QP: a memory
+// window bound on each (withMWs), else the MR's own key. On error it frees
+// the window.
+func (ss *session) keys(ctx context.Context, w *window, qps []verbs.QP, withMWs bool) ([]uint32, *protocol.Error) {
+	rkeys := make([]uint32, len(qps))
+	if !withMWs {
+		for i := range rkeys {
+			rkeys[i] = w.mr.RKey()
+		}
+		return rkeys, nil
+	}
+	if err := ss.bind(ctx, w, qps); err != nil {
+		ss.freeWindow(w)
+		return nil, errf(protocol.CodeInternal, "bind windows: %v", err)
+	}
+	for i, mw := range w.mws {
+		rkeys[i] = mw.RKey()
+	}
+	return rkeys, nil
 }
 
 func (ss *session) unmap(h *handle, w *window) {

@@ -593,3 +593,15 @@ func TestWalkUnreadable(t *testing.T) {
 		}
 	}
 }
+
+// dtype gives a stat's mode the type getdents would have given it.
+func TestDtype(t *testing.T) {
+	for mode, want := range map[uint32]uint8{
+		unix.S_IFREG | 0o644: unix.DT_REG, unix.S_IFDIR | 0o755: unix.DT_DIR, unix.S_IFLNK | 0o777: unix.DT_LNK,
+		unix.S_IFBLK: unix.DT_BLK, unix.S_IFCHR: unix.DT_CHR, unix.S_IFIFO: unix.DT_FIFO, unix.S_IFSOCK: unix.DT_SOCK,
+	} {
+		if got := dtype(mode); got != want {
+			t.Errorf("dtype(%#o) = %d, want %d", mode, got, want)
+		}
+	}
+}
