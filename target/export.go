@@ -87,12 +87,14 @@ func fsError(p string, err error) *protocol.Error {
 	return errf(protocol.CodeInternal, "%s: %v", p, err)
 }
 
-// open opens a file of an export for reading.
+// open opens a file of an export for reading. O_NONBLOCK: a FIFO opens
+// at once (and is then refused) instead of waiting for a writer; regular
+// files and block devices read the same either way.
 func (x *export) open(rel string) (*os.File, error) {
 	if x.root == nil {
-		return os.Open(x.Path)
+		return os.OpenFile(x.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	}
-	return x.root.Open(rel)
+	return x.root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 }
 
 func (x *export) lstat(rel string) (os.FileInfo, error) {

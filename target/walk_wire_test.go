@@ -8,6 +8,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -453,5 +454,20 @@ func TestWalkLimit(t *testing.T) {
 	}
 	if _, err := p.call(&protocol.Walk{MaxEntries: 1, Path: "data/t"}); err != nil {
 		t.Errorf("a walk after one was closed: %v", err)
+	}
+}
+
+// Open of a FIFO in an export is refused at once: it does not wait for a
+// writer (which would hold the session's requests up for good).
+func TestOpenFIFO(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := newPeer(t, serve(t, walkConfig(dir)))
+	_, err := p.call(&protocol.Open{Path: "data/fifo"})
+	walkCode(t, err, protocol.CodeUnsupported, "open of a FIFO")
+	if _, err := p.call(&protocol.Stat{Path: "data/fifo"}); err != nil {
+		t.Errorf("the session after: %v", err)
 	}
 }
