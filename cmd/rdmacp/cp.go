@@ -34,7 +34,7 @@ func cpCommand() *cli.Command {
 			&cli.StringFlag{Name: "from", Usage: "copy the SRC DEST pairs of a manifest (`FILE`, or - for stdin), one per line or as JSON lines {\"src\":..,\"dest\":..}"},
 			&cli.StringFlag{Name: "shard", Usage: "`I/N`: copy only the files (of a tree) or lines (of a manifest) whose source path hashes to I mod N"},
 			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a DEST.rdmacp-partial sidecar; a rerun reads only what is missing"},
-			&cli.BoolFlag{Name: "no-pack", Usage: "with -r, copy small files one by one instead of many per round trip"},
+			&cli.BoolFlag{Name: "no-pack", Usage: "with -r or --from, copy small files one by one instead of many per round trip"},
 			&cli.BoolFlag{Name: "skip-same", Aliases: []string{"c"}, Usage: "skip files whose size and whole-file digest already match (computed locally)"},
 			&cli.BoolFlag{Name: "no-direct", Usage: "write with buffered I/O instead of O_DIRECT (which cp uses where the file system takes it); leaves DEST in the page cache"},
 		),

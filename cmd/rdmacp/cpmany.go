@@ -290,7 +290,23 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
-	for _, j := range jobs {
+	order := make([]int, len(jobs)) // the jobs copied one by one, in order
+	for i := range order {
+		order[i] = i
+	}
+	if !c.Bool("skip-same") && !c.Bool("partial") && !c.Bool("no-pack") {
+		// Small files first, many to a request; Get takes the rest.
+		fjobs := make([]initiator.FileJob, len(jobs))
+		for i, j := range jobs {
+			fjobs[i] = initiator.FileJob{Src: j.path, Dst: j.Dest}
+		}
+		order, err = s.GetSmall(c.Context, fjobs, func(i int, fr initiator.FileResult) { t.file(fr, jobs[i].Src, fr.Path) })
+		if err != nil {
+			return t.finish(s, err)
+		}
+	}
+	for _, i := range order {
+		j := jobs[i]
 		fr, fatal := manifestOne(c, s, j.path, j.Dest, stdout, t)
 		if fatal != nil {
 			return t.finish(s, fatal)
