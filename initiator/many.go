@@ -7,7 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -19,80 +19,150 @@ import (
 // where it goes, as Get takes them.
 type FileJob struct{ Src, Dst string }
 
-// GetSmall copies, many to a request with Pack, those of jobs that are
-// regular files small enough to pack (up to the target's MaxWindow) going
-// to a new or regular destination, and tells fn each one's outcome (its
-// Path is the destination). The rest are left for Get, one by one:
-// destinations that are something else (a directory, a device), and
-// what the target would not pack (a larger file, a directory, or
-// everything, for a target without Pack). GetSmall returns their indexes
-// in jobs, in order. As with Get, each file lands in a temporary file
-// beside its destination, and is renamed to it once verified and synced.
-// It returns an error only for what stops every job (the connection, an
-// interrupt).
-func (s *Session) GetSmall(ctx context.Context, jobs []FileJob, fn func(i int, fr FileResult)) ([]int, error) {
-	var left, cand []int
-	dsts := make([]string, len(jobs))
-	for i, j := range jobs {
-		dsts[i] = DestPath(j.Src, j.Dst)
-		if fi, err := os.Lstat(dsts[i]); err == nil && !fi.Mode().IsRegular() {
-			left = append(left, i)
+// Runs of a manifest packed at once: from manyFirst jobs, twice as many
+// after each run the target packed whole, back to manyFirst after one it
+// did not (a job it would not pack costs the rest of its run, read again).
+const (
+	manyFirst = 16
+	manyMost  = 1024
+)
+
+// GetMany copies the jobs of a manifest in order. Runs of jobs whose
+// destination is new or a regular file go many to a request with Pack:
+// each file is verified, written to a temporary file beside its
+// destination, made durable with the rest of its run (one syncfs per file
+// system) and renamed into place; fn is told each one's outcome (its Path
+// is the destination). A job Pack will not take (larger than the target's
+// window, not a regular file, or every job, for a target without Pack),
+// or whose destination is something else, is handed to one, in its
+// place: one copies it the usual way (Get, GetTree) and returns an error
+// only if that stops the manifest. GetMany returns such an error, or one
+// that stops every job (the connection, an interrupt).
+func (s *Session) GetMany(ctx context.Context, jobs []FileJob, fn func(i int, fr FileResult), one func(i int) error) error {
+	run := manyFirst
+	for i := 0; i < len(jobs); {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if s.noPack || !newOrRegular(DestPath(jobs[i].Src, jobs[i].Dst)) {
+			if err := one(i); err != nil {
+				return err
+			}
+			i++
 			continue
 		}
-		cand = append(cand, i)
+		// The run: jobs from i going to new or regular files, of one
+		// export (a Pack's files are), within what a Pack carries. Only
+		// regular files are written in a run, so none of them changes
+		// what another's destination is.
+		export, _, _ := strings.Cut(jobs[i].Src, "/")
+		paths := []string{jobs[i].Src}
+		size := protocol.PackSize(paths)
+		for j := i + 1; j < len(jobs) && len(paths) < run; j++ {
+			p := jobs[j].Src
+			size += protocol.PackSize([]string{p}) - protocol.PackSize(nil)
+			if x, _, _ := strings.Cut(p, "/"); x != export || size > protocol.MaxMessage || !newOrRegular(DestPath(p, jobs[j].Dst)) {
+				break
+			}
+			paths = append(paths, p)
+		}
+		done, refused, err := s.packRun(ctx, jobs[i:i+len(paths)], paths, func(k int, fr FileResult) { fn(i+k, fr) })
+		switch {
+		case errors.Is(err, errNoPack):
+			s.noPack = true
+			s.cfg.Logger.Info("the target does not pack files; copying them one by one")
+			continue
+		case err != nil && (ctx.Err() != nil || errors.Is(err, ErrConnect)):
+			return err
+		case err != nil: // the target would not pack this run: its first job goes alone
+			s.cfg.Logger.Warn("pack failed; copying a file on its own", "file", jobs[i].Src, "err", err)
+			refused = true
+		}
+		i += done
+		if refused {
+			if err := one(i); err != nil {
+				return err
+			}
+			i++
+			run = manyFirst
+		} else if done == len(paths) {
+			run = min(2*run, manyMost)
+		}
 	}
-	paths := make([]string, len(cand))
-	for k, i := range cand {
-		paths[k] = jobs[i].Src
+	return nil
+}
+
+// newOrRegular reports whether a packed file may be renamed to dst:
+// nothing is there, or a regular file.
+func newOrRegular(dst string) bool {
+	fi, err := os.Lstat(dst)
+	return err != nil || fi.Mode().IsRegular()
+}
+
+// packRun asks for paths (those of jobs) in one Pack and places, in order,
+// the files it packed, telling fn each one's outcome by its index in jobs,
+// up to the first the target would not pack (refused; it is left
+// undone) or the end of its answer. It returns how many jobs it did.
+func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, fn func(k int, fr FileResult)) (done int, refused bool, err error) {
+	r, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(s.cfg.Algorithm), Paths: paths})
+	if err != nil {
+		return 0, false, err
 	}
+	s.packs++
+	defer s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
 	dirs := destDirs{}
 	defer dirs.close()
-	err := s.getPacked(ctx, paths, func(first int, files []packedFile) error {
-		dirs.trim()
-		var put []placed
+	var results []FileResult // in order, with put's files placed first
+	var put []placed
+	err = s.readPack(ctx, r, func(files []packedFile) error {
 		for k, f := range files {
-			i := cand[first+k]
-			fr := FileResult{Path: dsts[i], Type: protocol.FileRegular, Status: StatusFailed}
 			var pe *protocol.Error
-			switch {
-			case errors.As(f.err, &pe) && (pe.Code == protocol.CodeTooMany || pe.Code == protocol.CodeUnsupported):
-				left = append(left, i) // too large, or not a file: Get says what to do
-				continue
-			case f.err != nil:
-				fr.Err = fmt.Errorf("%s: %w", jobs[i].Src, f.err)
-				fn(i, fr)
+			if errors.As(f.err, &pe) && (pe.Code == protocol.CodeTooMany || pe.Code == protocol.CodeUnsupported) {
+				refused = true // too large, or not a file: one by one
+				break
+			}
+			dst := DestPath(jobs[k].Src, jobs[k].Dst)
+			fr := FileResult{Path: dst, Type: protocol.FileRegular, Status: StatusFailed}
+			results = append(results, fr)
+			res := &results[len(results)-1]
+			if f.err != nil {
+				res.Err = fmt.Errorf("%s: %w", jobs[k].Src, f.err)
 				continue
 			}
-			d, err := dirs.open(filepath.Dir(dsts[i]))
+			d, err := dirs.open(filepath.Dir(dst))
 			if err != nil {
-				fr.Err = err
-				fn(i, fr)
+				res.Err = fmt.Errorf("%s: %w", jobs[k].Src, err)
 				continue
 			}
-			name := filepath.Base(tempName(dsts[i]))
+			name := filepath.Base(tempName(dst))
 			if err := writeSmall(d, name, f.entry, f.data); err != nil {
-				fr.Err = fmt.Errorf("%s: %w", dsts[i], err)
-				fn(i, fr)
+				res.Err = fmt.Errorf("%s: %s: %w", jobs[k].Src, dst, err)
 				continue
 			}
 			n := int64(len(f.data))
-			fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
-			fr.Digest = chunker.FormatDigest(s.cfg.Algorithm, f.digest)
-			put = append(put, placed{job: i, dir: d, tmp: name, name: filepath.Base(dsts[i]), res: fr})
-		}
-		for _, p := range dirs.place(put) {
-			fn(p.job, p.res)
+			res.Status, res.Bytes, res.BytesRead = StatusOK, n, n
+			res.Digest = chunker.FormatDigest(s.cfg.Algorithm, f.digest)
+			put = append(put, placed{job: len(results) - 1, dir: d, tmp: name, name: filepath.Base(dst)})
 		}
 		return nil
 	})
-	if errors.Is(err, errNoPack) {
-		return allJobs(len(jobs)), nil
-	}
 	if err != nil {
-		return nil, err
+		for _, p := range put {
+			unix.Unlinkat(int(p.dir.Fd()), p.tmp, 0)
+		}
+		return 0, false, err
 	}
-	slices.Sort(left)
-	return left, nil
+	for _, p := range dirs.place(put) {
+		if p.err != nil {
+			res := &results[p.job]
+			res.Status, res.Bytes, res.Digest = StatusFailed, 0, ""
+			res.Err = fmt.Errorf("%s: %w", jobs[p.job].Src, &fs.PathError{Op: "place", Path: res.Path, Err: p.err})
+		}
+	}
+	for k, fr := range results {
+		fn(k, fr)
+	}
+	return len(results), refused, nil
 }
 
 // placed is a packed file of a manifest written to its temporary name.
@@ -100,26 +170,19 @@ type placed struct {
 	job       int
 	dir       *os.File
 	tmp, name string
-	res       FileResult
+	err       error
 }
 
-// destDirs are the directories a manifest's packed files land in, each
-// opened once (until trim).
+// destDirs are the directories a run of packed files lands in, each
+// opened once.
 type destDirs map[string]*os.File
-
-// trim closes them all if there are more than dirCacheMax: none may be in
-// use.
-func (d destDirs) trim() {
-	if len(d) > dirCacheMax {
-		d.close()
-	}
-}
 
 func (d destDirs) open(dir string) (*os.File, error) {
 	if f := d[dir]; f != nil {
 		return f, nil
 	}
-	f, err := os.Open(dir)
+	// O_NONBLOCK: a FIFO where a directory should be fails at once.
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -135,44 +198,33 @@ func (d destDirs) close() {
 }
 
 // place makes the files put durable (one syncfs per file system), renames
-// each to its destination and syncs the directories; it returns them with
-// their outcomes.
+// each to its destination, in order, and syncs the directories; it
+// returns them with the error of each that failed, whose temporary file
+// it removed.
 func (d destDirs) place(put []placed) []placed {
 	synced := map[uint64]error{} // by device
 	for i := range put {
 		p := &put[i]
+		fd := int(p.dir.Fd())
 		var st unix.Stat_t
-		err := unix.Fstat(int(p.dir.Fd()), &st)
+		err := unix.Fstat(fd, &st)
 		if err == nil {
 			var ok bool
 			if err, ok = synced[st.Dev]; !ok {
-				err = unix.Syncfs(int(p.dir.Fd()))
+				err = unix.Syncfs(fd)
 				synced[st.Dev] = err
 			}
 		}
 		if err == nil {
-			err = unix.Renameat(int(p.dir.Fd()), p.tmp, int(p.dir.Fd()), p.name)
+			err = unix.Renameat(fd, p.tmp, fd, p.name)
 		}
 		if err != nil {
-			unix.Unlinkat(int(p.dir.Fd()), p.tmp, 0)
-			p.res.Status, p.res.Bytes, p.res.Digest = StatusFailed, 0, ""
-			p.res.Err = &fs.PathError{Op: "place", Path: p.res.Path, Err: err}
+			unix.Unlinkat(fd, p.tmp, 0)
+			p.err = err
 		}
 	}
-	seen := map[*os.File]bool{}
-	for _, p := range put {
-		if !seen[p.dir] {
-			seen[p.dir] = true
-			p.dir.Sync()
-		}
+	for _, f := range d {
+		f.Sync()
 	}
 	return put
-}
-
-func allJobs(n int) []int {
-	all := make([]int, n)
-	for i := range all {
-		all[i] = i
-	}
-	return all
 }

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,10 +17,14 @@ import (
 	"github.com/rdmacp/rdmacp/target"
 )
 
-// GetSmall packs a manifest's small files, reports each, and leaves to Get
-// what it should not or cannot pack.
-func TestGetSmall(t *testing.T) {
-	e := startTarget(t, nil) // 256 KiB windows
+// GetMany copies a manifest in order: runs of small files packed, and
+// what Pack will not take (or whose destination is not a file) handed
+// back one by one in its place.
+func TestGetMany(t *testing.T) {
+	other := t.TempDir()
+	e := startTarget(t, func(c *target.Config) { // 256 KiB windows
+		c.Exports = append(c.Exports, target.Export{Name: "logs", Path: other})
+	})
 	src := e.dir
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
 	want := map[string][]byte{
@@ -27,70 +32,82 @@ func TestGetSmall(t *testing.T) {
 		"empty":   randomFile(t, filepath.Join(src, "empty"), 0),
 		"sub/c":   randomFile(t, filepath.Join(src, "sub", "c"), 100),
 		"replace": randomFile(t, filepath.Join(src, "replace"), 10),
+		"small":   randomFile(t, filepath.Join(src, "small"), 20),
+		"log":     randomFile(t, filepath.Join(other, "log"), 30),
 	}
 	os.Chmod(filepath.Join(src, "a"), 0o640)
 	mt := time.Date(2020, 1, 2, 3, 4, 5, 6, time.UTC)
 	os.Chtimes(filepath.Join(src, "a"), mt, mt)
-	randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window: Get's
-	os.Mkdir(filepath.Join(src, "dir"), 0o755)        // not a file: Get's
+	randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window
+	os.Mkdir(filepath.Join(src, "dir"), 0o755)
+	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	out := t.TempDir()
 	os.Mkdir(filepath.Join(out, "into"), 0o755)
 	os.WriteFile(filepath.Join(out, "old"), []byte("an older, longer file"), 0o644)
 	os.Symlink("elsewhere", filepath.Join(out, "link"))
+	o := func(p string) string { return filepath.Join(out, p) }
 	jobs := []initiator.FileJob{
-		{"data/a", filepath.Join(out, "a")},            // 0
-		{"data/big", filepath.Join(out, "big")},        // 1: left
-		{"data/empty", filepath.Join(out, "into")},     // 2: into/empty
-		{"data/missing", filepath.Join(out, "m")},      // 3: failed
-		{"data/dir", filepath.Join(out, "d")},          // 4: left
-		{"data/sub/c", filepath.Join(out, "into/")},    // 5: into/c
-		{"data/replace", filepath.Join(out, "old")},    // 6: replaces old
-		{"data/a", filepath.Join(out, "link")},         // 7: a symlink there: left
-		{"data/a", filepath.Join(out, "none", "x")},    // 8: no such directory: failed
-		{"data/../etc", filepath.Join(out, "outside")}, // 9: failed
+		{"data/a", o("a")},            // 0 packed
+		{"data/big", o("twice")},      // 1 one by one (too large)
+		{"data/small", o("twice")},    // 2 packed, after 1: it wins
+		{"data/empty", o("into")},     // 3 packed, into/empty
+		{"data/missing", o("m")},      // 4 failed
+		{"data/dir", o("d")},          // 5 one by one (not a file)
+		{"data/sub/c", o("into/")},    // 6 packed, into/c
+		{"data/fifo", o("f")},         // 7 one by one (not a file), at once
+		{"data/replace", o("old")},    // 8 packed, replaces old
+		{"data/a", o("link")},         // 9 one by one (a symlink there)
+		{"logs/log", o("log")},        // 10 packed, another export
+		{"data/a", o("none/x")},       // 11 failed: no such directory
+		{"data/../etc", o("outside")}, // 12 failed
+		{"logs/nope", o("nope")},      // 13 failed
 	}
 	s := e.dial(t, nil)
+	var seq []string
 	got := map[int]initiator.FileResult{}
-	left, err := s.GetSmall(context.Background(), jobs, func(i int, fr initiator.FileResult) {
-		if _, twice := got[i]; twice {
-			t.Errorf("job %d reported twice", i)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := s.GetMany(ctx, jobs, func(i int, fr initiator.FileResult) {
+		seq = append(seq, fmt.Sprintf("p%d", i))
 		got[i] = fr
+	}, func(i int) error {
+		seq = append(seq, fmt.Sprintf("o%d", i))
+		if i == 1 { // as Get would: the large file at its place in the order
+			os.WriteFile(o("twice"), []byte("the big one"), 0o644)
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(left, []int{1, 4, 7}) {
-		t.Fatalf("left %v, want [1 4 7]", left)
+	if w := "p0 o1 p2 p3 p4 o5 p6 o7 p8 o9 p10 p11 p12 p13"; strings.Join(seq, " ") != w {
+		t.Fatalf("order %s\nwant  %s", strings.Join(seq, " "), w)
 	}
-	for i, dst := range map[int]string{0: "a", 2: "into/empty", 5: "into/c", 6: "old"} {
-		fr := got[i]
-		if fr.Status != initiator.StatusOK || fr.Path != filepath.Join(out, dst) || fr.Err != nil {
+	for i, dst := range map[int]string{0: "a", 2: "twice", 3: "into/empty", 6: "into/c", 8: "old", 10: "log"} {
+		if fr := got[i]; fr.Status != initiator.StatusOK || fr.Path != o(dst) || fr.Err != nil {
 			t.Errorf("job %d: %+v", i, fr)
 		}
 	}
-	for _, i := range []int{3, 8, 9} {
+	for _, i := range []int{4, 11, 12, 13} {
 		if got[i].Status != initiator.StatusFailed || got[i].Err == nil {
 			t.Errorf("job %d: %+v, want a failure", i, got[i])
 		}
 	}
 	var pe *protocol.Error
-	if !errors.As(got[3].Err, &pe) || pe.Code != protocol.CodeNotFound {
-		t.Errorf("missing: %v", got[3].Err)
+	if !errors.As(got[4].Err, &pe) || pe.Code != protocol.CodeNotFound {
+		t.Errorf("missing: %v", got[4].Err)
 	}
-	if len(got) != 7 {
-		t.Errorf("%d jobs reported, want 7", len(got))
-	}
-	for dst, name := range map[string]string{"a": "a", "into/empty": "empty", "into/c": "sub/c", "old": "replace"} {
-		b, err := os.ReadFile(filepath.Join(out, dst))
-		if err != nil || !bytes.Equal(b, want[name]) {
-			t.Errorf("%s: %v, differs", dst, err)
+	for dst, name := range map[string]string{"a": "a", "twice": "small", "into/empty": "empty", "into/c": "sub/c", "old": "replace", "log": "log"} {
+		if b, err := os.ReadFile(o(dst)); err != nil || !bytes.Equal(b, want[name]) {
+			t.Errorf("%s: %v, differs from %s", dst, err, name)
 		}
 	}
-	if fi, err := os.Stat(filepath.Join(out, "a")); err != nil || fi.Mode() != 0o640 || !fi.ModTime().Equal(mt) {
+	if fi, err := os.Stat(o("a")); err != nil || fi.Mode() != 0o640 || !fi.ModTime().Equal(mt) {
 		t.Errorf("a: %v %v (%v), want 0640 %v", fi.Mode(), fi.ModTime(), err, mt)
 	}
-	if l, _ := os.Readlink(filepath.Join(out, "link")); l != "elsewhere" {
+	if l, _ := os.Readlink(o("link")); l != "elsewhere" {
 		t.Errorf("the symlink at a destination became %q", l)
 	}
 	filepath.Walk(out, func(p string, fi os.FileInfo, err error) error {
@@ -103,13 +120,19 @@ func TestGetSmall(t *testing.T) {
 		t.Error("no Pack was answered")
 	}
 
-	// A target without Pack leaves every job to Get.
+	// An error from one stops the manifest.
+	stop := errors.New("stop")
+	if err := s.GetMany(ctx, jobs[:3], func(int, initiator.FileResult) {}, func(int) error { return stop }); err != stop {
+		t.Errorf("one's error: %v", err)
+	}
+
+	// A target without Pack gets every job one by one.
 	old := startTarget(t, func(c *target.Config) { c.NoPack, c.NoWalk = true, true })
-	randomFile(t, filepath.Join(old.dir, "a"), 10)
-	left, err = old.dial(t, nil).GetSmall(context.Background(), jobs[:3], func(i int, fr initiator.FileResult) {
-		t.Errorf("job %d reported by a target without Pack: %+v", i, fr)
-	})
-	if err != nil || !slices.Equal(left, []int{0, 1, 2}) {
-		t.Errorf("without Pack: left %v, %v", left, err)
+	var ones []int
+	err = old.dial(t, nil).GetMany(ctx, jobs[:3], func(i int, fr initiator.FileResult) {
+		t.Errorf("job %d packed by a target without Pack: %+v", i, fr)
+	}, func(i int) error { ones = append(ones, i); return nil })
+	if err != nil || fmt.Sprint(ones) != "[0 1 2]" {
+		t.Errorf("without Pack: %v, %v", ones, err)
 	}
 }

@@ -42,9 +42,10 @@ func (d packDirs) close() {
 	}
 }
 
-// open opens rel (already resolved and clean) of export x for reading.
-// A last element that is a symlink goes through the root instead, which
-// follows it if it stays inside the export.
+// open opens rel (already resolved and clean) of export x for reading
+// (O_NONBLOCK: a FIFO opens at once, to be refused). A last element that
+// is a symlink goes through the root instead, which follows it if it
+// stays inside the export.
 func (d packDirs) open(x *export, rel string) (int, error) {
 	dir, base := path.Split(rel)
 	dir = strings.TrimSuffix(dir, "/")
@@ -59,7 +60,7 @@ func (d packDirs) open(x *export, rel string) (int, error) {
 		}
 		d[dir] = df
 	}
-	fd, err := unix.Openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := unix.Openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err == unix.ELOOP {
 		f, err := x.open(rel)
 		if err != nil {

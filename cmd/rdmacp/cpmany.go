@@ -290,29 +290,32 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
-	order := make([]int, len(jobs)) // the jobs copied one by one, in order
-	for i := range order {
-		order[i] = i
+	one := func(i int) error {
+		j := jobs[i]
+		fr, fatal := manifestOne(c, s, j.path, j.Dest, stdout, t)
+		if fatal != nil {
+			return fatal
+		}
+		if fr != nil {
+			t.file(*fr, j.Src, fr.Path)
+		}
+		return nil
 	}
 	if !c.Bool("skip-same") && !c.Bool("partial") && !c.Bool("no-pack") {
-		// Small files first, many to a request; Get takes the rest.
+		// Runs of small files many to a request; the others one by one.
 		fjobs := make([]initiator.FileJob, len(jobs))
 		for i, j := range jobs {
 			fjobs[i] = initiator.FileJob{Src: j.path, Dst: j.Dest}
 		}
-		order, err = s.GetSmall(c.Context, fjobs, func(i int, fr initiator.FileResult) { t.file(fr, jobs[i].Src, fr.Path) })
+		err := s.GetMany(c.Context, fjobs, func(i int, fr initiator.FileResult) { t.file(fr, jobs[i].Src, fr.Path) }, one)
 		if err != nil {
 			return t.finish(s, err)
 		}
+		return t.finish(s, nil)
 	}
-	for _, i := range order {
-		j := jobs[i]
-		fr, fatal := manifestOne(c, s, j.path, j.Dest, stdout, t)
-		if fatal != nil {
-			return t.finish(s, fatal)
-		}
-		if fr != nil {
-			t.file(*fr, j.Src, fr.Path)
+	for i := range jobs {
+		if err := one(i); err != nil {
+			return t.finish(s, err)
 		}
 	}
 	return t.finish(s, nil)
