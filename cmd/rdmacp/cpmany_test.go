@@ -109,11 +109,13 @@ func TestCpManifest(t *testing.T) {
 	for _, n := range []string{"a", "c"} {
 		writeFile(t, filepath.Join(dir, n), 70<<10)
 	}
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
 	s := serve(t, dir, nil)
 	out := t.TempDir()
 	manifest := filepath.Join(t.TempDir(), "m")
 	os.WriteFile(manifest, []byte("# comment\n"+
 		s.addr+":data/a "+filepath.Join(out, "a")+"\n\n"+
+		s.addr+":data/sub "+filepath.Join(out, "sub")+"\n"+ // a directory, without -r
 		s.addr+":data/missing "+filepath.Join(out, "b")+"\n"+
 		`{"src": "`+s.addr+`:data/c", "dest": "`+filepath.Join(out, "c c")+`"}`+"\n"), 0o600)
 	stdout, errs, code := run(t, "cp", "--json", "--from", manifest)
@@ -122,20 +124,29 @@ func TestCpManifest(t *testing.T) {
 	}
 	ls := jsonLines(t, stdout)
 	sum := lastSummary(t, ls)
-	if sum["files"] != 3.0 || sum["files_ok"] != 2.0 || sum["files_failed"] != 1.0 || sum["bytes_read"] != float64(140<<10) {
+	if sum["files"] != 4.0 || sum["files_ok"] != 2.0 || sum["files_failed"] != 2.0 || sum["bytes_read"] != float64(140<<10) {
 		t.Errorf("summary %v", sum)
 	}
 	var failed int
 	for _, l := range ls {
 		if l["message_type"] == "file" && l["status"] == "failed" {
 			failed++
-			if l["exit_code"] != float64(exitRemote) || !strings.Contains(l["error"].(string), "missing") {
+			if l["exit_code"] != float64(exitRemote) || !strings.Contains(l["error"].(string), "missing") && !strings.Contains(l["error"].(string), "is a directory") {
 				t.Errorf("failed line %v", l)
 			}
 		}
 	}
-	if failed != 1 {
+	if failed != 2 {
 		t.Errorf("%d failed lines", failed)
+	}
+	var order []string // the manifest's order, small files packed or not
+	for _, l := range ls {
+		if l["message_type"] == "file" {
+			order = append(order, filepath.Base(l["path"].(string)))
+		}
+	}
+	if strings.Join(order, ",") != "a,sub,b,c c" {
+		t.Errorf("file lines in the order %q, want a,sub,b,c c", order)
 	}
 	for _, n := range []string{"a", "c c"} {
 		if fi, err := os.Stat(filepath.Join(out, n)); err != nil || fi.Size() != 70<<10 {
