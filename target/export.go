@@ -115,36 +115,10 @@ func (x *export) readlink(rel string) string {
 	return t
 }
 
+// entryOf is the entry of a file as os stats it.
 func entryOf(name string, fi os.FileInfo) protocol.Entry {
-	e := protocol.Entry{
-		Name:    name,
-		Mode:    uint32(fi.Mode().Perm()),
-		Size:    uint64(max(fi.Size(), 0)),
-		MtimeNs: fi.ModTime().UnixNano(),
-	}
-	m := fi.Mode()
-	if m&fs.ModeSetuid != 0 {
-		e.Mode |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		e.Mode |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		e.Mode |= 0o1000
-	}
-	switch {
-	case m.IsRegular():
-		e.Type = protocol.FileRegular
-	case m.IsDir():
-		e.Type = protocol.FileDir
-	case m&fs.ModeSymlink != 0:
-		e.Type = protocol.FileSymlink
-	case m&fs.ModeDevice != 0 && m&fs.ModeCharDevice == 0:
-		e.Type = protocol.FileBlockDev
-	default:
-		e.Type = protocol.FileOther
-	}
-	return e
+	st := fi.Sys().(*syscall.Stat_t) // what os gives on Linux
+	return modeEntry(name, st.Mode, st.Size, st.Mtim.Nano())
 }
 
 func (x *export) entry(rel string) (protocol.Entry, error) {

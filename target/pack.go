@@ -357,13 +357,13 @@ func (ss *session) packOne(p string, x0 **export, dirs packDirs) (protocol.Packe
 
 // statEntry is entryOf for a stat of an open file.
 func statEntry(name string, st *unix.Stat_t) protocol.Entry {
-	e := protocol.Entry{
-		Name:    name,
-		Mode:    st.Mode & 0o7777,
-		Size:    uint64(max(st.Size, 0)),
-		MtimeNs: st.Mtim.Nano(),
-	}
-	switch st.Mode & unix.S_IFMT {
+	return modeEntry(name, st.Mode, st.Size, st.Mtim.Nano())
+}
+
+// modeEntry is the entry of a file with st_mode mode, size and mtime.
+func modeEntry(name string, mode uint32, size, mtimeNs int64) protocol.Entry {
+	e := protocol.Entry{Name: name, Mode: mode & 0o7777, Size: uint64(max(size, 0)), MtimeNs: mtimeNs}
+	switch mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		e.Type = protocol.FileRegular
 	case unix.S_IFDIR:
