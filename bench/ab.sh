@@ -20,6 +20,7 @@ done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { echo "usage: $0 [-s MiB] [-n RUNS] [-d DIR] NAME=BINARY..." >&2; exit 2; }
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 names=() bins=()
 for a in "$@"; do names+=("${a%%=*}"); bins+=("$(realpath "${a#*=}")"); done
 [ -n "$dir" ] || dir=$(mktemp -d /var/tmp/rdmacp-ab.XXXXXX)
@@ -36,24 +37,6 @@ bytes=$((size << 20))
 head -c $bytes /dev/urandom >"$src"
 cat "$src" >/dev/null
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo $p; return; }
-  done
-}
-wait_port() {
-  for _ in $(seq 300); do
-    (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2
-  return 1
-}
-now() { date +%s.%N; }
-tcpu() { awk '{ printf "%.3f", $1 + $2 }' "$1"; }
-jget() { grep -o "\"$1\":[-0-9.e+]*" "$2" | head -1 | cut -d: -f2; }
 
 port=$(free_port)
 "${bins[0]}" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level warn 2>"$dir/serve.log" &

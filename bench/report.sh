@@ -30,6 +30,7 @@ while getopts s:n:D:b:q:p:d:o:kR: o; do
   esac
 done
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 repo=$PWD
 [ -n "$out" ] || out=$repo/docs/performance.md
 case $out in /*) ;; *) out=$repo/$out ;; esac
@@ -79,30 +80,12 @@ cat "$src" >/dev/null
 samples=$dir/samples.tsv
 : >"$samples"
 rec() { printf '%s\t%s\n' "$1" "$2" >>"$samples"; }
-now() { date +%s.%N; }
 mbps() { awk -v b="$1" -v t0="$2" -v t1="$3" 'BEGIN { printf "%.1f", b / (t1 - t0) / 1e6 }'; }
 perGB() { awk -v c="$1" -v b="$2" 'BEGIN { printf "%.3f", c / (b / 1e9) }'; }
 # CPU seconds (user+system) a live process has used so far.
 pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 # user+system seconds and peak RSS (KiB) from /usr/bin/time -f '%U %S %M'
-tcpu() { awk '{ printf "%.3f", $1 + $2 }' "$1"; }
 trss() { awk '{ print $3 }' "$1"; }
-jget() { grep -o "\"$1\":[-0-9.e+]*" "$2" | head -1 | cut -d: -f2; }
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo $p; return; }
-  done
-}
-wait_port() {
-  for _ in $(seq 100); do
-    (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2
-  return 1
-}
 settle() { sync; sleep 0.3; }
 # tcpstream recv says "listening" on stderr once it does; callers remove
 # the file before starting it.
