@@ -43,7 +43,8 @@ func doctorCommand() *cli.Command {
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "the target's --max-window (for the estimate)"},
 			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "the target's --window-budget (for the estimate)"},
 			&cli.StringFlag{Name: "dir", Usage: "directory to probe file registration in, where exports live (default: the temp dir)"},
-			&cli.StringFlag{Name: "timeout", Value: "5s", Usage: "bound on the reachability and session checks"},
+			&cli.StringFlag{Name: "timeout", Value: "5s", Usage: "I/O timeout: bound on the session check's hello and auth, after it connects"},
+			&cli.StringFlag{Name: "contimeout", Value: "10s", Usage: "connection setup timeout: bound on the reachability check's TCP connect and the session check's connections"},
 			secretFlag(),
 		}, transportFlags()...),
 		Action: runDoctor,
@@ -134,6 +135,10 @@ func runDoctor(c *cli.Context) error {
 	if err != nil {
 		return usagef("--timeout %v", err)
 	}
+	contimeout, err := parseDuration(c.String("contimeout"))
+	if err != nil {
+		return usagef("--contimeout %v", err)
+	}
 	if c.Int("qps") < 1 || c.Int("depth") < 1 {
 		return usagef("--qps and --depth must be at least 1")
 	}
@@ -182,11 +187,11 @@ func runDoctor(c *cli.Context) error {
 	if addr == "" {
 		d.report("target", checkSkip, "no HOST given", "rdmacp doctor HOST[:PORT] checks a target too")
 	} else {
-		reachCheck(ctx, d, addr, transport, timeout)
+		reachCheck(ctx, d, addr, transport, contimeout)
 		if dev == nil {
 			d.report("session", checkSkip, "no transport to dial with", "")
 		} else {
-			sessionCheck(ctx, d, addr, dev, secret, timeout)
+			sessionCheck(ctx, d, addr, dev, secret, contimeout, timeout)
 		}
 	}
 
@@ -236,14 +241,28 @@ func providerChecks(ctx context.Context, d *doctor, p verbs.Provider) {
 	}
 }
 
-// pinned is what rdmacp registers: an initiator's staging slots (the
-// READs in flight rounded up to chunks, plus two) and a target session's
-// windows.
-func pinned(qps, depth int, readSize, chunk, maxWindow int64, windows int) (init, tgt int64) {
-	rs := min(readSize, chunk)
-	inflight := int64(qps) * int64(depth) * rs
-	slots := (inflight+chunk-1)/chunk + 2
-	return slots * chunk, maxWindow * int64(windows)
+// pinnedFigures is what rdmacp registers with the device, as the copy
+// and the target compute it (initiator.PullStaging, initiator.PushPinned,
+// target.SessionPinned).
+type pinnedFigures struct {
+	pull  int64 // a pull's staging, landing with O_DIRECT (its larger figure)
+	slots int   // chunks of it
+	push  int64 // a push's registered windows of its source
+	tgt   target.SessionMemory
+}
+
+// pinned is what cp pulling or pushing, and a target session, register
+// with doctor's flags: qps data QPs, depth READs of readSize each in
+// chunks of chunk, and a target's --max-window and --window-budget (the
+// rest of its configuration at serve's defaults).
+func pinned(qps, depth int, readSize, chunk, maxWindow, budget int64) pinnedFigures {
+	rs := int(min(readSize, chunk))
+	return pinnedFigures{
+		pull:  initiator.PullStaging(qps, depth, rs, chunk, math.MaxInt, true),
+		slots: initiator.PullSlots(qps, depth, rs, chunk, math.MaxInt, true),
+		push:  initiator.PushPinned(0, chunk),
+		tgt:   target.SessionPinned(target.Config{ChunkSize: chunk, MaxWindow: uint64(maxWindow), WindowBudget: uint64(budget)}),
+	}
 }
 
 // hasCapIPCLock reports whether this process may lock memory beyond
@@ -262,25 +281,17 @@ func hasCapIPCLock() bool {
 	return false
 }
 
-// windowsPerSession is the target's default limit of mapped windows per session.
-const windowsPerSession = 8
-
-// pushPinned is what a push registers of its source: three windows (one
-// with the target, one ready, one being prepared) of initiator.Put's
-// default size.
-const pushPinned = 3 * 32 << 20
-
 func memlockCheck(d *doctor, transport string, qps, depth int, readSize, chunk, maxWindow, budget int64) {
-	pull, tgt := pinned(qps, depth, readSize, chunk, maxWindow, windowsPerSession)
-	init := max(pull, pushPinned)
-	tgt = min(tgt, budget)
+	p := pinned(qps, depth, readSize, chunk, maxWindow, budget)
+	pull, init, tgt := p.pull, max(p.pull, p.push), int64(min(p.tgt.Total, math.MaxInt64))
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil {
 		d.report("memlock", checkWarn, "getrlimit: "+err.Error(), "")
 		return
 	}
-	need := fmt.Sprintf("cp pins %s pulling (%d QPs x %d x %s READs in %s chunks, +2 chunks) and %s pushing (3 windows of its source), a target session %s (%s x %d windows; the daemon at most its %s budget)",
-		formatBytes(pull), qps, depth, formatBytes(min(readSize, chunk)), formatBytes(chunk), formatBytes(pushPinned), formatBytes(tgt), formatBytes(maxWindow), windowsPerSession, formatBytes(budget))
+	need := fmt.Sprintf("cp pins %s pulling (%d chunks of %s: %d QPs x %d x %s READs in flight, the rest for chunks being written) and %s pushing (3 windows of its source), a target session %s (%d windows of %s, %s staging a push; the daemon at most its %s budget)",
+		formatBytes(pull), p.slots, formatBytes(chunk), qps, depth, formatBytes(min(readSize, chunk)), formatBytes(p.push),
+		formatBytes(tgt), p.tgt.Windows, formatBytes(int64(p.tgt.Window)), formatBytes(int64(p.tgt.Push)), formatBytes(budget))
 	limit := "unlimited"
 	if rl.Cur != unix.RLIM_INFINITY {
 		limit = formatBytes(int64(min(rl.Cur, math.MaxInt64)))
@@ -504,8 +515,9 @@ func probeFileAccess(pd verbs.PD, dir string, access verbs.Access) error {
 	return mr.Close()
 }
 
-func reachCheck(ctx context.Context, d *doctor, addr, transport string, timeout time.Duration) {
-	dctx, cancel := context.WithTimeout(ctx, timeout)
+// reachCheck connects to addr over TCP, within contimeout.
+func reachCheck(ctx context.Context, d *doctor, addr, transport string, contimeout time.Duration) {
+	dctx, cancel := context.WithTimeout(ctx, contimeout)
 	defer cancel()
 	t0 := time.Now()
 	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", addr)
@@ -522,8 +534,11 @@ func reachCheck(ctx context.Context, d *doctor, addr, transport string, timeout 
 	d.report("tcp "+addr, checkFail, err.Error(), "is rdmacp serve running there, listening on that address (--listen), with the port open in the firewall?")
 }
 
-func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device, secret []byte, timeout time.Duration) {
-	dctx, cancel := context.WithTimeout(ctx, timeout)
+// sessionCheck dials a session and says hello: contimeout for its
+// connections and timeout for the hello and auth, which one Dial does
+// together, so it is bounded by the two added.
+func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device, secret []byte, contimeout, timeout time.Duration) {
+	dctx, cancel := context.WithTimeout(ctx, contimeout+timeout)
 	defer cancel()
 	t0 := time.Now()
 	s, err := initiator.Dial(dctx, addr, initiator.Config{Device: dev, Secret: secret, QPs: 1, Depth: 1})
@@ -533,7 +548,7 @@ func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device,
 		case errors.Is(err, initiator.ErrAuth):
 			hint = "give both sides the same secret (--secret-file or RDMACP_SECRET)"
 		case dctx.Err() != nil:
-			hint = "the target did not answer within --timeout: is it serving this transport?"
+			hint = "the target did not answer within --contimeout and --timeout: is it serving this transport?"
 		}
 		d.report("session "+addr, checkFail, err.Error(), hint)
 		return

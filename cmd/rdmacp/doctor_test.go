@@ -3,13 +3,20 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"math"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/target"
 	"github.com/rdmacp/rdmacp/verbs/ibverbs"
 )
 
@@ -96,6 +103,45 @@ func TestDoctor(t *testing.T) {
 	}
 }
 
+// --contimeout and --timeout bound the target checks: a listener that
+// takes the TCP connection and says nothing fails the session check once
+// the two are spent, not the defaults' 15 s.
+func TestDoctorTimeouts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	t0 := time.Now()
+	out, errs, code := run(t, "doctor", "--contimeout", "1s", "--timeout", "500ms", addr)
+	took := time.Since(t0)
+	lines := doctorLines(t, out)
+	if code != exitError || !strings.HasPrefix(lines["tcp "+addr], "ok") || !strings.HasPrefix(lines["session "+addr], "fail") {
+		t.Errorf("silent target: exit %d\n%s\n%s", code, out, errs)
+	}
+	if !strings.Contains(lines["session "+addr], "--contimeout") {
+		t.Errorf("session line: %q", lines["session "+addr])
+	}
+	if took > 8*time.Second {
+		t.Errorf("doctor took %v with --contimeout 1s --timeout 500ms", took)
+	}
+	for _, bad := range [][]string{{"--contimeout", "soon"}, {"--contimeout", "0"}, {"--timeout", "-1s"}} {
+		if _, errs, code := run(t, append([]string{"doctor"}, bad...)...); code != exitUsage {
+			t.Errorf("%v: exit %d: %s", bad, code, errs)
+		}
+	}
+}
+
 func TestDoctorWrongSecret(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secret, []byte("open sesame\n"), 0o600)
@@ -124,14 +170,89 @@ func TestDoctorAddr(t *testing.T) {
 	}
 }
 
+// Doctor's figures are the copy's and the target's own (initiator and
+// target test those against what a pull, a push and a target really
+// register): a pull landing direct, a push's three windows, a session's
+// windows and push staging within the budget.
 func TestPinned(t *testing.T) {
-	// 4 QPs x 4 x 1 MiB = 16 MiB = 4 chunks of 4 MiB, plus 2.
-	if init, tgt := pinned(4, 4, 1<<20, 4<<20, 32<<20, 8); init != 24<<20 || tgt != 256<<20 {
-		t.Errorf("%d %d", init, tgt)
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		qps, depth                         int
+		readSize, chunk, maxWindow, budget int64
+		pull, push, tgt                    int64 // by hand
+	}{
+		// 4 QPs x 4 x 1 MiB = 16 MiB = 4 chunks of 4 MiB, and 4 for the
+		// verifiers' direct writes; 8 x 32 MiB windows and a push's
+		// staging (16 QPs x 4 x 1 MiB, within a window).
+		{4, 4, mib, 4 * mib, 32 * mib, 1 << 30, 32 * mib, 96 * mib, 288 * mib},
+		// READs larger than a chunk are cut to the chunk.
+		{1, 1, 16 * mib, 4 * mib, 32 * mib, 1 << 30, 20 * mib, 96 * mib, 288 * mib},
+		{16, 8, 256 << 10, mib, 8 * mib, 1 << 30, 36 * mib, 96 * mib, 72 * mib}, // windows of the default 32 MiB
+		// Within the budget.
+		{4, 4, mib, 4 * mib, 64 * mib, 256 * mib, 32 * mib, 96 * mib, 256 * mib},
+	} {
+		p := pinned(tc.qps, tc.depth, tc.readSize, tc.chunk, tc.maxWindow, tc.budget)
+		rs := int(min(tc.readSize, tc.chunk))
+		if want := initiator.PullStaging(tc.qps, tc.depth, rs, tc.chunk, math.MaxInt, true); p.pull != want || p.pull != tc.pull {
+			t.Errorf("%+v: pull %d, PullStaging %d, by hand %d", tc, p.pull, want, tc.pull)
+		}
+		if p.slots != int(p.pull/tc.chunk) {
+			t.Errorf("%+v: %d slots of %d bytes for %d", tc, p.slots, tc.chunk, p.pull)
+		}
+		if want := initiator.PushPinned(0, tc.chunk); p.push != want || p.push != tc.push {
+			t.Errorf("%+v: push %d, PushPinned %d, by hand %d", tc, p.push, want, tc.push)
+		}
+		want := target.SessionPinned(target.Config{ChunkSize: tc.chunk, MaxWindow: uint64(tc.maxWindow), WindowBudget: uint64(tc.budget)})
+		if p.tgt != want || int64(p.tgt.Total) != tc.tgt {
+			t.Errorf("%+v: target %+v, SessionPinned %+v, by hand %d", tc, p.tgt, want, tc.tgt)
+		}
 	}
-	// READs larger than a chunk are cut to the chunk.
-	if init, _ := pinned(1, 1, 16<<20, 4<<20, 32<<20, 8); init != 12<<20 {
-		t.Errorf("%d", init)
+}
+
+// The memlock line states the figures for doctor's flags.
+func TestDoctorMemlockFigures(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"--qps", "8", "--depth", "2", "--read-size", "512KiB", "--chunk-size", "1MiB"},
+		{"--qps", "1", "--depth", "16", "--chunk-size", "8MiB", "--max-window", "64MiB", "--window-budget", "128MiB"},
+	} {
+		out, errs, code := run(t, append([]string{"doctor", "--json"}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		flags := map[string]string{"--qps": "4", "--depth": "4", "--read-size": "1MiB", "--chunk-size": "4MiB", "--max-window": "32MiB", "--window-budget": "1GiB"}
+		for i := 0; i+1 < len(args); i += 2 {
+			flags[args[i]] = args[i+1]
+		}
+		size := func(f string) int64 {
+			n, err := parseSize(flags[f])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		qps, _ := strconv.Atoi(flags["--qps"])
+		depth, _ := strconv.Atoi(flags["--depth"])
+		chunk := size("--chunk-size")
+		rs := int(min(size("--read-size"), chunk))
+		pull := initiator.PullStaging(qps, depth, rs, chunk, math.MaxInt, true)
+		tgt := target.SessionPinned(target.Config{ChunkSize: chunk, MaxWindow: uint64(size("--max-window")), WindowBudget: uint64(size("--window-budget"))})
+		var detail string
+		for _, l := range jsonLines(t, out) {
+			if l["check"] == "memlock" {
+				detail, _ = l["detail"].(string)
+			}
+		}
+		for _, want := range []string{
+			"cp pins " + formatBytes(pull) + " pulling",
+			formatBytes(initiator.PushPinned(0, chunk)) + " pushing",
+			"a target session " + formatBytes(int64(tgt.Total)),
+			fmt.Sprintf("%d windows of %s", tgt.Windows, formatBytes(int64(tgt.Window))),
+		} {
+			if !strings.Contains(detail, want) {
+				t.Errorf("%v: no %q in the memlock line %q", args, want, detail)
+			}
+		}
 	}
 }
 
@@ -184,14 +305,14 @@ func TestBenchDoctorHelp(t *testing.T) {
 
 func TestMemlockVerdict(t *testing.T) {
 	const mib = 1 << 20
-	pull, init, tgt := int64(24*mib), int64(pushPinned), int64(256*mib)
+	pull, init, tgt := int64(32*mib), int64(96*mib), int64(288*mib)
 	for _, tc := range []struct {
 		cur           uint64
 		capLock, soft bool
 		want, why     string
 	}{
 		{unix.RLIM_INFINITY, false, false, checkOK, ""},
-		{256 * mib, false, false, checkOK, ""},
+		{288 * mib, false, false, checkOK, ""},
 		{8 * mib, true, false, checkOK, "CAP_IPC_LOCK"},
 		{8 * mib, false, true, checkOK, "iwarp-soft"},
 		{128 * mib, false, false, checkWarn, "not to serve"},
