@@ -14,7 +14,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/initiator"
-	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // partialError reports a copy of many files of which some failed. With
@@ -290,88 +289,34 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
-	one := func(i int) error {
-		j := jobs[i]
-		fr, fatal := manifestOne(c, s, j.path, j.Dest, stdout, t)
-		if fatal != nil {
-			return fatal
-		}
-		if fr != nil {
-			t.file(*fr, j.Src, fr.Path)
-		}
-		return nil
+	fjobs := make([]initiator.FileJob, len(jobs))
+	for i, j := range jobs {
+		fjobs[i] = initiator.FileJob{Src: j.path, Dst: j.Dest}
 	}
-	if !c.Bool("skip-same") && !c.Bool("partial") && !c.Bool("no-pack") {
-		// Runs of small files many to a request; the others one by one.
-		fjobs := make([]initiator.FileJob, len(jobs))
-		for i, j := range jobs {
-			fjobs[i] = initiator.FileJob{Src: j.path, Dst: j.Dest}
-		}
-		err := s.GetMany(c.Context, fjobs, func(i int, fr initiator.FileResult) { t.file(fr, jobs[i].Src, fr.Path) }, one)
-		if err != nil {
-			return t.finish(s, err)
-		}
-		return t.finish(s, nil)
-	}
-	for i := range jobs {
-		if err := one(i); err != nil {
-			return t.finish(s, err)
+	var r renderer // the progress of the line being copied on its own
+	done := func() {
+		if r != nil {
+			r.finish()
+			r = nil
 		}
 	}
-	return t.finish(s, nil)
-}
-
-// manifestOne copies one manifest line. It returns the file's outcome
-// (nil for a tree, whose files were tallied one by one), or an error
-// that stops the whole manifest: the connection or an interrupt.
-func manifestOne(c *cli.Context, s *initiator.Session, src, dst string, stdout io.Writer, t *tally) (*initiator.FileResult, error) {
-	ctx := c.Context
-	fr := &initiator.FileResult{Path: dst, Type: protocol.FileRegular, Status: initiator.StatusFailed}
-	fatal := func(err error) bool { return ctx.Err() != nil || exitCode(ctx, err) == exitConnect }
-	e, err := s.Stat(ctx, src)
-	if err != nil {
-		if fatal(err) {
-			return nil, err
-		}
-		fr.Err = fmt.Errorf("%s: %w", src, err)
-		return fr, nil
-	}
-	if e.Type == protocol.FileDir {
-		fr.Type = e.Type
-		if !c.Bool("recursive") {
-			fr.Err = &protocol.Error{Code: protocol.CodeIsDir, Message: src + " is a directory (add -r to copy trees)"}
-			return fr, nil
-		}
-		_, err := s.GetTree(ctx, src, dst, initiator.TreeOptions{SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
-			File: func(f initiator.FileResult) { t.file(f, src+"/"+f.Path, "") }})
-		if err != nil {
-			if fatal(err) {
-				return nil, err
+	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
+		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("skip-same"),
+		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"),
+		Progress: func(int) func(initiator.Progress) {
+			done()
+			r = newRenderer(t.jsonOut, c.Bool("quiet"), stdout)
+			return r.update
+		},
+		File: func(i int, fr initiator.FileResult, tree bool) {
+			if tree {
+				t.file(fr, jobs[i].path+"/"+fr.Path, "")
+				return
 			}
-			fr.Err = err
-			return fr, nil
-		}
-		return nil, nil
-	}
-	r := newRenderer(t.jsonOut, c.Bool("quiet"), stdout)
-	res, err := s.Get(ctx, src, dst, getOptions(c, r.update))
-	r.finish()
-	if res != nil {
-		fr.BytesRead = res.BytesRead
-		if res.Dest != "" {
-			fr.Path = res.Dest
-		}
-	}
-	if err != nil {
-		if fatal(err) {
-			return nil, err
-		}
-		fr.Err = fmt.Errorf("%s: %w", src, err)
-		return fr, nil
-	}
-	fr.Status, fr.Bytes, fr.Digest = initiator.StatusOK, res.Bytes, res.Digest
-	if res.Skipped {
-		fr.Status = initiator.StatusSame
-	}
-	return fr, nil
+			done()
+			t.file(fr, jobs[i].Src, fr.Path)
+		},
+	})
+	done()
+	return t.finish(s, err)
 }

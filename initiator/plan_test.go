@@ -1,0 +1,178 @@
+package initiator_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// manifestRun is what GetManifest told its callbacks, in order.
+type manifestRun struct {
+	seq      []string // "f3" a line's outcome, "t3:x" an entry of tree line 3, "p3" progress asked for
+	lines    map[int]initiator.FileResult
+	progress map[int]int // progress reports, by line
+}
+
+func getManifest(t *testing.T, s *initiator.Session, jobs []initiator.FileJob, opt initiator.ManifestOptions) (*manifestRun, error) {
+	t.Helper()
+	r := &manifestRun{lines: map[int]initiator.FileResult{}, progress: map[int]int{}}
+	opt.Progress = func(i int) func(initiator.Progress) {
+		r.seq = append(r.seq, fmt.Sprintf("p%d", i))
+		return func(initiator.Progress) { r.progress[i]++ }
+	}
+	opt.File = func(i int, fr initiator.FileResult, tree bool) {
+		if tree {
+			r.seq = append(r.seq, fmt.Sprintf("t%d:%s", i, fr.Path))
+			if fr.Status != initiator.StatusOK {
+				t.Errorf("line %d: tree entry %+v", i, fr)
+			}
+			return
+		}
+		r.seq = append(r.seq, fmt.Sprintf("f%d", i))
+		if _, ok := r.lines[i]; ok {
+			t.Errorf("line %d told twice", i)
+		}
+		r.lines[i] = fr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return r, s.GetManifest(ctx, jobs, opt)
+}
+
+// Each line of a manifest is copied as what its source is: a directory
+// as a tree with Recursive (refused without), anything else as a file,
+// small ones packed unless asked otherwise; a line that fails does not
+// stop the others.
+func TestGetManifestPlansEachLine(t *testing.T) {
+	e := startTarget(t, nil) // 64 KiB chunks, 256 KiB windows
+	src := e.dir
+	os.MkdirAll(filepath.Join(src, "d", "sub"), 0o755)
+	small := randomFile(t, filepath.Join(src, "small"), 100)
+	big := randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window: never packed
+	randomFile(t, filepath.Join(src, "d", "x"), 10)
+	randomFile(t, filepath.Join(src, "d", "sub", "y"), 20)
+
+	for _, tc := range []struct {
+		name      string
+		opt       initiator.ManifestOptions
+		packed    bool // the small line goes in a pack
+		recursive bool
+	}{
+		{"default", initiator.ManifestOptions{}, true, false},
+		{"recursive", initiator.ManifestOptions{Recursive: true}, true, true},
+		{"no-pack", initiator.ManifestOptions{NoPack: true, Recursive: true}, false, true},
+		{"skip-same", initiator.ManifestOptions{SkipSame: true}, false, false},
+		{"partial", initiator.ManifestOptions{Partial: true}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := t.TempDir()
+			o := func(p string) string { return filepath.Join(out, p) }
+			jobs := []initiator.FileJob{
+				{Src: "data/small", Dst: o("small")}, // 0
+				{Src: "data/d", Dst: o("d")},         // 1 a directory
+				{Src: "data/missing", Dst: o("m")},   // 2 fails
+				{Src: "data/big", Dst: o("big")},     // 3 on its own
+			}
+			s := e.dial(t, nil)
+			r, err := getManifest(t, s, jobs, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The order: the manifest's, a tree's entries in its place.
+			want := []string{"f0"}
+			if !tc.packed {
+				want = []string{"p0", "f0"}
+			}
+			if tc.recursive {
+				want = append(want, "t1") // its entries, in GetTree's order
+			} else {
+				want = append(want, "f1")
+			}
+			want = append(want, "f2", "p3", "f3")
+			var got, entries []string
+			for _, x := range r.seq {
+				if p, ok := strings.CutPrefix(x, "t1:"); ok {
+					entries = append(entries, p)
+					if len(got) > 0 && got[len(got)-1] == "t1" {
+						continue
+					}
+					x = "t1"
+				}
+				got = append(got, x)
+			}
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Errorf("told %q, want %q", r.seq, strings.Join(want, " "))
+			}
+			slices.Sort(entries)
+			if tc.recursive && strings.Join(entries, " ") != ". sub sub/y x" {
+				t.Errorf("tree entries %q", entries)
+			}
+			if packs := initiator.PacksOf(s); tc.packed != (packs > 0) {
+				t.Errorf("%d packs", packs)
+			}
+
+			for i, b := range map[int][]byte{0: small, 3: big} {
+				fr := r.lines[i]
+				if fr.Status != initiator.StatusOK || fr.Path != jobs[i].Dst || fr.Type != protocol.FileRegular || fr.Bytes != int64(len(b)) || fr.Digest == "" || fr.Err != nil {
+					t.Errorf("line %d: %+v", i, fr)
+				}
+				if got, _ := os.ReadFile(jobs[i].Dst); !bytes.Equal(got, b) {
+					t.Errorf("line %d: %s differs", i, jobs[i].Dst)
+				}
+			}
+			if r.progress[3] == 0 {
+				t.Error("no progress for the line copied on its own")
+			}
+			if fr := r.lines[2]; fr.Status != initiator.StatusFailed || fr.Path != o("m") || fr.Err == nil || !strings.Contains(fr.Err.Error(), "data/missing") {
+				t.Errorf("missing line: %+v", fr)
+			}
+			if tc.recursive {
+				if _, ok := r.lines[1]; ok {
+					t.Errorf("a tree line that succeeded told its own outcome: %+v", r.lines[1])
+				}
+				if got, _ := os.ReadFile(o("d/sub/y")); len(got) != 20 {
+					t.Errorf("tree not copied: %q", got)
+				}
+				return
+			}
+			var pe *protocol.Error
+			if fr := r.lines[1]; fr.Status != initiator.StatusFailed || fr.Type != protocol.FileDir || fr.Path != o("d") ||
+				!errors.As(fr.Err, &pe) || pe.Code != protocol.CodeIsDir || !strings.Contains(pe.Message, "data/d is a directory (add -r") {
+				t.Errorf("directory line without Recursive: %+v", fr)
+			}
+			if _, err := os.Lstat(o("d")); err == nil {
+				t.Error("a refused directory line made its destination")
+			}
+		})
+	}
+}
+
+// A line that fails because the connection is gone stops the manifest:
+// GetManifest returns its error, and tells no later line.
+func TestGetManifestStopsWithTheConnection(t *testing.T) {
+	e := startTarget(t, nil)
+	randomFile(t, filepath.Join(e.dir, "big"), 300<<10)
+	out := t.TempDir()
+	for _, opt := range []initiator.ManifestOptions{{}, {NoPack: true}} {
+		s := e.dial(t, nil)
+		initiator.HangUp(s)
+		jobs := []initiator.FileJob{{Src: "data/big", Dst: filepath.Join(out, "a")}, {Src: "data/big", Dst: filepath.Join(out, "b")}}
+		r, err := getManifest(t, s, jobs, opt)
+		if !errors.Is(err, initiator.ErrConnect) {
+			t.Errorf("%+v: %v, want ErrConnect", opt, err)
+		}
+		if len(r.lines) != 0 {
+			t.Errorf("%+v: told %v", opt, r.seq)
+		}
+	}
+}
