@@ -1,0 +1,216 @@
+package reads
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Set is a session's data QPs, shared by its engines: a QP that fails is
+// closed and, when Replace is set, replaced in the background by a new
+// one in the same slot, with the next generation.
+type Set struct {
+	// Replace dials a new QP for slot i. It is called in its own
+	// goroutine, under a context that ends when the Set is closed.
+	Replace func(ctx context.Context, i int) (verbs.QP, error)
+	// Report, if set, is told of each failure and its outcome.
+	Report func(Event)
+	// Backoff is the wait between tries to replace a QP; default 1 s.
+	Backoff time.Duration
+	// MaxTries bounds the tries to replace one QP; default 5. After
+	// them the slot stays empty, and the session's own recovery (a new
+	// session) is what is left.
+	MaxTries int
+
+	mu     sync.Mutex
+	qps    []verbs.QP
+	gens   []uint32
+	busy   []bool // a replacement is under way
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Event reports a data QP's failure, and then what came of it.
+type Event struct {
+	Slot    int
+	Cause   error
+	Outcome Outcome
+	Try     int // tries so far to replace it
+	Err     error
+}
+
+// Outcome is what became of a failed QP.
+type Outcome int
+
+const (
+	Failed   Outcome = iota + 1 // it died; its READs go to the others
+	Replaced                    // a new QP took its slot
+	Gone                        // no replacement: the slot stays empty
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Failed:
+		return "failed"
+	case Replaced:
+		return "replaced"
+	case Gone:
+		return "gone"
+	}
+	return "outcome?"
+}
+
+// NewSet makes a set of qps, slot i holding qps[i] at generation 0.
+func NewSet(qps []verbs.QP) *Set {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Set{qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
+		busy: make([]bool, len(qps)), ctx: ctx, cancel: cancel}
+}
+
+func (s *Set) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.qps)
+}
+
+func (s *Set) QP(i int) (verbs.QP, uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.qps[i], s.gens[i]
+}
+
+// Gens is a snapshot of every slot's generation, for the Keys of a
+// window about to be mapped: take it before asking for the window, so
+// that a QP replaced meanwhile is never handed its predecessor's key.
+func (s *Set) Gens() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]uint32(nil), s.gens...)
+}
+
+// Live is how many slots hold a QP that has not failed.
+func (s *Set) Live() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, qp := range s.qps {
+		if qp != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Failed takes slot i's QP out, if it is still the one of generation gen,
+// closes it and starts its replacement.
+func (s *Set) Failed(i int, gen uint32, err error) {
+	s.mu.Lock()
+	if i >= len(s.qps) || s.gens[i] != gen || s.qps[i] == nil {
+		s.mu.Unlock()
+		return
+	}
+	qp := s.qps[i]
+	s.qps[i] = nil
+	s.gens[i]++
+	replace := s.Replace != nil && !s.busy[i] && s.ctx.Err() == nil
+	if replace {
+		s.busy[i] = true
+	}
+	s.mu.Unlock()
+	// Disconnect flushes its READs now; Close, which may take a moment
+	// (it lets the peer see the end), goes on in the background.
+	qp.Disconnect()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		qp.Close()
+	}()
+	s.report(Event{Slot: i, Cause: err, Outcome: Failed})
+	if !replace {
+		if s.Replace == nil {
+			s.report(Event{Slot: i, Cause: err, Outcome: Gone})
+		}
+		return
+	}
+	s.wg.Add(1)
+	go s.replace(i, err)
+}
+
+// replace dials slot i anew until it works or the set is closed.
+func (s *Set) replace(i int, cause error) {
+	defer s.wg.Done()
+	backoff := s.Backoff
+	if backoff <= 0 {
+		backoff = time.Second
+	}
+	tries := s.MaxTries
+	if tries <= 0 {
+		tries = 5
+	}
+	for try := 1; ; try++ {
+		qp, err := s.Replace(s.ctx, i)
+		if err == nil {
+			s.mu.Lock()
+			if s.ctx.Err() != nil {
+				s.mu.Unlock()
+				qp.Close()
+				return
+			}
+			s.qps[i] = qp
+			s.gens[i]++
+			s.busy[i] = false
+			s.mu.Unlock()
+			s.report(Event{Slot: i, Cause: cause, Outcome: Replaced, Try: try})
+			return
+		}
+		if try >= tries {
+			s.mu.Lock()
+			s.busy[i] = false
+			s.mu.Unlock()
+			s.report(Event{Slot: i, Cause: cause, Outcome: Gone, Try: try, Err: err})
+			return
+		}
+		s.report(Event{Slot: i, Cause: cause, Outcome: Failed, Try: try, Err: err})
+		select {
+		case <-time.After(backoff):
+		case <-s.ctx.Done():
+			s.mu.Lock()
+			s.busy[i] = false
+			s.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (s *Set) report(ev Event) {
+	if s.Report != nil {
+		s.Report(ev)
+	}
+}
+
+// Close stops replacements and closes every QP. It waits for the
+// background closes, each bounded by its provider.
+func (s *Set) Close() {
+	s.cancel()
+	s.mu.Lock()
+	qps := s.qps
+	s.qps = make([]verbs.QP, len(qps))
+	for i := range s.gens {
+		s.gens[i]++
+	}
+	s.mu.Unlock()
+	for _, qp := range qps {
+		if qp != nil {
+			qp.Disconnect()
+		}
+	}
+	for _, qp := range qps {
+		if qp != nil {
+			qp.Close()
+		}
+	}
+	s.wg.Wait()
+}
