@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
@@ -30,11 +31,16 @@ type Channel struct {
 	mr    verbs.MR
 	qp    verbs.QP
 
+	timeout atomic.Int64 // SetTimeout's, in nanoseconds
+
 	sendMu sync.Mutex
-	// stuck: a send given up on before its completion, whose buffer the
-	// QP may still be reading; no other send may go (under sendMu).
+	// posted: the type of a message posted and not yet completed, whose
+	// buffer the QP may still be reading; 0 if none. stuck: why no other
+	// message may go, after one that never completed (under sendMu).
+	posted Type
 	stuck  error
 	recvMu sync.Mutex
+	closed bool // the buffers are freed (under sendMu and recvMu)
 	callMu sync.Mutex
 	nextID uint32
 	comp   []verbs.Completion
@@ -108,18 +114,46 @@ func (c *Channel) QP() verbs.QP { return c.qp }
 // ErrClosed reports a channel whose connection is gone.
 var ErrClosed = errors.New("control connection closed")
 
-// sendGrace is how long a send whose caller gave up is still waited for.
-const sendGrace = 5 * time.Second
+// ErrTimeout is wrapped by the errors of a channel's I/O timeout
+// (SetTimeout): a Call that heard nothing from the peer, or a Send the
+// peer did not take, for that long. A Send's also wraps ErrClosed: the
+// channel can send no more.
+var ErrTimeout = errors.New("control connection timed out")
 
-// Send sends m. It returns once the message is on its way. Once posted, a
-// message is waited for even if ctx ends (a little longer, sendGrace): the
-// next Send reuses its buffer. One that never completes leaves the channel
-// unable to send.
+// timeoutError is an ErrTimeout that may also be an ErrClosed.
+type timeoutError struct {
+	msg    string
+	closed bool
+}
+
+func (e *timeoutError) Error() string { return ErrTimeout.Error() + ": " + e.msg }
+
+func (e *timeoutError) Is(target error) bool {
+	return target == ErrTimeout || e.closed && target == ErrClosed
+}
+
+// SetTimeout sets the channel's I/O timeout; 0, the default, is none.
+// With d > 0, a Send fails if the QP has not sent its message within d
+// (the peer is not receiving), and a Call fails if nothing at all
+// arrives from the peer within d of its request or of the last message
+// that did (a Working, say). Set it before the channel is used.
+func (c *Channel) SetTimeout(d time.Duration) { c.timeout.Store(int64(d)) }
+
+func (c *Channel) ioTimeout() time.Duration { return time.Duration(c.timeout.Load()) }
+
+// Send sends m. It returns once the message is on its way, or when ctx
+// ends, or after the I/O timeout. A message's buffer is the next one's,
+// so a message still posted when Send returned early is waited for by
+// the next Send; one that is not sent within the timeout leaves the
+// channel unable to send.
 func (c *Channel) Send(ctx context.Context, m Message) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	if c.stuck != nil {
-		return c.stuck
+	if c.closed {
+		return ErrClosed
+	}
+	if err := c.reap(ctx); err != nil {
+		return err
 	}
 	buf := c.mem.Bytes()[:MaxMessage]
 	b, err := AppendMarshal(buf[:0], m)
@@ -134,19 +168,36 @@ func (c *Channel) Send(ctx context.Context, m Message) error {
 	if _, err := c.qp.PostSend([]verbs.SendWR{{ID: 0, Op: verbs.OpSend, Local: s}}); err != nil {
 		return err
 	}
+	c.posted = m.Type()
+	return c.reap(ctx)
+}
+
+// reap waits for the completion of the message posted last, if it has
+// not come yet (under sendMu).
+func (c *Channel) reap(ctx context.Context) error {
+	if c.stuck != nil {
+		return c.stuck
+	}
+	if c.posted == 0 {
+		return nil
+	}
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if d := c.ioTimeout(); d > 0 {
+		wctx, cancel = context.WithTimeout(ctx, d)
+	}
+	defer cancel()
 	var out [1]verbs.Completion
-	wctx := ctx
-	var gaveUp error // ctx's end, reported once the send completes
 	for {
 		n, err := c.scq.Poll(out[:])
 		if err != nil {
 			return err
 		}
 		if n == 1 {
+			c.posted = 0
 			if out[0].Status != verbs.StatusSuccess {
 				return c.deadErr(out[0].Status)
 			}
-			return gaveUp
+			return nil
 		}
 		select {
 		case <-c.qp.Done():
@@ -154,14 +205,11 @@ func (c *Channel) Send(ctx context.Context, m Message) error {
 		default:
 		}
 		if err := c.wait(wctx, c.scq); err != nil {
-			if gaveUp != nil {
-				c.stuck = fmt.Errorf("%w: a %v was not sent within %v", ErrClosed, m.Type(), sendGrace)
-				return c.stuck
+			if ctx.Err() != nil {
+				return err // the message may go yet: the next Send waits for it
 			}
-			gaveUp = err
-			var cancel context.CancelFunc
-			wctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), sendGrace)
-			defer cancel()
+			c.stuck = &timeoutError{msg: fmt.Sprintf("a %v was not sent within %v: the peer is not receiving", c.posted, c.ioTimeout()), closed: true}
+			return c.stuck
 		}
 	}
 }
@@ -197,10 +245,14 @@ func (c *Channel) wait(ctx context.Context, cq verbs.CQ) error {
 	return nil
 }
 
-// Recv waits for the next message.
+// Recv waits for the next message, whatever it is: Working too, which
+// only Call skips.
 func (c *Channel) Recv(ctx context.Context) (Message, error) {
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
 	for len(c.ready) == 0 {
 		if c.comp == nil {
 			c.comp = make([]verbs.Completion, c.depth)
@@ -246,7 +298,9 @@ func (c *Channel) Recv(ctx context.Context) (Message, error) {
 }
 
 // Call sends req with a fresh request ID and waits for the reply. An
-// Error reply is returned as the error.
+// Error reply is returned as the error. Working messages are not
+// replies: each one, like anything else that arrives, shows the peer is
+// alive, and restarts the I/O timeout (SetTimeout).
 func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
@@ -259,14 +313,21 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	// If the send fails, the peer may still have answered and hung up
 	// before our send's completion was counted: a reply already received
 	// counts, and the send's error is reported only if there is none.
+	// A send that timed out was never taken, so nothing answers it.
 	sendErr := c.Send(ctx, req)
+	if errors.Is(sendErr, ErrTimeout) {
+		return nil, sendErr
+	}
 	for {
-		m, err := c.Recv(ctx)
+		m, err := c.recvWithin(ctx, c.ioTimeout())
 		if err != nil {
 			if sendErr != nil {
 				return nil, sendErr
 			}
 			return nil, err
+		}
+		if _, ok := m.(*Working); ok {
+			continue // for this request or one given up on: the clock restarts either way
 		}
 		if m.ID() != id {
 			// An Error with ID 0 is how targets before DecodeError
@@ -283,10 +344,35 @@ func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	}
 }
 
-// Close frees the QP, CQs and buffers.
+// recvWithin is Recv, failing with ErrTimeout if nothing arrives within
+// d (d > 0).
+func (c *Channel) recvWithin(ctx context.Context, d time.Duration) (Message, error) {
+	if d <= 0 {
+		return c.Recv(ctx)
+	}
+	rctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	m, err := c.Recv(rctx)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		return nil, &timeoutError{msg: fmt.Sprintf("target sent nothing for %v", d)}
+	}
+	return m, err
+}
+
+// Close frees the QP, CQs and buffers. A Send or Recv under way ends
+// with the QP, and later ones fail with ErrClosed.
 func (c *Channel) Close() error {
 	if c.qp != nil {
 		c.qp.Close()
+	}
+	c.sendMu.Lock()
+	c.recvMu.Lock()
+	was := c.closed
+	c.closed = true
+	c.recvMu.Unlock()
+	c.sendMu.Unlock()
+	if was {
+		return nil
 	}
 	if c.mr != nil {
 		c.mr.Close()

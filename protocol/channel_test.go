@@ -14,6 +14,13 @@ import (
 // pair connects two channels over the software provider.
 func pair(t *testing.T) (dial, accept *protocol.Channel) {
 	t.Helper()
+	return pairVia(t, nil)
+}
+
+// pairVia is pair with the dialer connecting through the proxy that via
+// makes for the listener's address (nil: directly).
+func pairVia(t *testing.T, via func(addr string) string) (dial, accept *protocol.Channel) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	dev, err := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
@@ -61,7 +68,11 @@ func pair(t *testing.T) (dial, accept *protocol.Channel) {
 		errc <- err
 	}()
 	dial, dpd := side()
-	pq, err := dev.PrepareDial(ctx, dpd, ln.Addr(), dial.QPConfig())
+	addr := ln.Addr()
+	if via != nil {
+		addr = via(addr)
+	}
+	pq, err := dev.PrepareDial(ctx, dpd, addr, dial.QPConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -75,6 +76,34 @@ func FuzzUnmarshalPrivate(f *testing.F) {
 		p2, err := UnmarshalPrivate(b2)
 		if err != nil || p2 != p {
 			t.Fatalf("decode is not stable: %+v, %+v, %v", p, p2, err)
+		}
+	})
+}
+
+func FuzzHasFeature(f *testing.F) {
+	f.Add("rdmacp", "working", "other")
+	f.Add("rdmacp +working", "working", "")
+	f.Add("+working", "working", "x")
+	f.Add("rdmacp\t+working\n", "working", "working")
+	f.Fuzz(func(t *testing.T, name, feature, other string) {
+		token := func(s string) bool { return s != "" && len(strings.Fields(s)) == 1 && strings.Fields(s)[0] == s }
+		// A Client string's first field is the name, never a feature.
+		if token(name) && HasFeature(name, strings.TrimPrefix(name, "+")) {
+			t.Fatalf("%q announces its own name as a feature", name)
+		}
+		if !token(name) || !token(feature) || !token(other) {
+			HasFeature(name+" "+feature, other) // must not panic
+			return
+		}
+		c := ClientString(name, other, feature)
+		if !HasFeature(c, feature) || !HasFeature(c, other) {
+			t.Fatalf("%q does not announce %q and %q", c, feature, other)
+		}
+		if HasFeature(ClientString(name, other), feature) != (feature == other) {
+			t.Fatalf("%q: HasFeature(%q) = %v", ClientString(name, other), feature, !(feature == other))
+		}
+		if fs := strings.Fields(c); fs[0] != name {
+			t.Fatalf("%q: name is %q, want %q", c, fs[0], name)
 		}
 	})
 }

@@ -9,7 +9,9 @@ type Hello struct {
 	MaxVersion uint8
 	// ClientNonce is 32 random bytes, which the target's AuthOK MAC covers.
 	ClientNonce [32]byte
-	Client      string // software and version, e.g. "rdmacp/0.1"
+	// Client is the software and version, e.g. "rdmacp/0.1", then the
+	// features the initiator understands (ClientString, HasFeature).
+	Client string
 }
 
 // Challenge answers Hello.
@@ -293,6 +295,16 @@ type Bye struct {
 	RequestID uint32
 }
 
+// Working says the target is still serving request RequestID: it comes
+// WorkingInterval after the target began, and every WorkingInterval after
+// that, until the reply. It has no body and no reply, and goes only to an
+// initiator whose Hello.Client announced FeatureWorking. It lets an
+// initiator tell a target that is slow (hashing a large file for Open)
+// from one that is gone, without a timeout longer than any request.
+type Working struct {
+	RequestID uint32
+}
+
 // Pack asks the target to copy whole small files into one window, so
 // that one round trip and a few READs move many of them. Algorithm is as
 // in Open. The target answers PackReply for a prefix of Paths (at least
@@ -567,6 +579,9 @@ func (m *PushWindow) SetID(id uint32)      { m.RequestID = id }
 func (m *PushWindowReply) Type() Type      { return TypePushWindowReply }
 func (m *PushWindowReply) ID() uint32      { return m.RequestID }
 func (m *PushWindowReply) SetID(id uint32) { m.RequestID = id }
+func (m *Working) Type() Type              { return TypeWorking }
+func (m *Working) ID() uint32              { return m.RequestID }
+func (m *Working) SetID(id uint32)         { m.RequestID = id }
 func (m *PushCommit) Type() Type           { return TypePushCommit }
 func (m *PushCommit) ID() uint32           { return m.RequestID }
 func (m *PushCommit) SetID(id uint32)      { m.RequestID = id }
@@ -801,6 +816,9 @@ func (m *Error) decode(d *decoder) {
 
 func (m *Bye) encode(e *encoder) {}
 func (m *Bye) decode(d *decoder) {}
+
+func (m *Working) encode(e *encoder) {}
+func (m *Working) decode(d *decoder) {}
 
 func (m *Pack) encode(e *encoder) {
 	e.u8(m.Algorithm)

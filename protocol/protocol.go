@@ -96,9 +96,10 @@ const (
 	TypeWalk            Type = 28
 	TypeWalkNext        Type = 29
 	TypeWalkBatch       Type = 30
+	TypeWorking         Type = 31
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeWalkBatch
+	typeMax = TypeWorking
 )
 
 var typeNames = [...]string{
@@ -132,6 +133,7 @@ var typeNames = [...]string{
 	TypeWalk:            "Walk",
 	TypeWalkNext:        "WalkNext",
 	TypeWalkBatch:       "WalkBatch",
+	TypeWorking:         "Working",
 }
 
 func (t Type) String() string {
@@ -204,6 +206,8 @@ func newMessage(t Type) Message {
 		return new(WalkNext)
 	case TypeWalkBatch:
 		return new(WalkBatch)
+	case TypeWorking:
+		return new(Working)
 	}
 	return nil
 }

@@ -80,6 +80,7 @@ func samples() []Message {
 				{Dir: 1, PackedFile: PackedFile{Entry: Entry{Type: FileSymlink, Mode: 0o777, Size: 2, Name: "l", Target: ".."}}},
 				{Dir: 1, PackedFile: PackedFile{Code: CodePermission, Entry: Entry{Type: FileRegular, Name: "secret"}, Message: "permission denied"}},
 			}},
+		&Working{RequestID: 17},
 	}
 }
 
@@ -157,6 +158,7 @@ func TestGolden(t *testing.T) {
 			"01 0e 0000 00000001" + "00000002 00000003 0000000000000004 0000000000000005 0000000000000006 00000002 00000007 00000008"},
 		{&CloseReply{RequestID: 1, Changed: true}, "01 12 0000 00000001 01"},
 		{&Bye{}, "01 14 0000 00000000"},
+		{&Working{RequestID: 0x0a0b0c0d}, "01 1f 0000 0a0b0c0d"},
 		{&Pack{RequestID: 2, Algorithm: 1, Paths: []string{"a", "bc"}},
 			"01 15 0000 00000002" + "01 00000002 0001 61 0002 6263"},
 		{&PackReply{RequestID: 2, Handle: 3, Window: Window{ID: 4, Length: 5, Addr: 6, RKeys: []uint32{7}},
@@ -564,6 +566,31 @@ func TestPackSizes(t *testing.T) {
 			if n := len(mustMarshal(t, m)); n != want {
 				t.Errorf("WalkBatch: %d bytes, sizes say %d", n, want)
 			}
+		}
+	}
+}
+
+func TestFeatures(t *testing.T) {
+	if c := ClientString("rdmacp", FeatureWorking); c != "rdmacp +working" {
+		t.Errorf("ClientString = %q", c)
+	}
+	if c := ClientString("rdmacp/0.1"); c != "rdmacp/0.1" {
+		t.Errorf("ClientString without features = %q", c)
+	}
+	for client, want := range map[string]bool{
+		"rdmacp +working":          true,
+		"rdmacp +x +working":       true,
+		"rdmacp  +working\t":       true,
+		"rdmacp":                   false, // an initiator from before Working
+		"rdmacp/0.1":               false,
+		"rdmacp working":           false, // a token is +NAME
+		"rdmacp +workingx":         false,
+		"+working":                 false, // the software's name, not a feature
+		"":                         false,
+		"rdmacp +working-extended": false,
+	} {
+		if got := HasFeature(client, FeatureWorking); got != want {
+			t.Errorf("HasFeature(%q) = %v, want %v", client, got, want)
 		}
 	}
 }

@@ -28,13 +28,21 @@ type session struct {
 	pd    verbs.PD
 	ch    *protocol.Channel
 	mws   bool // bind a memory window per data QP
+	// working: the initiator understands Working (set by hello, before
+	// any request is served)
+	working bool
 
 	dataSCQ verbs.CQ // binds and invalidations on data QPs
 	dataRCQ verbs.CQ
 
-	mu      sync.Mutex
-	authed  bool
+	mu     sync.Mutex
+	authed bool
+	// data holds the data QPs by index; a dead one stays until a join
+	// replaces it. frozen: windows hold keys for these indexes (or a
+	// request that may map one is being served), so no new index may
+	// join; see dataQPs and thaw.
 	data    []verbs.QP
+	frozen  bool
 	closing bool
 
 	hmu        sync.Mutex // held while a request is served, and to revoke
@@ -119,13 +127,17 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		return fail(err)
 	}
 	ss.ch.Attach(qp)
+	// A peer that stops taking replies must not hold the session.
+	ss.ch.SetTimeout(s.cfg.SendTimeout)
 	ss.log = log.With("session", fmt.Sprintf("%x", ss.token[:4]))
 	return ss, nil
 }
 
-// shutdown asks the session to end.
+// shutdown ends the session at once: it closes the QPs, so that nothing
+// waits on the peer, and the session's goroutine frees the rest.
 func (ss *session) shutdown() {
 	ss.stopOnce.Do(func() { close(ss.stop) })
+	ss.closeQPs()
 }
 
 func (ss *session) run(ctx context.Context) {
@@ -183,14 +195,51 @@ func (ss *session) run(ctx context.Context) {
 			ss.log.Info("session closed by initiator")
 			return
 		}
-		ss.hmu.Lock()
-		reply := ss.serve(ctx, m)
-		ss.hmu.Unlock()
-		reply.SetID(m.ID())
-		if err := ss.ch.Send(ctx, reply); err != nil {
+		if err := ss.answer(ctx, m); err != nil {
 			ss.log.Info("session closed", "reason", err)
 			return
 		}
+	}
+}
+
+// answer serves one request and sends its reply, with Working meanwhile
+// (a request that waits for hmu is being served too).
+func (ss *session) answer(ctx context.Context, m protocol.Message) error {
+	stop := ss.keepAlive(ctx, m.ID())
+	ss.hmu.Lock()
+	reply := ss.serve(ctx, m)
+	ss.thaw()
+	ss.hmu.Unlock()
+	stop()
+	reply.SetID(m.ID())
+	return ss.ch.Send(ctx, reply)
+}
+
+// keepAlive sends Working for request id every WorkingInterval, to an
+// initiator that understands it, until the returned stop is called. stop
+// returns once no Working is being sent, so that none follows the reply.
+// A Working that fails is not retried: the reply's send will fail too.
+func (ss *session) keepAlive(ctx context.Context, id uint32) (stop func()) {
+	if !ss.working {
+		return func() {}
+	}
+	var mu sync.Mutex
+	stopped := false
+	mu.Lock()
+	defer mu.Unlock()
+	var t *time.Timer
+	t = time.AfterFunc(protocol.WorkingInterval, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped && ss.ch.Send(ctx, &protocol.Working{RequestID: id}) == nil {
+			t.Reset(protocol.WorkingInterval)
+		}
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 	}
 }
 
@@ -222,6 +271,7 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxWindow:     cfg.MaxWindow, Server: "rdmacp",
 	}
 	ch.SetID(h.ID())
+	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	if !ch.AuthRequired {
 		ss.setAuthed()
 		return ss.ch.Send(ctx, ch)
@@ -252,23 +302,22 @@ func (ss *session) setAuthed() {
 	ss.mu.Unlock()
 }
 
-// join accepts data QP index into the session.
+// join accepts data QP index into the session: the next index while
+// no window holds keys for the indexes there are, or any index whose QP
+// has died, which the new QP replaces. Windows mapped before a
+// replacement keep, for its index, the dead QP's key, which serves
+// nothing; those mapped after it get keys for the new QP. mu is held
+// throughout, so that a request sent once the initiator's connect
+// returns finds the QP in place.
 func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	switch {
-	case !ss.authed || ss.closing:
-		req.Reject([]byte("session not authenticated"))
-		return errors.New("data QP for a session that has not authenticated")
-	case index != len(ss.data):
-		req.Reject([]byte("data QP out of order"))
-		return fmt.Errorf("data QP %d joined with %d already", index, len(ss.data))
-	case index >= ss.srv.cfg.MaxDataQPs:
-		req.Reject([]byte("too many data QPs"))
-		return fmt.Errorf("data QP %d over the limit of %d", index, ss.srv.cfg.MaxDataQPs)
-	case ss.windows > 0:
-		req.Reject([]byte("data QPs must join before windows are mapped"))
-		return errors.New("data QP joined after windows were mapped")
+	old, err := ss.joinable(req, index)
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		old.Close() // dead already: this frees it before its successor connects
 	}
 	pq, err := req.Prepare(ss.pd, verbs.QPConfig{SendCQ: ss.dataSCQ, RecvCQ: ss.dataRCQ, MaxSendWR: 64, MaxRecvWR: 1})
 	if err != nil {
@@ -281,8 +330,46 @@ func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) e
 	if err != nil {
 		return err
 	}
-	ss.data = append(ss.data, qp)
+	if old != nil {
+		ss.data[index] = qp
+	} else {
+		ss.data = append(ss.data, qp)
+	}
 	return nil
+}
+
+// joinable says whether data QP index may join, and which dead QP it
+// replaces (nil: it is the next index). Under mu.
+func (ss *session) joinable(req verbs.ConnRequest, index int) (old verbs.QP, err error) {
+	refuse := func(why string, err error) (verbs.QP, error) {
+		req.Reject([]byte(why))
+		return nil, err
+	}
+	switch {
+	case !ss.authed || ss.closing:
+		return refuse("session not authenticated", errors.New("data QP for a session that has not authenticated"))
+	case index >= ss.srv.cfg.MaxDataQPs:
+		return refuse("too many data QPs", fmt.Errorf("data QP %d over the limit of %d", index, ss.srv.cfg.MaxDataQPs))
+	case index < len(ss.data) && !dead(ss.data[index]):
+		return refuse("data QP index in use", fmt.Errorf("data QP %d joined while the one there is connected", index))
+	case index < len(ss.data):
+		return ss.data[index], nil
+	case index != len(ss.data):
+		return refuse("data QP out of order", fmt.Errorf("data QP %d joined with %d already", index, len(ss.data)))
+	case ss.frozen:
+		return refuse("data QPs must join before windows are mapped", errors.New("data QP joined after windows were mapped"))
+	}
+	return nil, nil
+}
+
+// dead reports whether qp's connection is gone.
+func dead(qp verbs.QP) bool {
+	select {
+	case <-qp.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // serve answers one request.
@@ -319,6 +406,8 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		return ss.pushWindow(ctx, m)
 	case *protocol.PushCommit:
 		return ss.pushCommit(m)
+	case *protocol.Working:
+		return errf(protocol.CodeBadRequest, "Working is sent by the target, not to it")
 	case *protocol.Unmap:
 		h := ss.handles[m.Handle]
 		if h == nil || h.windows[m.WindowID] == nil {
@@ -388,15 +477,27 @@ func (ss *session) stat(m *protocol.Stat) protocol.Message {
 	return &protocol.StatReply{Entry: e}
 }
 
-// dataQPs is a snapshot of the session's data QPs; BadRequest if none
-// have joined.
+// dataQPs is a snapshot of the session's data QPs, for keys or READs;
+// BadRequest if none have joined. Some may be dead, or die while in use:
+// a post on one fails or completes with an error status, and bind leaves
+// its key unbound. Keys may be made from the snapshot, so no new index
+// may join until thaw.
 func (ss *session) dataQPs() ([]verbs.QP, *protocol.Error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if len(ss.data) == 0 {
 		return nil, errf(protocol.CodeBadRequest, "no data QPs have joined the session")
 	}
+	ss.frozen = true
 	return append([]verbs.QP(nil), ss.data...), nil
+}
+
+// thaw lets new indexes join again if no window is mapped (under hmu,
+// which guards the count of windows).
+func (ss *session) thaw() {
+	ss.mu.Lock()
+	ss.frozen = ss.windows > 0
+	ss.mu.Unlock()
 }
 
 // newHandle checks what opening a file (Open or Push) asks for: room for
@@ -613,6 +714,8 @@ func (ss *session) stage(h *handle, w *window, access verbs.Access) (verbs.MR, e
 }
 
 // bind binds one memory window per data QP over the whole of w's MR.
+// A dead QP's window is left unbound (key 0), or bound to it: either
+// serves nothing, and the live QPs' keys still work.
 func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP) error {
 	for range qps {
 		mw, err := ss.pd.AllocMW()
@@ -621,28 +724,44 @@ func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP) error {
 		}
 		w.mws = append(w.mws, mw)
 	}
+	posted := 0
 	for i, qp := range qps {
+		if dead(qp) {
+			continue
+		}
 		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpBindMW, MW: w.mws[i], BindMR: w.mr,
 			BindAddr: w.mr.Addr(), BindLen: w.mr.Len(), BindAccess: verbs.AccessRemoteRead}
 		if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
+			if dead(qp) {
+				continue
+			}
 			return err
 		}
+		posted++
 	}
+	return ss.waitBinds(ctx, qps, posted)
+}
+
+// waitBinds waits for n bind completions of qps' on the data send CQ.
+func (ss *session) waitBinds(ctx context.Context, qps []verbs.QP, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	comps := make([]verbs.Completion, len(qps))
-	for got := 0; got < len(qps); {
-		n, err := ss.dataSCQ.Poll(comps[got:])
+	comps := make([]verbs.Completion, n)
+	for got := 0; got < n; {
+		k, err := ss.dataSCQ.Poll(comps[got:])
 		if err != nil {
 			return err
 		}
-		for _, c := range comps[got : got+n] {
-			if c.Status != verbs.StatusSuccess {
+		for _, c := range comps[got : got+k] {
+			if c.WRID >= uint64(len(qps)) {
+				return fmt.Errorf("bind: completion for unknown request %#x", c.WRID)
+			}
+			if c.Status != verbs.StatusSuccess && !dead(qps[c.WRID]) {
 				return fmt.Errorf("bind on data QP %d: %w", c.WRID, c.Status)
 			}
 		}
-		got += n
-		if n == 0 {
+		got += k
+		if k == 0 {
 			if err := ss.dataSCQ.Wait(ctx); err != nil {
 				return err
 			}
@@ -707,6 +826,7 @@ func (ss *session) revoke(x *export) {
 			ss.closeHandle(h)
 		}
 	}
+	ss.thaw()
 }
 
 func (ss *session) closeHandle(h *handle) {
@@ -725,23 +845,39 @@ func (ss *session) closeHandle(h *handle) {
 	delete(ss.handles, h.id)
 }
 
-// release frees everything the session holds: windows first (so their
-// keys die), then QPs, then the protection domain.
-func (ss *session) release() {
+// closeQPs closes the session's QPs, control and data, all at once: a
+// QP's Close can take a second (iwarp drains a half-closed connection).
+// Once they are closed no peer holds anything of the session's: no READ
+// is served from its windows, no send of its waits, and no more data QPs
+// join.
+func (ss *session) closeQPs() {
 	ss.mu.Lock()
 	ss.closing = true
-	data := ss.data
-	ss.data = nil
+	qps := append([]verbs.QP(nil), ss.data...)
 	ss.mu.Unlock()
+	if ss.ch != nil && ss.ch.QP() != nil {
+		qps = append(qps, ss.ch.QP())
+	}
+	var wg sync.WaitGroup
+	for _, qp := range qps {
+		wg.Go(func() { qp.Close() })
+	}
+	wg.Wait()
+}
+
+// release frees everything the session holds: the QPs first, so that no
+// peer can hold up what follows (closing a window waits for READs being
+// served from it, which a peer that stopped reading would stall), then
+// the windows and files, then the protection domain. Keys die with the
+// QPs: a closed QP serves no READ.
+func (ss *session) release() {
+	ss.closeQPs()
 	ss.hmu.Lock()
 	for _, h := range ss.handles {
 		ss.closeHandle(h)
 	}
 	ss.spare.drop()
 	ss.hmu.Unlock()
-	for _, qp := range data {
-		qp.Close()
-	}
 	if ss.ch != nil {
 		ss.ch.Close()
 	}

@@ -61,8 +61,13 @@ type Config struct {
 	// IdleTimeout ends a session whose initiator sent no request for
 	// that long, revoking its keys; default 5 min.
 	IdleTimeout time.Duration
-	// DrainTimeout bounds how long Serve waits for sessions to end after
-	// its context is cancelled; default 5 s.
+	// SendTimeout ends a session whose initiator has not taken a reply
+	// (or a Working) for that long: it stopped reading, or its link went
+	// dark; default 30 s.
+	SendTimeout time.Duration
+	// DrainTimeout bounds how long Serve waits for sessions to free what
+	// they hold after its context is cancelled and their QPs are closed
+	// (which waits for no peer); default 5 s.
 	DrainTimeout time.Duration
 	// NoPack answers Pack with Unsupported, as a target from before Pack
 	// would (for tests and for comparisons).
@@ -92,6 +97,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.SendTimeout == 0 {
+		c.SendTimeout = 30 * time.Second
 	}
 	if c.MaxWindowsPerSession == 0 {
 		c.MaxWindowsPerSession = 8
@@ -357,11 +365,7 @@ func (s *Server) Serve(ctx context.Context, ln verbs.Listener) error {
 		s.handle(ctx, req)
 	}
 	log.Info("draining sessions", "sessions", s.count())
-	s.mu.Lock()
-	for _, ss := range s.sessions {
-		ss.shutdown()
-	}
-	s.mu.Unlock()
+	s.shutdownSessions()
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	select {
@@ -370,6 +374,22 @@ func (s *Server) Serve(ctx context.Context, ln verbs.Listener) error {
 		log.Warn("sessions still open after drain timeout")
 	}
 	return nil
+}
+
+// shutdownSessions closes every session's QPs, all at once, so that no
+// peer holds the rest up: a session's goroutine frees its memory next.
+func (s *Server) shutdownSessions() {
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ss := range sessions {
+		wg.Go(ss.shutdown)
+	}
+	wg.Wait()
 }
 
 func (s *Server) count() int {

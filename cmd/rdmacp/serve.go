@@ -169,17 +169,19 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	defer dev.Close()
 	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg,
-		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"), Logger: log})
+		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
+		DrainTimeout: drainTimeout, Logger: log})
 	if err != nil {
+		dev.Close()
 		return usageError{err}
 	}
 	ln, err := dev.Listen(c.Context, listen)
 	if err != nil {
+		dev.Close()
 		return fmt.Errorf("%w: %w", errTransport, err)
 	}
-	defer ln.Close()
+	defer closeWithin(closeTimeout, log, ln.Close, dev.Close)
 	names := make([]string, len(exports))
 	for i, e := range exports {
 		names[i] = e.Name + "=" + e.Path
@@ -192,6 +194,35 @@ func runServe(c *cli.Context) error {
 	err = srv.Serve(c.Context, ln)
 	log.Info("stopped")
 	return err
+}
+
+// On SIGTERM or SIGINT the daemon exits within about two seconds
+// whatever its peers do: Serve closes every session's QPs at once (about
+// a second for a peer that reads nothing), then waits drainTimeout at
+// most for the sessions to free their memory, then the listener and the
+// device get closeTimeout.
+const (
+	drainTimeout = 500 * time.Millisecond
+	closeTimeout = 300 * time.Millisecond
+)
+
+// closeWithin calls each close in turn, waiting d for them all: the
+// process is about to exit, and a listener's Close can wait on a peer
+// (iwarp's waits for connections still in their MPA handshake). What is
+// left is left to the exit.
+func closeWithin(d time.Duration, log *slog.Logger, closes ...func() error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, c := range closes {
+			c()
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		log.Warn("exiting without waiting for the transport to close", "waited", d)
+	}
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {

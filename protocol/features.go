@@ -1,0 +1,43 @@
+package protocol
+
+import (
+	"strings"
+	"time"
+)
+
+// Features are optional parts of the protocol that an initiator announces
+// in Hello.Client: space-separated tokens "+NAME" after the software name,
+// as ClientString writes them. A target does for an initiator only what
+// the initiator announced, so older initiators see nothing new.
+const (
+	// FeatureWorking: the initiator understands Working messages.
+	FeatureWorking = "working"
+)
+
+// WorkingInterval is how long a target serves a request before it sends
+// the first Working for it, and how often it sends another.
+const WorkingInterval = time.Second
+
+// ClientString is a Hello.Client announcing features: name, then " +F"
+// for each feature F, e.g. "rdmacp +working".
+func ClientString(name string, features ...string) string {
+	var b strings.Builder
+	b.WriteString(name)
+	for _, f := range features {
+		b.WriteString(" +")
+		b.WriteString(f)
+	}
+	return b.String()
+}
+
+// HasFeature reports whether Hello.Client string client announces
+// feature. The first field is the software name, never a feature.
+func HasFeature(client, feature string) bool {
+	fields := strings.Fields(client)
+	for i, f := range fields {
+		if i > 0 && f == "+"+feature {
+			return true
+		}
+	}
+	return false
+}
