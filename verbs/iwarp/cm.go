@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -23,6 +25,9 @@ type listener struct {
 	stop chan struct{}
 	once sync.Once
 	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	shaking map[net.Conn]struct{} // in handshake or waiting for Accept: Close hangs up on them
 }
 
 func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error) {
@@ -31,7 +36,7 @@ func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error
 	if err != nil {
 		return nil, &verbs.OpError{Op: "listen", Provider: Name, Addr: addr, Err: err}
 	}
-	l := &listener{dev: d, ln: ln, reqs: make(chan *connReq), stop: make(chan struct{})}
+	l := &listener{dev: d, ln: ln, reqs: make(chan *connReq), stop: make(chan struct{}), shaking: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.loop()
 	return l, nil
@@ -54,20 +59,40 @@ func (l *listener) loop() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and friends: back off
 			continue
 		}
+		l.mu.Lock()
+		select {
+		case <-l.stop:
+			l.mu.Unlock()
+			c.Close()
+			return
+		default:
+		}
+		l.shaking[c] = struct{}{}
 		l.wg.Add(1)
+		l.mu.Unlock()
 		go l.handshake(c)
 	}
 }
 
-// handshake reads one MPA request; a peer that sends garbage or nothing
-// is dropped without ever reaching Accept.
+// handshake reads one MPA request and offers it to Accept; a peer that
+// sends garbage or nothing, or whose request is not accepted within the
+// setup timeout (by then it gives up too), is dropped.
 func (l *listener) handshake(c net.Conn) {
 	defer l.wg.Done()
-	tuneConn(c)
-	c.SetDeadline(time.Now().Add(l.dev.cfg.SetupTimeout))
+	kept := false
+	defer func() {
+		l.mu.Lock()
+		delete(l.shaking, c)
+		l.mu.Unlock()
+		if !kept {
+			c.Close()
+		}
+	}()
+	tuneConn(c, &l.dev.cfg)
+	deadline := time.Now().Add(l.dev.cfg.SetupTimeout)
+	c.SetDeadline(deadline)
 	f, err := readMPA(c, false)
 	if err != nil {
-		c.Close()
 		return
 	}
 	if f.markers || f.rev < 1 || f.rev > mpaRev2 {
@@ -76,20 +101,26 @@ func (l *listener) handshake(c net.Conn) {
 		if b, err := rej.marshal(); err == nil {
 			c.Write(b)
 		}
-		c.Close()
 		return
 	}
 	r := &connReq{dev: l.dev, conn: c, req: f}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
 	select {
 	case l.reqs <- r:
+		kept = true
 	case <-l.stop:
-		c.Close()
+	case <-t.C:
 	}
 }
 
 func (l *listener) Accept(ctx context.Context) (verbs.ConnRequest, error) {
 	select {
 	case r := <-l.reqs:
+		// The caller's now: Close must not hang up on it.
+		l.mu.Lock()
+		delete(l.shaking, r.conn)
+		l.mu.Unlock()
 		return r, nil
 	case <-l.stop:
 		return nil, &verbs.OpError{Op: "accept", Provider: Name, Addr: l.Addr(), Err: verbs.ErrClosed}
@@ -100,10 +131,17 @@ func (l *listener) Accept(ctx context.Context) (verbs.ConnRequest, error) {
 
 func (l *listener) Addr() string { return l.ln.Addr().String() }
 
+// Close waits for no peer: it hangs up on connections still in their
+// handshake, so the goroutines it waits for end at once.
 func (l *listener) Close() error {
 	l.once.Do(func() {
 		close(l.stop)
 		l.ln.Close()
+		l.mu.Lock()
+		for c := range l.shaking {
+			c.Close()
+		}
+		l.mu.Unlock()
 	})
 	l.wg.Wait()
 	return nil
@@ -125,12 +163,29 @@ func readMPA(c net.Conn, reply bool) (mpaFrame, error) {
 	return f, parseMPAPrivate(&f, pd)
 }
 
-func tuneConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
-		tc.SetKeepAlivePeriod(15 * time.Second)
-		tc.SetKeepAlive(true)
+// tuneConn sets up a QP socket: no Nagle, and keepalive with
+// TCP_USER_TIMEOUT (Config.UserTimeout) so that a dead link kills the QP
+// without the application waiting on it. Only at setup: nothing here
+// touches the data path.
+func tuneConn(c net.Conn, cfg *Config) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
 	}
+	tc.SetNoDelay(true)
+	ka := net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second}
+	if ut := cfg.UserTimeout; ut > 0 {
+		// Probe a quiet connection often enough that the timeout, which
+		// counts from the last thing the peer acknowledged, applies.
+		ka.Idle = min(max(ut/3, time.Second), 15*time.Second)
+		ka.Interval = ka.Idle
+		if rc, err := tc.SyscallConn(); err == nil {
+			rc.Control(func(fd uintptr) {
+				unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(ut.Milliseconds()))
+			})
+		}
+	}
+	tc.SetKeepAliveConfig(ka)
 }
 
 type connReq struct {
@@ -302,7 +357,7 @@ func (p *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) (*qp, error) {
 	if err != nil {
 		return fail(ctxErr(ctx, err))
 	}
-	tuneConn(c)
+	tuneConn(c, &p.dev.cfg)
 	stop := withCtx(ctx, c)
 	req := mpaFrame{
 		crc: p.dev.cfg.CRC.wants(c), enhanced: true, rev: mpaRev2,

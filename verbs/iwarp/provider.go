@@ -2,6 +2,7 @@ package iwarp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -28,9 +29,18 @@ type Config struct {
 	NoPeerToPeer bool
 	// MaxReads is the IRD/ORD limit per QP; 0 means 128.
 	MaxReads int
-	// SetupTimeout bounds MPA negotiation when the context has no
-	// deadline; 0 means verbs.DefaultTimeout.
+	// SetupTimeout bounds connection setup when the context has no
+	// deadline, and on a listener the time from a peer's connect to its
+	// request being accepted or rejected; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
+	// UserTimeout is TCP_USER_TIMEOUT on every QP socket: how long sent
+	// data may go unacknowledged, or the peer's window stay shut, before
+	// the kernel drops the connection and the QP dies (Done, Err). Idle
+	// connections get keepalive probes often enough to be held to it too,
+	// so a link that goes dark without a reset is found even when no one
+	// is waiting. 0 means 30 s; negative leaves the kernel's defaults
+	// (about 15 minutes of retransmission, tcp_retries2).
+	UserTimeout time.Duration
 
 	// testSegment, set by tests, caps each outgoing segment's payload at
 	// message offset off, to cut messages as other peers might.
@@ -77,6 +87,8 @@ func isLoopback(a net.Addr) bool {
 	return ok && t.IP.IsLoopback()
 }
 
+const defaultUserTimeout = 30 * time.Second
+
 type provider struct{ cfg Config }
 
 // New returns the software iWARP provider.
@@ -89,6 +101,9 @@ func New(cfg Config) verbs.Provider {
 	}
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = verbs.DefaultTimeout
+	}
+	if cfg.UserTimeout == 0 {
+		cfg.UserTimeout = defaultUserTimeout
 	}
 	return &provider{cfg: cfg}
 }
@@ -193,7 +208,7 @@ func (p *pd) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 	if len(buf) == 0 {
 		return nil, opErr("reg_mr", fmt.Errorf("%w: empty buffer", verbs.ErrInvalid))
 	}
-	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access, valid: true}
+	m := &mr{pd: p, buf: buf, addr: verbs.AddrOf(buf), access: access, drained: make(chan struct{})}
 	m.stag = p.dev.newSTag(m)
 	return m, nil
 }
@@ -202,9 +217,13 @@ func (p *pd) AllocMW() (verbs.MW, error) {
 	return &mw{pd: p}, nil
 }
 
-// mr is a registered region. use guards the memory: readers and writers
-// of buf hold it shared; Close takes it exclusively, so once Close returns
-// nothing touches buf.
+// mr is a registered region. users counts the goroutines touching buf
+// right now (acquire, release); Close sets mrClosing and waits for the
+// count to drain, so once Close returns nothing touches buf. Taking a
+// share never blocks, and nobody holds one while waiting on the network:
+// the reader and writer let go before they wait on their socket and take
+// it back after. So Close waits only for copies already under way,
+// never for a peer.
 type mr struct {
 	pd     *pd
 	buf    []byte
@@ -212,8 +231,30 @@ type mr struct {
 	access verbs.Access
 	stag   uint32
 
-	use   sync.RWMutex
-	valid bool // under use
+	users   atomic.Int64
+	drained chan struct{} // closed once users is mrClosing alone
+	drain   sync.Once
+}
+
+const mrClosing = 1 << 62
+
+// errDeregistered is a transfer cut short by MR.Close: the region it was
+// copying from or into went while it waited on the socket.
+var errDeregistered = errors.New("registered memory was deregistered (MR.Close) while in use")
+
+// acquire takes a share of m; false once Close has begun.
+func (m *mr) acquire() bool {
+	if m.users.Add(1)&mrClosing != 0 {
+		m.release()
+		return false
+	}
+	return true
+}
+
+func (m *mr) release() {
+	if m.users.Add(-1) == mrClosing {
+		m.drain.Do(func() { close(m.drained) })
+	}
 }
 
 func (*mr) isRegion() {}
@@ -224,11 +265,16 @@ func (m *mr) LKey() uint32         { return m.stag }
 func (m *mr) RKey() uint32         { return m.stag }
 func (m *mr) Access() verbs.Access { return m.access }
 
+// Close waits for copies into or out of the region under way (a readv,
+// a writev, a CRC); it does not wait for the network. A transfer still
+// waiting on its socket for the rest of its data is cut: its QP fails
+// with a local protection error and an Err saying so. Close a QP first,
+// or let its work complete, to have its transfers finish.
 func (m *mr) Close() error {
 	m.pd.dev.dropSTag(m.stag)
-	m.use.Lock()
-	m.valid = false
-	m.use.Unlock()
+	if m.users.Or(mrClosing)&^mrClosing != 0 {
+		<-m.drained
+	}
 	return nil
 }
 
@@ -315,25 +361,10 @@ func (w *mw) invalidate(stag uint32) verbs.Status {
 	return verbs.StatusSuccess
 }
 
-// hold takes m shared. A caller that already holds regions passes flush
-// to release them should m be wanted exclusively (a Close waiting):
-// blocking while holding another share of m would deadlock.
-func (m *mr) hold(flush func()) {
-	if flush == nil {
-		m.use.RLock()
-		return
-	}
-	if !m.use.TryRLock() {
-		flush()
-		m.use.RLock()
-	}
-}
-
 // resolve finds the memory a remote access names, checking the STag's
 // protection domain, QP binding, bounds and rights. On success the
-// returned MR is held shared and the caller must release it (use.RUnlock);
-// flush is as for hold.
-func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Access, flush func()) (*mr, []byte, *termError) {
+// returned MR is acquired and the caller must release it.
+func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Access) (*mr, []byte, *termError) {
 	r := d.lookup(stag)
 	var m *mr
 	switch r := r.(type) {
@@ -368,34 +399,25 @@ func (d *device) resolve(q *qp, stag uint32, to uint64, n uint64, need verbs.Acc
 	if to+n < to {
 		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapTOWrap, msg: "tagged offset wraps"}
 	}
-	m.hold(flush)
-	if !m.valid {
-		m.use.RUnlock()
+	if !m.acquire() {
 		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered", stag)}
 	}
 	b, ok := m.span(to, n)
 	if !ok {
-		m.use.RUnlock()
+		m.release()
 		return nil, nil, &termError{layer: layerRDMAP, etype: rdmapRemoteProt, code: rdmapBaseBounds, msg: fmt.Sprintf("%d bytes at %#x outside region %#x", n, to, stag)}
 	}
 	return m, b, nil
 }
 
-// local finds the local memory an SGE names, held shared on success;
-// flush is as for hold.
-func (d *device) local(q *qp, s verbs.SGE, need verbs.Access, flush func()) (*mr, []byte, bool) {
+// local finds the local memory an SGE names, acquired on success.
+func (d *device) local(q *qp, s verbs.SGE, need verbs.Access) (*mr, []byte, bool) {
 	m, ok := d.lookup(s.LKey).(*mr)
 	if !ok || m.pd != q.pd || m.access&need != need {
 		return nil, nil, false
 	}
-	m.hold(flush)
-	if !m.valid {
-		m.use.RUnlock()
-		return nil, nil, false
-	}
 	b, ok := m.span(s.Addr, uint64(s.Length))
-	if !ok {
-		m.use.RUnlock()
+	if !ok || !m.acquire() {
 		return nil, nil, false
 	}
 	return m, b, true
@@ -411,13 +433,14 @@ type cq struct {
 	overrun bool
 	closed  bool
 	notify  chan struct{}
+	gone    chan struct{} // closed by Close: every waiter wakes, not one
 }
 
 func (d *device) CreateCQ(size int) (verbs.CQ, error) {
 	if size <= 0 || size > d.Caps().MaxCQE {
 		return nil, opErr("create_cq", fmt.Errorf("%w: size %d", verbs.ErrInvalid, size))
 	}
-	return &cq{size: size, notify: make(chan struct{}, 1)}, nil
+	return &cq{size: size, notify: make(chan struct{}, 1), gone: make(chan struct{})}, nil
 }
 
 func (c *cq) push(cs ...verbs.Completion) {
@@ -467,6 +490,8 @@ func (c *cq) Wait(ctx context.Context) error {
 	select {
 	case <-c.notify:
 		return nil
+	case <-c.gone:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -474,11 +499,10 @@ func (c *cq) Wait(ctx context.Context) error {
 
 func (c *cq) Close() error {
 	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
+	if !c.closed {
+		c.closed = true
+		close(c.gone)
 	}
+	c.mu.Unlock()
 	return nil
 }

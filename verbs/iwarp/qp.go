@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -83,6 +84,7 @@ type qp struct {
 	wake     chan struct{}
 	done     chan struct{}
 	teardown sync.Once
+	linger   *time.Timer // closes the socket a while after a disconnect
 	wg       sync.WaitGroup
 }
 
@@ -143,9 +145,16 @@ func (q *qp) Disconnect() error {
 	return nil
 }
 
+// Close is bounded: the reader and writer wait on nothing but their
+// socket (never on a region or a lock held across I/O), and the socket
+// is closed at the latest linger after the disconnect.
 func (q *qp) Close() error {
 	q.Disconnect()
 	q.wg.Wait()
+	q.conn.Close()
+	if q.linger != nil {
+		q.linger.Stop()
+	}
 	return nil
 }
 
@@ -187,9 +196,13 @@ func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 	q.irq = nil
 }
 
+// linger is how long a disconnect waits for the peer to read what was
+// sent and hang up before the socket is closed anyway.
+const linger = time.Second
+
 // close ends the connection once the QP is dead. A disconnect half-closes
 // first so that what was sent still arrives; the reader drains until the
-// peer closes too, or a second passes.
+// peer closes too, or linger passes.
 func (q *qp) close() {
 	q.mu.Lock()
 	half := q.half
@@ -198,11 +211,66 @@ func (q *qp) close() {
 		close(q.done)
 		if tc, ok := q.conn.(*net.TCPConn); ok && half {
 			tc.CloseWrite()
-			time.AfterFunc(time.Second, func() { q.conn.Close() })
+			q.linger = time.AfterFunc(linger, func() { q.conn.Close() })
 		} else {
 			q.conn.Close()
 		}
 	})
+}
+
+// connError is a QP's Err in words for the layer above; the protocol or
+// network error it stands for is wrapped.
+type connError struct {
+	msg string
+	err error
+}
+
+func (e *connError) Error() string { return e.msg }
+func (e *connError) Unwrap() error { return e.err }
+
+// explain says what a Terminate, sent or received, means.
+func (q *qp) explain(te *termError) error {
+	peer := q.info.Remote.Addr
+	what := termName(te.layer, te.etype, te.code)
+	if te.msg != "" {
+		what += ": " + te.msg
+	}
+	var msg string
+	switch {
+	case te.remote:
+		msg = fmt.Sprintf("iwarp: %s terminated the connection (%s)", peer, what)
+	case te.layer == layerLLP && te.code == llpBadCRC:
+		msg = fmt.Sprintf("iwarp: FPDU CRC mismatch from %s (corrupted in transit); the connection was terminated", peer)
+	case te.layer == layerLLP:
+		msg = fmt.Sprintf("iwarp: malformed FPDU from %s (%s); the connection was terminated", peer, what)
+	case te.layer == layerRDMAP && te.etype == rdmapCatastrophic:
+		msg = fmt.Sprintf("iwarp: local error (%s); the connection to %s was terminated", te.msg, peer)
+	case te.layer == layerRDMAP && te.etype == rdmapRemoteProt, te.layer == layerDDP && te.etype == ddpTaggedBuf:
+		msg = fmt.Sprintf("iwarp: %s asked for memory it may not use (%s); the connection was terminated", peer, what)
+	default:
+		msg = fmt.Sprintf("iwarp: protocol error from %s (%s); the connection was terminated", peer, what)
+	}
+	return &connError{msg: msg, err: te}
+}
+
+// netErr is the Err of a connection the network broke.
+func (q *qp) netErr(err error) error {
+	if ut := q.dev.cfg.UserTimeout; ut > 0 && errors.Is(err, unix.ETIMEDOUT) {
+		return &connError{
+			msg: fmt.Sprintf("iwarp: %s acknowledged nothing within the TCP user timeout (%v): the link is down, or the peer is gone or stopped reading: %v", q.info.Remote.Addr, ut, err),
+			err: fmt.Errorf("%w: %w", verbs.ErrDisconnected, err),
+		}
+	}
+	return fmt.Errorf("%w: %w", verbs.ErrDisconnected, err)
+}
+
+// deregistered is the Err of a transfer MR.Close cut; what names the
+// region, up to the peer's address.
+func (q *qp) deregistered(what string) error {
+	return &connError{
+		msg: fmt.Sprintf("iwarp: %s %s was deregistered (MR.Close) mid-transfer; the connection was closed", what, q.info.Remote.Addr),
+		err: fmt.Errorf("%w: %w", errDeregistered, verbs.StatusLocalProtect),
+	}
 }
 
 // flushSQLocked delivers, in order, the completions at the head of the SQ.
@@ -344,8 +412,28 @@ type fpdus struct {
 	seg     func(off int) int // Config.testSegment
 	bufs    net.Buffers
 	scratch []byte
-	held    []*mr // regions to release after the write
+	held    []heldMR // regions the gathered FPDUs, or the message being emitted, come from
 	bytes   int
+	total   int // bufs ever added
+	sent    int // bufs ever written whole
+
+	// The socket, and writev's call and state, kept so that a write
+	// allocates nothing. rc is nil if the conn has no socket (then a
+	// write holds its regions throughout).
+	rc syscall.RawConn
+	wv struct {
+		fn   func(fd uintptr) bool
+		left [][]byte // of bufs, not yet written
+		iov  []unix.Iovec
+		err  error
+	}
+}
+
+// heldMR is a region whose bytes are gathered for sending.
+type heldMR struct {
+	m   *mr
+	end int  // fpdus.total once its message is all in bufs; -1 before
+	on  bool // acquired
 }
 
 const (
@@ -353,7 +441,19 @@ const (
 	flushBytes = 8 << 20 // payload bytes per write
 	hdrRoom    = mpaLenLen + untaggedHdrLen + readReqLen + termCtrlLen
 	trailRoom  = 3 + crcLen
+	maxIOV     = 1024 // IOV_MAX
 )
+
+func newFPDUs(crc bool, c net.Conn) *fpdus {
+	f := &fpdus{crc: crc}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			f.rc = rc
+		}
+	}
+	f.wv.fn = f.writeSome
+	return f
+}
 
 func (f *fpdus) full() bool { return len(f.bufs) >= 3*flushFPDUs || f.bytes >= flushBytes }
 
@@ -386,8 +486,10 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 	f.scratch = f.scratch[:start+n+pad+crcLen]
 	if len(payload) > 0 {
 		f.bufs = append(f.bufs, hb, payload, tb)
+		f.total += 3
 	} else {
 		f.bufs = append(f.bufs, f.scratch[start:start+n+pad+crcLen])
+		f.total++
 	}
 	f.bytes += len(payload)
 }
@@ -395,25 +497,28 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 // write sends what is gathered and releases the regions held for it.
 func (f *fpdus) write(c net.Conn) error {
 	err := f.writeBufs(c)
-	for _, m := range f.held {
-		m.use.RUnlock()
-	}
-	clear(f.held)
-	f.held = f.held[:0]
+	f.releaseAll()
 	return err
 }
 
 // discard drops what is gathered, unsent, and releases its regions.
 func (f *fpdus) discard() {
-	for _, m := range f.held {
-		m.use.RUnlock()
-	}
-	clear(f.held)
-	f.held = f.held[:0]
+	f.releaseAll()
 	clear(f.bufs)
 	f.bufs = f.bufs[:0]
 	f.scratch = f.scratch[:0]
+	f.sent = f.total
 	f.bytes = 0
+}
+
+func (f *fpdus) releaseAll() {
+	for _, h := range f.held {
+		if h.on {
+			h.m.release()
+		}
+	}
+	clear(f.held)
+	f.held = f.held[:0]
 }
 
 // writeBufs sends what is gathered but keeps holding the regions: a
@@ -421,19 +526,120 @@ func (f *fpdus) discard() {
 func (f *fpdus) writeBufs(c net.Conn) error {
 	var err error
 	if len(f.bufs) > 0 {
-		b := f.bufs
-		_, err = b.WriteTo(c)
+		if f.rc == nil {
+			b := f.bufs
+			_, err = b.WriteTo(c)
+		} else {
+			f.wv.left, f.wv.err = f.bufs, nil
+			err = f.rc.Write(f.wv.fn)
+			if err == nil {
+				err = f.wv.err
+			}
+			f.wv.left = nil
+			if errno, ok := err.(syscall.Errno); ok {
+				err = &net.OpError{Op: "writev", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("writev", errno)}
+			}
+		}
 	}
 	clear(f.bufs)
 	f.bufs = f.bufs[:0]
 	f.scratch = f.scratch[:0]
+	f.sent = f.total
 	f.bytes = 0
 	return err
 }
 
-// message emits one message as a run of FPDUs. tag makes each segment's
-// header given the offset in the message and whether it is the last.
-func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) header) error {
+// writeSome is writev's loop, run by the socket's RawConn: false asks to
+// be called again once the socket takes more. While it waits, it holds
+// no region, so that a peer that stops reading cannot keep MR.Close
+// waiting; it takes back those with bytes still to go before writing on,
+// and fails with errDeregistered if one was closed meanwhile.
+func (f *fpdus) writeSome(fd uintptr) bool {
+	for len(f.wv.left) > 0 {
+		if !f.holdAll() {
+			f.wv.err = errDeregistered
+			return true
+		}
+		iov := f.wv.iov[:0]
+		for _, b := range f.wv.left[:min(len(f.wv.left), maxIOV)] {
+			iov = append(iov, unix.Iovec{Base: &b[0]})
+			iov[len(iov)-1].SetLen(len(b))
+		}
+		f.wv.iov = iov
+		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		switch errno {
+		case 0:
+			if n == 0 {
+				f.wv.err = io.ErrShortWrite
+				return true
+			}
+			f.consume(int(n))
+		case unix.EINTR:
+		case unix.EAGAIN:
+			f.letGo()
+			return false
+		default:
+			f.wv.err = errno
+			return true
+		}
+	}
+	return true
+}
+
+// consume drops n written bytes from the front of wv.left.
+func (f *fpdus) consume(n int) {
+	for n > 0 {
+		b := f.wv.left[0]
+		if n < len(b) {
+			f.wv.left[0] = b[n:]
+			return
+		}
+		n -= len(b)
+		f.wv.left = f.wv.left[1:]
+		f.sent++
+	}
+}
+
+// letGo releases every held region, before waiting on the socket, and
+// forgets those whose bytes are all written.
+func (f *fpdus) letGo() {
+	k := 0
+	for _, h := range f.held {
+		if h.on {
+			h.m.release()
+			h.on = false
+		}
+		if h.end < 0 || h.end > f.sent {
+			f.held[k] = h
+			k++
+		}
+	}
+	clear(f.held[k:])
+	f.held = f.held[:k]
+}
+
+// holdAll takes back the regions let go; false if one was closed.
+func (f *fpdus) holdAll() bool {
+	for i := range f.held {
+		h := &f.held[i]
+		if !h.on {
+			if !h.m.acquire() {
+				return false
+			}
+			h.on = true
+		}
+	}
+	return true
+}
+
+// message emits one message as a run of FPDUs from data, which lies in m
+// (acquired; nil if data is empty). tag makes each segment's header
+// given the offset in the message and whether it is the last.
+func (f *fpdus) message(c net.Conn, m *mr, data []byte, tag func(off int, last bool) header) error {
+	if m != nil {
+		f.held = append(f.held, heldMR{m: m, end: -1, on: true})
+		defer func() { f.held[len(f.held)-1].end = f.total }()
+	}
 	off := 0
 	for {
 		n := min(len(data)-off, maxPayload)
@@ -458,7 +664,8 @@ func (f *fpdus) message(c net.Conn, data []byte, tag func(off int, last bool) he
 func (q *qp) writer() {
 	defer q.wg.Done()
 	debug.SetPanicOnFault(true)
-	f := &fpdus{crc: q.crc, seg: q.dev.cfg.testSegment}
+	f := newFPDUs(q.crc, q.conn)
+	f.seg = q.dev.cfg.testSegment
 	for {
 		select {
 		case <-q.wake:
@@ -501,8 +708,14 @@ func (q *qp) writer() {
 			}
 			if err := q.send(f, resp, work); err != nil {
 				var te *termError
-				if errors.As(err, &te) {
+				switch {
+				case errors.As(err, &te):
 					q.terminate(f, te)
+					err = q.explain(te)
+				case errors.Is(err, errDeregistered):
+					err = q.deregistered("memory being sent to")
+				default:
+					err = q.netErr(err)
 				}
 				q.fail(err, nil, 0)
 				return
@@ -527,37 +740,25 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 				msg: fmt.Sprintf("registered memory at %#x faulted (a mapped file shrank?)", fe.Addr())}
 		}
 	}()
-	var werr error
-	flush := func() {
-		if err := f.write(q.conn); err != nil && werr == nil {
-			werr = err
-		}
-	}
 	for _, r := range resp {
+		var m *mr
 		var data []byte
 		if r.req.size > 0 {
-			m, b, te := q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead, flush)
-			if werr != nil {
-				if te == nil {
-					m.use.RUnlock()
-				}
-				return werr
-			}
+			var te *termError
+			m, data, te = q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead)
 			if te != nil {
 				if err := f.write(q.conn); err != nil {
 					return err
 				}
 				return te
 			}
-			f.held = append(f.held, m)
-			data = b
 		}
 		sink, to := r.req.sinkSTag, r.req.sinkTO
-		err := f.message(q.conn, data, func(off int, last bool) header {
+		err := f.message(q.conn, m, data, func(off int, last bool) header {
 			return header{tagged: true, last: last, op: opReadResp, stag: sink, to: to + uint64(off)}
 		})
 		if err != nil {
-			f.write(q.conn)
+			f.discard()
 			return err
 		}
 		if f.full() {
@@ -597,40 +798,33 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 			rr.put(body[:])
 			f.add(&h, body[:], nil)
 		case verbs.OpSend, verbs.OpWrite:
+			var m *mr
 			var data []byte
 			if wr.Local.Length > 0 && !s.internal {
-				m, b, ok := q.dev.local(q, wr.Local, 0, flush)
-				if werr != nil {
-					if ok {
-						m.use.RUnlock()
-					}
-					return werr
-				}
+				var ok bool
+				m, data, ok = q.dev.local(q, wr.Local, 0)
 				if !ok {
 					f.write(q.conn)
 					q.fail(fmt.Errorf("%v: %w", wr.Op, verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
 					return nil
 				}
-				f.held = append(f.held, m)
-				data = b
 			}
+			var err error
 			if wr.Op == verbs.OpSend {
 				msn := q.sendMSN
 				q.sendMSN++
-				if err := f.message(q.conn, data, func(off int, last bool) header {
+				err = f.message(q.conn, m, data, func(off int, last bool) header {
 					return header{last: last, op: opSend, qn: qnSend, msn: msn, mo: uint32(off)}
-				}); err != nil {
-					f.write(q.conn)
-					return err
-				}
+				})
 			} else {
 				stag, to := wr.RKey, wr.RemoteAddr
-				if err := f.message(q.conn, data, func(off int, last bool) header {
+				err = f.message(q.conn, m, data, func(off int, last bool) header {
 					return header{tagged: true, last: last, op: opWrite, stag: stag, to: to + uint64(off)}
-				}); err != nil {
-					f.write(q.conn)
-					return err
-				}
+				})
+			}
+			if err != nil {
+				f.discard()
+				return err
 			}
 		}
 		if f.full() {
@@ -667,6 +861,12 @@ type frameReader struct {
 	buf  []byte
 	r, w int
 
+	// mem is the region readv places into, acquired while memOn: it is
+	// let go while readv waits on the socket, so that a peer gone quiet
+	// mid-segment cannot keep MR.Close waiting.
+	mem   *mr
+	memOn bool
+
 	// readv's call and scratch, kept so that a read allocates nothing.
 	rv struct {
 		fn  func(fd uintptr) bool
@@ -686,10 +886,35 @@ func newFrameReader(c io.Reader, size int) *frameReader {
 		}
 	}
 	fr.rv.fn = func(fd uintptr) bool {
+		if m := fr.mem; m != nil && !fr.memOn {
+			if !m.acquire() {
+				fr.rv.n, fr.rv.err = 0, errDeregistered
+				return true
+			}
+			fr.memOn = true
+		}
 		fr.rv.n, fr.rv.err = unix.Readv(int(fd), fr.rv.iov)
-		return fr.rv.err != unix.EAGAIN
+		if fr.rv.err != unix.EAGAIN {
+			return true
+		}
+		if fr.mem != nil {
+			fr.mem.release()
+			fr.memOn = false
+		}
+		return false
 	}
 	return fr
+}
+
+// place makes m, acquired, the region the reads that follow land in.
+func (fr *frameReader) place(m *mr) { fr.mem, fr.memOn = m, true }
+
+// placed ends place, releasing the region if it is still held.
+func (fr *frameReader) placed() {
+	if fr.memOn {
+		fr.mem.release()
+	}
+	fr.mem, fr.memOn = nil, false
 }
 
 // readv reads into iov with one readv on the socket, waiting for it as
@@ -705,8 +930,15 @@ func (fr *frameReader) readv(iov [][]byte) (int, error) {
 			break
 		}
 	}
+	if fr.rv.err == errDeregistered {
+		return 0, errDeregistered
+	}
 	if fr.rv.err != nil {
-		return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", fr.rv.err)}
+		oe := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("readv", fr.rv.err)}
+		if c, ok := fr.c.(net.Conn); ok {
+			oe.Source, oe.Addr = c.LocalAddr(), c.RemoteAddr()
+		}
+		return 0, oe
 	}
 	return fr.rv.n, nil
 }
@@ -724,7 +956,17 @@ func (fr *frameReader) fill(n, extra int) error {
 		fr.r = 0
 	}
 	for fr.w < n {
-		m, err := fr.c.Read(fr.buf[fr.w:min(n+extra, len(fr.buf))])
+		// On a socket through readv, which lets go of mem while it waits.
+		var m int
+		var err error
+		if fr.rc != nil {
+			m, err = fr.readv(append(fr.iov[:0], fr.buf[fr.w:min(n+extra, len(fr.buf))]))
+			if err == nil && m == 0 {
+				err = io.EOF
+			}
+		} else {
+			m, err = fr.c.Read(fr.buf[fr.w:min(n+extra, len(fr.buf))])
+		}
 		fr.w += m
 		if err != nil {
 			if fr.w >= n {
@@ -925,15 +1167,15 @@ func (q *qp) reader() {
 	var te *termError
 	switch {
 	case errors.As(err, &te) && te.remote:
-		q.fail(te, q.culprit(), termStatus(te))
+		q.fail(q.explain(te), q.culprit(), termStatus(te))
 	case errors.As(err, &te):
 		f := &fpdus{crc: q.crc}
 		q.terminate(f, te)
-		q.fail(te, nil, 0)
+		q.fail(q.explain(te), nil, 0)
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		q.fail(errPeerClosed, nil, 0)
 	default:
-		q.fail(fmt.Errorf("%w: %v", verbs.ErrDisconnected, err), nil, 0)
+		q.fail(q.netErr(err), nil, 0)
 	}
 }
 
@@ -1060,12 +1302,16 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 		if n == 0 {
 			return sum, nil // zero-length Write: an RTR, never checked
 		}
-		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite, nil)
+		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite)
 		if te != nil {
 			return sum, asDDPTagged(te)
 		}
-		defer m.use.RUnlock()
+		fr.place(m)
+		defer fr.placed()
 		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+			if err == errDeregistered {
+				err = &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered while a Write to it was placed", h.stag)}
+			}
 			return sum, err
 		}
 		if q.crc {
@@ -1105,33 +1351,37 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 			return sum, &termError{layer: layerRDMAP, etype: rdmapCatastrophic, msg: "read response out of step with the ones placed ahead"}
 		}
 		q.pre = q.pre[1:]
+		// The payload is in place; its trailer comes before the region
+		// is taken, so as not to hold it while waiting.
+		if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+			return sum, err
+		}
 	} else {
 		segs = q.predict(h, n, uint64(wr.Local.Length)-s.placed-uint64(n))
 		for _, sg := range segs {
 			span += sg.n
 		}
 	}
-	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(span), LKey: h.stag}, verbs.AccessLocalWrite, nil)
+	m, b, ok := q.dev.local(q, verbs.SGE{Addr: h.to, Length: uint32(span), LKey: h.stag}, verbs.AccessLocalWrite)
 	if !ok {
 		// The sink was deregistered or is not writable: a local error.
 		q.fail(fmt.Errorf("read: %w", verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
 		return sum, verbs.StatusLocalProtect
 	}
-	defer m.use.RUnlock()
+	fr.place(m)
+	defer fr.placed()
+	var err error
 	switch {
 	case pre:
-		if err := fr.fill(pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
-			return sum, err
-		}
 	case len(segs) > 0:
 		off := n
 		for j := range segs {
 			segs[j].pay = b[off : off+segs[j].n : off+segs[j].n]
 			off += segs[j].n
 		}
-		got, err := fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen)
-		if err != nil {
-			return sum, err
+		var got int
+		if got, err = fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen); err != nil {
+			break
 		}
 		if got < 0 { // a header other than predicted: stop predicting
 			q.noSpec, got = true, -got-1
@@ -1142,9 +1392,14 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 			to += uint64(sg.n)
 		}
 	default:
-		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
-			return sum, err
-		}
+		err = fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen)
+	}
+	if err == errDeregistered {
+		q.fail(q.deregistered("the sink of a READ from"), s, verbs.StatusLocalProtect)
+		return sum, verbs.StatusLocalProtect
+	}
+	if err != nil {
+		return sum, err
 	}
 	b = b[:n]
 	if q.crc {
@@ -1270,14 +1525,14 @@ func (q *qp) untagged(h *header, body []byte) error {
 		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTTooLong, msg: fmt.Sprintf("message of at least %d bytes for a %d-byte receive", end, r.wr.Local.Length)}
 	}
 	if len(body) > 0 {
-		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite, nil)
+		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite)
 		if !ok {
 			q.rq = q.rq[1:]
 			q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalProtect, Op: verbs.OpRecv, QPN: q.qpn})
 			return &termError{layer: layerRDMAP, etype: rdmapCatastrophic, code: rdmapCatStream, msg: "receive buffer was deregistered"}
 		}
 		copy(b, body)
-		m.use.RUnlock()
+		m.release()
 	}
 	q.recvMO = uint32(end)
 	if h.last && (h.op == opSendInv || h.op == opSendSEInv) {

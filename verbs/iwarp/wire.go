@@ -3,6 +3,15 @@
 // connection setup) over TCP. It gives any machine the one-sided RDMA
 // semantics of an RDMA NIC: a READ is served by the responder's engine
 // straight from registered memory, without calling into the application.
+//
+// Nothing waits on a peer for ever. QP.Close returns within about a
+// second whatever the peer does (frozen, gone quiet mid-FPDU, reading
+// nothing); MR.Close waits only for copies under way and cuts, failing
+// its QP, a transfer still waiting on the network for the region;
+// Listener.Close hangs up on handshakes in progress, and setup is held to
+// Config.SetupTimeout; a link that goes dark is found by keepalive and
+// TCP_USER_TIMEOUT (Config.UserTimeout). A QP's Err says in words why it
+// died.
 package iwarp
 
 import (
