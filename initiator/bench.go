@@ -11,6 +11,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -63,6 +64,9 @@ type BenchResult struct {
 	// demo) count too.
 	CPU      time.Duration
 	CPUPerGB float64
+	// QPFailures is how many data QPs died during the test (their
+	// READs went to the others).
+	QPFailures int
 }
 
 // benchStageLimit caps the staging memory of a test. Below it every READ
@@ -104,16 +108,13 @@ func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*Be
 	}
 	// Let go of the window and the file even when ctx has ended, but
 	// don't hang on a target that is gone.
-	cleanup := func(msg protocol.Message) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		s.call(cctx, msg)
-		cancel()
-	}
+	cleanup := func(msg protocol.Message) { s.tidy(ctx, msg) }
 	defer cleanup(&protocol.Close{Handle: or.Handle})
 	size := or.Entry.Size
 	if size == 0 {
 		return nil, fmt.Errorf("%s is empty: nothing to READ", path)
 	}
+	gens := s.qps.Gens() // before the Map: see reads.Set.Gens
 	m, err = s.benchMap(ctx, or.Handle, min(size, s.ch0.MaxWindow))
 	if err != nil {
 		return nil, err
@@ -124,11 +125,11 @@ func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*Be
 	}
 	w := mr.Window
 	defer cleanup(&protocol.Unmap{Handle: or.Handle, WindowID: w.ID})
-	if w.Offset != 0 || w.Length == 0 || len(w.RKeys) != len(s.data) {
-		return nil, fmt.Errorf("%w: window at %d+%d with %d keys for a request at 0 with %d QPs", protocol.ErrMalformed, w.Offset, w.Length, len(w.RKeys), len(s.data))
+	if w.Offset != 0 || w.Length == 0 || len(w.RKeys) != s.nqps {
+		return nil, fmt.Errorf("%w: window at %d+%d with %d keys for a request at 0 with %d QPs", protocol.ErrMalformed, w.Offset, w.Length, len(w.RKeys), s.nqps)
 	}
 
-	b := &bench{s: s, opt: opt, win: w}
+	b := &bench{s: s, opt: opt, win: w, keys: &reads.Keys{RKeys: w.RKeys, Gens: gens}}
 	b.size = int(min(uint64(opt.Size), w.Length, s.cfg.Device.Caps().MaxMsgSize, 1<<31-1))
 	if err := b.setup(); err != nil {
 		b.teardown()
@@ -154,44 +155,35 @@ type bench struct {
 	s    *Session
 	opt  BenchOptions
 	win  protocol.Window
+	keys *reads.Keys
 	size int // bytes per READ
 
 	stage *verbs.Buffer
 	mr    verbs.MR
-	slots int // staging slots per QP
+	slots int // staging slots: READs in flight share them (the data is never looked at)
 
-	positions int     // READ-sized positions in the window
-	next      []int   // per QP: the next position to READ
-	posted    []int64 // per QP: READs posted
-	inflight  []int
-	wrs       []verbs.SendWR
+	positions int   // READ-sized positions in the window
+	next      int   // the next position to READ
+	posted    int64 // READs handed to the engine
 }
 
 func (b *bench) setup() error {
 	s := b.s
-	qps := len(s.data)
-	b.slots = max(1, min(s.reads, benchStageLimit/qps/b.size))
+	inflight := s.nqps * s.reads
+	b.slots = max(1, min(inflight, benchStageLimit/b.size))
 	var err error
-	if b.stage, err = verbs.AllocBuffer(qps * b.slots * b.size); err != nil {
+	if b.stage, err = verbs.AllocBuffer(b.slots * b.size); err != nil {
 		return err
 	}
 	if b.mr, err = s.pd.RegMR(b.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return err
 	}
 	b.positions = int(b.win.Length / uint64(b.size))
-	b.next = make([]int, qps)
-	b.posted = make([]int64, qps)
-	b.inflight = make([]int, qps)
-	for q := range b.next {
-		// Start the QPs at different places in the window.
-		b.next[q] = q * b.positions / qps
-	}
-	b.wrs = make([]verbs.SendWR, 0, s.reads)
 	return nil
 }
 
 func (b *bench) teardown() {
-	// The MR's Close waits for READs still being placed (after an error).
+	// The engine has drained or failed the QPs of any READ still out.
 	if b.mr != nil {
 		b.mr.Close()
 	}
@@ -200,136 +192,95 @@ func (b *bench) teardown() {
 	}
 }
 
-// post puts n more READs on QP q.
-func (b *bench) post(q, n int) error {
-	if n <= 0 {
-		return nil
+// piece is the next READ: the window's positions in turn, into the
+// staging slots in turn.
+func (b *bench) piece() reads.Piece {
+	slot := int(b.posted % int64(b.slots))
+	pos := b.next
+	b.next = (b.next + 1) % b.positions
+	b.posted++
+	return reads.Piece{
+		Local:  verbs.SGE{Addr: b.mr.Addr() + uint64(slot*b.size), Length: uint32(b.size), LKey: b.mr.LKey()},
+		Remote: b.win.Addr + uint64(pos)*uint64(b.size), Keys: b.keys,
 	}
-	s := b.s
-	base := b.mr.Addr() + uint64(q*b.slots*b.size)
-	b.wrs = b.wrs[:0]
-	for i := range n {
-		k := b.posted[q] + int64(i)
-		slot := int(k % int64(b.slots))
-		pos := b.next[q]
-		b.next[q] = (pos + 1) % b.positions
-		b.wrs = append(b.wrs, verbs.SendWR{
-			ID:         uint64(q)<<32 | uint64(slot),
-			Op:         verbs.OpRead,
-			Local:      verbs.SGE{Addr: base + uint64(slot*b.size), Length: uint32(b.size), LKey: b.mr.LKey()},
-			RemoteAddr: b.win.Addr + uint64(pos)*uint64(b.size),
-			RKey:       b.win.RKeys[q],
-		})
-	}
-	posted, err := s.data[q].PostSend(b.wrs)
-	b.posted[q] += int64(posted)
-	b.inflight[q] += posted
-	if err != nil {
-		return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
-	}
-	return nil
 }
 
-func (b *bench) run(ctx context.Context) (*BenchResult, error) {
+func (b *bench) run(ctx context.Context) (_ *BenchResult, err error) {
 	s := b.s
-	qps := len(s.data)
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	for i, qp := range s.data {
-		go func() {
-			select {
-			case <-qp.Done():
-				cancel(fmt.Errorf("%w: data QP %d: %v", ErrConnect, i, qp.Err()))
-			case <-ctx.Done():
-			}
-		}()
-	}
-	iters := int64(b.opt.Iters)
-	more := func(q int, now time.Time, start time.Time) int {
-		if iters > 0 {
-			return int(min(int64(s.reads-b.inflight[q]), iters-b.posted[q]))
-		}
-		if now.Sub(start) >= b.opt.Duration {
-			return 0
-		}
-		return s.reads - b.inflight[q]
-	}
-
-	var ru0 unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
-	start := time.Now()
-	for q := range qps {
-		if err := b.post(q, more(q, start, start)); err != nil {
-			return nil, err
-		}
-	}
 	var (
 		buckets  []int64 // bytes completed in each interval
-		reads    int64
-		last     = start
-		total    int
-		comps    = make([]verbs.Completion, 64)
+		reads_   int64
+		start    time.Time
+		last     time.Time
 		reported int
 	)
-	for _, n := range b.inflight {
-		total += n
+	total := int64(b.opt.Iters) * int64(s.nqps) // READs in all, with Iters
+	more := func(now time.Time) bool {
+		if b.opt.Iters > 0 {
+			return b.posted < total
+		}
+		return now.Sub(start) < b.opt.Duration
 	}
-	for total > 0 {
-		k, err := s.dataCQ.Poll(comps)
-		if err != nil {
-			return nil, err
-		}
-		if k == 0 {
-			if err := s.dataCQ.Wait(ctx); err != nil {
-				if c := context.Cause(ctx); c != nil && !errors.Is(c, err) {
-					return nil, c
-				}
-				return nil, err
-			}
-			continue
-		}
+	eng, err := s.engine(ctx, reads.Config{Done: func(p *reads.Piece) {
 		now := time.Now()
 		i := int(now.Sub(start) / b.opt.Interval)
 		for len(buckets) <= i {
 			buckets = append(buckets, 0)
 		}
-		for _, c := range comps[:k] {
-			q := int(c.WRID >> 32)
-			if q >= qps || b.inflight[q] == 0 {
-				return nil, fmt.Errorf("completion for unknown request %#x", c.WRID)
-			}
-			if c.Status != verbs.StatusSuccess {
-				why := ""
-				if err := s.data[q].Err(); err != nil {
-					why = ": " + err.Error()
-				}
-				return nil, fmt.Errorf("%w: READ on data QP %d: %v%s", ErrConnect, q, c.Status, why)
-			}
-			b.inflight[q]--
-			total--
-			reads++
-			buckets[i] += int64(b.size)
-		}
+		buckets[i] += int64(p.Local.Length)
+		reads_++
 		last = now
-		for q := range qps {
-			n := more(q, now, start)
-			if err := b.post(q, n); err != nil {
-				return nil, err
-			}
-			total += max(n, 0)
+	}})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			eng.Abort(err)
+		} else {
+			eng.Close()
 		}
-		if b.opt.Progress != nil && i > reported {
+	}()
+
+	var ru0 unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru0)
+	start = time.Now()
+	last = start
+	for {
+		// Keep every QP at its depth, as ib_read_bw does.
+		for now := time.Now(); eng.Pending() < s.nqps*s.reads && more(now); {
+			eng.Add(b.piece())
+		}
+		if eng.Pending() == 0 {
+			break
+		}
+		stepped, err := eng.Step()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+		}
+		if i := int(last.Sub(start) / b.opt.Interval); b.opt.Progress != nil && i > reported {
 			reported = i
-			b.opt.Progress(BenchProgress{Bytes: reads * int64(b.size), Elapsed: now.Sub(start)})
+			b.opt.Progress(BenchProgress{Bytes: reads_ * int64(b.size), Elapsed: last.Sub(start)})
+		}
+		if stepped {
+			continue
+		}
+		select {
+		case <-eng.Ready():
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 	var ru1 unix.Rusage
 	unix.Getrusage(unix.RUSAGE_SELF, &ru1)
 
 	res := &BenchResult{
-		QPs: qps, Depth: s.reads, Size: b.size, Window: int64(b.positions) * int64(b.size),
-		Reads: reads, Bytes: reads * int64(b.size), Elapsed: last.Sub(start), Interval: b.opt.Interval,
-		CPU: cpuTime(ru1) - cpuTime(ru0),
+		QPs: s.nqps, Depth: s.reads, Size: b.size, Window: int64(b.positions) * int64(b.size),
+		Reads: reads_, Bytes: reads_ * int64(b.size), Elapsed: last.Sub(start), Interval: b.opt.Interval,
+		CPU: cpuTime(ru1) - cpuTime(ru0), QPFailures: eng.Failures(),
 	}
 	res.Intervals = intervalRates(buckets, res.Elapsed, b.opt.Interval)
 	res.Avg = float64(res.Bytes) / math.Max(res.Elapsed.Seconds(), 1e-9)

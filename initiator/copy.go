@@ -20,6 +20,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -185,91 +186,191 @@ type pullSpec struct {
 // the target's word that the source did not change, the whole-file
 // digest. On success the landing is returned uncommitted, for the caller
 // to commit (or abort); on failure it has been aborted.
+//
+// A session that breaks on the way is re-established (reconnect) and the
+// copy goes on from the chunks already verified, into the same landing.
 func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Result, *landing, error) {
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
+	st := &pullState{}
+	for {
+		err := s.pullOnce(ctx, res, src, sp, st)
+		if err == nil {
+			return res, st.land, nil
+		}
+		if errors.Is(err, errSame) {
+			return res, nil, err
+		}
+		if recoverable(ctx, err) {
+			if rerr := s.reconnect(ctx, err); rerr == nil {
+				s.cfg.Logger.Warn("session re-established; the copy goes on", "path", src, "chunks_verified", st.verified())
+				continue
+			} else {
+				err = rerr
+			}
+		}
+		if st.land != nil {
+			st.land.abort()
+		}
+		return res, nil, err
+	}
+}
+
+// pullState is what a pull keeps across the sessions it needs: where the
+// bytes land, the source as first opened, and the chunks verified.
+type pullState struct {
+	land  *landing
+	entry protocol.Entry
+	have  []bool // chunks verified and written, by this command
+	sums  []byte // their digests, chunk by chunk
+}
+
+func (st *pullState) verified() int {
+	n := 0
+	for _, h := range st.have {
+		if h {
+			n++
+		}
+	}
+	return n
+}
+
+// open sends Open for src and checks the reply adds up and, on a session
+// after the first, that the source is the one we started on.
+func (s *Session) openFile(ctx context.Context, src string, st *pullState) (*protocol.OpenReply, chunker.Layout, error) {
 	m, err := s.call(ctx, &protocol.Open{Path: src, Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize)})
 	if err != nil {
-		return res, nil, err
+		return nil, chunker.Layout{}, err
 	}
 	or, ok := m.(*protocol.OpenReply)
 	if !ok {
-		return res, nil, unexpected(m)
+		return nil, chunker.Layout{}, unexpected(m)
+	}
+	alg := chunker.Algorithm(or.Algorithm)
+	layout := chunker.Layout{Size: int64(or.Entry.Size), ChunkSize: int64(or.ChunkSize)}
+	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
+		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
+		return nil, layout, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
+	}
+	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
+		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
+		return nil, layout, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
+	}
+	if st.land != nil {
+		e := st.entry
+		if e.Size != or.Entry.Size || e.MtimeNs != or.Entry.MtimeNs || int64(len(st.have)) != int64(layout.Chunks()) {
+			s.tidy(ctx, &protocol.Close{Handle: or.Handle})
+			return nil, layout, fmt.Errorf("%w: %s is not the file it was when the connection broke (size %d, mtime %d; now %d, %d)",
+				ErrChanged, src, e.Size, e.MtimeNs, or.Entry.Size, or.Entry.MtimeNs)
+		}
+	}
+	return or, layout, nil
+}
+
+// pullOnce is one session's go at a pull: it carries on from st.
+func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pullSpec, st *pullState) error {
+	or, layout, err := s.openFile(ctx, src, st)
+	if err != nil {
+		return err
 	}
 	closed := false
 	defer func() {
 		if !closed {
-			s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: or.Handle})
+			s.tidy(ctx, &protocol.Close{Handle: or.Handle})
 		}
 	}()
 	alg := chunker.Algorithm(or.Algorithm)
-	layout := chunker.Layout{Size: int64(or.Entry.Size), ChunkSize: int64(or.ChunkSize)}
-	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
-		return res, nil, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
-	}
-	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
-		return res, nil, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
-	}
 	res.entry = or.Entry
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
-	land, err := sp.land(or, layout)
-	if errors.Is(err, errSame) {
-		res.Skipped = true
-		res.Bytes = layout.Size
-		res.Digest = chunker.FormatDigest(alg, or.FileDigest)
-		return res, nil, errSame
-	}
-	if err != nil {
-		return res, nil, err
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			land.abort()
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
+	if st.land == nil {
+		land, err := sp.land(or, layout)
+		if errors.Is(err, errSame) {
+			res.Skipped = true
+			res.Bytes = layout.Size
+			res.Digest = chunker.FormatDigest(alg, or.FileDigest)
+			return errSame
 		}
-	}()
-
-	out := newSink(land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
-	defer out.close() // the fetch is done with it when run returns
-	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, out: out, src: src, progress: sp.progress}
-	if sp.resume != nil {
-		if rs := sp.resume(); rs != nil {
-			f.have, f.pre, f.onDone = rs.have, rs.pre, rs.done
+		if err != nil {
+			return err
+		}
+		st.land, st.entry = land, or.Entry
+		st.have = make([]bool, layout.Chunks())
+		st.sums = make([]byte, layout.Chunks()*alg.Size())
+		if sp.resume != nil {
+			if rs := sp.resume(); rs != nil {
+				f.have, f.pre, f.onDone = rs.have, rs.pre, rs.done
+			}
+		}
+	} else {
+		// Chunks this command verified are trusted as they are: the
+		// source has the same size and mtime.
+		f.have, f.pre, f.trusted = st.have, st.sums, true
+		if sp.resume != nil {
+			if rs := sp.resume(); rs != nil {
+				f.onDone = rs.done
+			}
 		}
 	}
+	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	f.out = out
 	sums, err := f.run()
-	res.Retries, res.BytesRead, res.directBytes = f.retries, f.bytesRead, out.directBytes()
+	out.close()
+	st.keep(f)
+	res.Retries += f.retries
+	res.BytesRead += f.bytesRead
+	res.directBytes += out.directBytes()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
 			closed = true
-			if m, cerr := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: or.Handle}); cerr == nil {
+			if m, cerr := s.callWithin(ctx, tidyWait, &protocol.Close{Handle: or.Handle}); cerr == nil {
 				if cr, ok := m.(*protocol.CloseReply); ok && cr.Changed {
-					return res, nil, fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
+					return fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
 				}
 			}
 		}
-		return res, nil, err
+		if recoverable(ctx, err) {
+			closed = true // the session is about to go: nothing to tidy
+		}
+		return err
 	}
 	closed = true
-	m, err = s.call(ctx, &protocol.Close{Handle: or.Handle})
+	m, err := s.call(ctx, &protocol.Close{Handle: or.Handle})
 	if err != nil {
-		return res, nil, err
+		return err
 	}
 	if cr, ok := m.(*protocol.CloseReply); !ok || cr.Changed {
-		return res, nil, fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
+		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
 	}
 	local, err := chunker.FileDigest(alg, layout, sums)
 	if err != nil {
-		return res, nil, err
+		return err
 	}
 	if !chunker.Equal(local, or.FileDigest) {
-		return res, nil, fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
+		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
 	}
 	res.Bytes = layout.Size
 	res.Digest = chunker.FormatDigest(alg, local)
-	keep = true
-	return res, land, nil
+	return nil
+}
+
+// keep records the chunks f verified, for the next session's go.
+func (st *pullState) keep(f *fetch) {
+	size := f.alg.Size()
+	for i, ok := range f.verified {
+		if ok {
+			st.have[i] = true
+			copy(st.sums[i*size:(i+1)*size], f.sums[i*size:(i+1)*size])
+		}
+	}
+}
+
+// callWithin is call bounded by d, for requests on the way out.
+func (s *Session) callWithin(ctx context.Context, d time.Duration, m protocol.Message) (protocol.Message, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	return s.call(ctx, m)
 }
 
 // landing is where a copy's bytes go: a temporary file renamed onto
@@ -419,7 +520,7 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 }
 
 // fetch is one file's transfer: chunks read into registered staging slots
-// by READs striped over the data QPs, then verified and written out.
+// by the READ engine, then verified and written out.
 type fetch struct {
 	s        *Session
 	ctx      context.Context
@@ -431,24 +532,28 @@ type fetch struct {
 	progress func(Progress)
 
 	readSize int
+	eng      *reads.Engine
 	windows  chan struct{} // a token per mapped window
 	stage    *verbs.Buffer
 	mr       verbs.MR
 	slots    []*chunk // by slot index; nil when free
 	free     []int
-	queue    []piece // pieces waiting for a QP
-	wrs      []verbs.SendWR
-	inflight []int  // outstanding READs per QP
-	sums     []byte // local digests, chunk by chunk
+	jobs     chan *chunk // chunks whose READs are all in, to verify
+	sums     []byte      // local digests, chunk by chunk
+	verified []bool      // chunks verified and written (or trusted)
 	written  int64
+	done     int // chunks verified
 	retries  int
+	tick     reads.Every
 
 	// Resuming: have marks chunks the destination is believed to hold,
 	// whose local digests pre holds (chunk by chunk); a chunk whose
-	// digest matches the target's is not read again. onDone is told of
-	// every chunk verified in place.
+	// digest matches the target's is not read again, and with trusted
+	// (verified earlier by this command) one is not compared either.
+	// onDone is told of every chunk verified in place.
 	have      []bool
 	pre       []byte
+	trusted   bool
 	onDone    func(idx int)
 	bytesRead int64 // bytes READ successfully
 }
@@ -459,19 +564,13 @@ type chunk struct {
 	n    int
 	slot int
 	win  *win
-	left int // pieces outstanding
-	try  int
-}
-
-type piece struct {
-	c   *chunk
-	off int // within the chunk
-	n   int
+	g    reads.Group
 }
 
 // win is a mapped window and the digests of the chunks it covers.
 type win struct {
 	w       protocol.Window
+	keys    *reads.Keys
 	first   int // first chunk
 	end     int // one past the last chunk
 	digests []byte
@@ -490,125 +589,69 @@ type verdict struct {
 	err error
 }
 
+// run moves the file's chunks: plan (windows come from mapWindows), post
+// (start fills free slots), complete (the engine), verify (verifiers),
+// land (judge).
 func (f *fetch) run() (_ chunker.Digests, err error) {
-	if err := f.s.usable(); err != nil {
-		return chunker.Digests{}, err
-	}
 	n := f.layout.Chunks()
-	dsize := f.alg.Size()
-	f.sums = make([]byte, n*dsize)
+	f.sums = make([]byte, n*f.alg.Size())
+	f.verified = make([]bool, n)
 	if n == 0 {
 		return chunker.MakeDigests(f.alg, 0, nil)
 	}
 	if err := f.setup(); err != nil {
 		return chunker.Digests{}, err
 	}
-	// On the way out: stop the helpers, wait for the verifiers to let go
-	// of the staging memory, then free it.
-	var wg sync.WaitGroup
 	defer f.teardown()
-	defer wg.Wait()
-	defer func() {
-		if err != nil { // READs still in flight must not reach the next transfer
-			f.s.drain(sum(f.inflight))
-		}
-	}()
 	ctx, cancel := context.WithCancel(f.ctx)
+	eng, err := f.s.engine(ctx, reads.Config{
+		GroupDone: func(g *reads.Group) { f.jobs <- f.slots[g.Tag] },
+		Done: func(p *reads.Piece) {
+			f.bytesRead += int64(p.Local.Length)
+			f.s.bytesRead.Add(int64(p.Local.Length))
+		},
+	})
+	if err != nil {
+		cancel()
+		return chunker.Digests{}, err
+	}
+	f.eng = eng
+	// On the way out: stop the helpers, wait for the verifiers to let go
+	// of the staging memory, end the engine (READs still out must not
+	// land after it is freed), then free it.
+	var wg sync.WaitGroup
+	defer f.endEngine(&err)
+	defer wg.Wait()
 	defer cancel()
-	s := f.s
 	wins := make(chan winOrErr, 1)
 	f.windows = make(chan struct{}, maxWindows)
 	go f.mapWindows(ctx, wins)
-	cqReady := make(chan struct{}, 1)
-	go func() {
-		for s.dataCQ.Wait(ctx) == nil {
-			select {
-			case cqReady <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	jobs := make(chan *chunk, len(f.slots))
+	f.jobs = make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
 	for range verifiers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.verifier(ctx, jobs, verdicts)
+			f.verifier(ctx, f.jobs, verdicts)
 		}()
 	}
-
 	var cur *win
-	next, done := 0, 0
-	comps := make([]verbs.Completion, 64)
-	lastProgress := time.Now()
-	for done < n {
-		busy := false
-		// Start chunks while slots are free.
-		for next < n && len(f.free) > 0 {
-			if cur == nil || next >= cur.end {
-				select {
-				case we := <-wins:
-					if we.err != nil {
-						return chunker.Digests{}, we.err
-					}
-					cur = we.w
-				default:
-				}
-				if cur == nil || next >= cur.end {
-					break
-				}
-			}
-			if f.haveChunk(cur, next) {
-				f.chunkDone(cur, next, &done)
-				next++
-				busy = true
-				continue
-			}
-			slot := f.free[len(f.free)-1]
-			f.free = f.free[:len(f.free)-1]
-			off, ln := f.layout.Chunk(next)
-			c := &chunk{idx: next, off: off, n: int(ln), slot: slot, win: cur}
-			f.slots[slot] = c
-			f.enqueue(c)
-			next++
-			busy = true
-		}
-		if err := f.post(); err != nil {
-			return chunker.Digests{}, err
-		}
-		k, err := s.dataCQ.Poll(comps)
+	next := 0
+	for f.done < n {
+		busy, err := f.start(&cur, &next, wins)
 		if err != nil {
 			return chunker.Digests{}, err
 		}
-		for i, c := range comps[:k] {
-			if err := f.complete(c, jobs); err != nil {
-				for _, c := range comps[i+1 : k] { // no longer in flight either
-					if q := int(c.WRID >> 48); q < len(f.inflight) {
-						f.inflight[q]--
-					}
-				}
-				return chunker.Digests{}, err
-			}
+		stepped, err := eng.Step()
+		if err != nil {
+			return chunker.Digests{}, f.engineErr(err)
 		}
-		busy = busy || k > 0
-		for drained := false; !drained; {
-			select {
-			case v := <-verdicts:
-				if err := f.judge(v, &done); err != nil {
-					return chunker.Digests{}, err
-				}
-				busy = true
-			default:
-				drained = true
-			}
+		judged, err := f.judgeAll(verdicts)
+		if err != nil {
+			return chunker.Digests{}, err
 		}
-		if f.progress != nil && time.Since(lastProgress) > 100*time.Millisecond {
-			lastProgress = time.Now()
-			f.progress(Progress{Path: f.src, Bytes: f.written, Total: f.layout.Size, Retries: f.retries})
-		}
-		if busy || done == n {
+		f.report(false)
+		if busy || stepped || judged || f.done == n {
 			continue
 		}
 		var winc chan winOrErr
@@ -616,9 +659,9 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 			winc = wins
 		}
 		select {
-		case <-cqReady:
+		case <-eng.Ready():
 		case v := <-verdicts:
-			if err := f.judge(v, &done); err != nil {
+			if err := f.judge(v); err != nil {
 				return chunker.Digests{}, err
 			}
 		case we := <-winc:
@@ -630,10 +673,84 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 			return chunker.Digests{}, ctx.Err()
 		}
 	}
-	if f.progress != nil {
+	f.report(true)
+	return chunker.MakeDigests(f.alg, n, f.sums)
+}
+
+// endEngine closes the engine: at once if the copy failed or was
+// cancelled, after its READs if not.
+func (f *fetch) endEngine(err *error) {
+	if *err != nil {
+		f.eng.Abort(*err)
+		return
+	}
+	f.eng.Close()
+}
+
+// engineErr words what the engine gave up on.
+func (f *fetch) engineErr(err error) error {
+	return fmt.Errorf("%w: reading %s: %w", ErrConnect, f.src, err)
+}
+
+// report calls the progress callback, about every 100 ms and at the end.
+func (f *fetch) report(final bool) {
+	if f.progress != nil && (final || f.tick.Due()) {
 		f.progress(Progress{Path: f.src, Bytes: f.written, Total: f.layout.Size, Retries: f.retries})
 	}
-	return chunker.MakeDigests(f.alg, n, f.sums)
+}
+
+// start fills free slots with the next chunks, taking a new window when
+// the current one is used up. It reports whether it started anything.
+func (f *fetch) start(cur **win, next *int, wins chan winOrErr) (bool, error) {
+	n := f.layout.Chunks()
+	busy := false
+	for *next < n && len(f.free) > 0 {
+		if *cur == nil || *next >= (*cur).end {
+			select {
+			case we := <-wins:
+				if we.err != nil {
+					return busy, we.err
+				}
+				*cur = we.w
+			default:
+			}
+			if *cur == nil || *next >= (*cur).end {
+				break
+			}
+		}
+		w := *cur
+		if f.haveChunk(w, *next) {
+			f.chunkDone(w, *next)
+			*next++
+			busy = true
+			continue
+		}
+		slot := f.free[len(f.free)-1]
+		f.free = f.free[:len(f.free)-1]
+		off, ln := f.layout.Chunk(*next)
+		c := &chunk{idx: *next, off: off, n: int(ln), slot: slot, win: w, g: reads.Group{Tag: slot}}
+		f.slots[slot] = c
+		f.eng.AddGroup(&c.g, f.pieces(c))
+		*next++
+		busy = true
+	}
+	return busy, nil
+}
+
+// pieces are the READs that fill chunk c's slot.
+func (f *fetch) pieces(c *chunk) []reads.Piece {
+	cs := uint64(f.layout.ChunkSize)
+	w := c.win
+	ps := make([]reads.Piece, 0, (c.n+f.readSize-1)/f.readSize)
+	for off := 0; off < c.n; off += f.readSize {
+		ps = append(ps, reads.Piece{
+			Local: verbs.SGE{Addr: f.mr.Addr() + uint64(c.slot)*cs + uint64(off),
+				Length: uint32(min(f.readSize, c.n-off)), LKey: f.mr.LKey()},
+			Remote: w.w.Addr + uint64(c.off+int64(off)) - w.w.Offset,
+			Keys:   w.keys,
+		})
+	}
+	return ps
 }
 
 func (f *fetch) setup() error {
@@ -641,18 +758,7 @@ func (f *fetch) setup() error {
 	caps := s.cfg.Device.Caps()
 	cs := int(f.layout.ChunkSize)
 	f.readSize = min(s.cfg.ReadSize, cs, int(min(caps.MaxMsgSize, 1<<30)))
-	inflight := len(s.data) * s.reads * f.readSize
-	// Slots for the READs in flight, and some for chunks being checked
-	// and written. An O_DIRECT write holds its slot until the disk has
-	// the data, so then every verifier gets one: with only two spare,
-	// four direct writes in flight left the READs half their slots
-	// (bench/ab.sh: about 1.13x the throughput with the extra two, for
-	// 8 MiB more staging at the defaults).
-	spare := 2
-	if f.out.directOn() {
-		spare = max(spare, verifiers)
-	}
-	slots := min((inflight+cs-1)/cs+spare, f.layout.Chunks())
+	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
 	var err error
 	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
 		return err
@@ -666,93 +772,18 @@ func (f *fetch) setup() error {
 	for i := range slots {
 		f.free = append(f.free, slots-1-i)
 	}
-	f.inflight = make([]int, len(s.data))
 	return nil
 }
 
 func (f *fetch) teardown() {
-	// READs may still be in flight on error: the MR's Close waits for
-	// their placement, and the QPs are torn down with the session.
+	// The engine has drained or failed the QPs of any READ still out;
+	// the MR's Close waits for a placement still under way.
 	if f.mr != nil {
 		f.mr.Close()
 	}
 	if f.stage != nil {
 		f.stage.Free()
 	}
-}
-
-func (f *fetch) enqueue(c *chunk) {
-	c.left = 0
-	for off := 0; off < c.n; off += f.readSize {
-		f.queue = append(f.queue, piece{c: c, off: off, n: min(f.readSize, c.n-off)})
-		c.left++
-	}
-}
-
-// post hands queued pieces to the least busy QPs, a batch per QP.
-func (f *fetch) post() error {
-	s := f.s
-	for len(f.queue) > 0 {
-		q := 0
-		for i, n := range f.inflight {
-			if n < f.inflight[q] {
-				q = i
-			}
-		}
-		room := s.reads - f.inflight[q]
-		if room <= 0 {
-			return nil
-		}
-		// Fill this QP up to its depth, then let the next least busy
-		// one take its turn.
-		k := min(room, len(f.queue))
-		wrs := f.wrs[:0]
-		for _, p := range f.queue[:k] {
-			w := p.c.win
-			remote := w.w.Addr + uint64(p.c.off+int64(p.off)) - w.w.Offset
-			wrs = append(wrs, verbs.SendWR{
-				ID: uint64(q)<<48 | uint64(p.c.slot)<<24 | uint64(p.off/f.readSize),
-				Op: verbs.OpRead,
-				Local: verbs.SGE{Addr: f.mr.Addr() + uint64(p.c.slot)*uint64(f.layout.ChunkSize) + uint64(p.off),
-					Length: uint32(p.n), LKey: f.mr.LKey()},
-				RemoteAddr: remote, RKey: w.w.RKeys[q],
-			})
-		}
-		f.wrs = wrs // reused: providers copy what they are posted
-		posted, err := s.data[q].PostSend(wrs)
-		f.inflight[q] += posted
-		f.queue = f.queue[posted:]
-		if err != nil {
-			return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
-		}
-	}
-	return nil
-}
-
-// complete accounts for one READ completion.
-func (f *fetch) complete(c verbs.Completion, jobs chan<- *chunk) error {
-	q := int(c.WRID >> 48)
-	slot := int(c.WRID>>24) & 0xffffff
-	if q >= len(f.inflight) || slot >= len(f.slots) || f.slots[slot] == nil {
-		return fmt.Errorf("completion for unknown request %#x", c.WRID)
-	}
-	f.inflight[q]--
-	ch := f.slots[slot]
-	if c.Status != verbs.StatusSuccess {
-		why := ""
-		if err := f.s.data[q].Err(); err != nil {
-			why = ": " + err.Error()
-		}
-		return fmt.Errorf("%w: READ of chunk %d on data QP %d: %v%s", ErrConnect, ch.idx, q, c.Status, why)
-	}
-	piece := int(c.WRID & 0xffffff)
-	f.bytesRead += int64(min(f.readSize, ch.n-piece*f.readSize))
-	f.s.bytesRead.Add(int64(min(f.readSize, ch.n-piece*f.readSize)))
-	ch.left--
-	if ch.left == 0 {
-		jobs <- ch
-	}
-	return nil
 }
 
 // verifier checks chunks against their digests and writes the good ones.
@@ -788,8 +819,24 @@ func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- ver
 	}
 }
 
+// judgeAll takes every verdict there is, without waiting.
+func (f *fetch) judgeAll(verdicts <-chan verdict) (bool, error) {
+	judged := false
+	for {
+		select {
+		case v := <-verdicts:
+			if err := f.judge(v); err != nil {
+				return true, err
+			}
+			judged = true
+		default:
+			return judged, nil
+		}
+	}
+}
+
 // judge acts on a verifier's verdict: free the slot, or read again.
-func (f *fetch) judge(v verdict, done *int) error {
+func (f *fetch) judge(v verdict) error {
 	c := v.c
 	if v.err != nil {
 		if errors.Is(v.err, syscall.ENOSPC) {
@@ -798,18 +845,16 @@ func (f *fetch) judge(v verdict, done *int) error {
 		return v.err
 	}
 	if !v.ok {
-		c.try++
 		f.retries++
-		if c.try > f.s.cfg.Retries {
-			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest %d times", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, c.try)
+		if err := f.eng.Retry(&c.g, f.s.cfg.Retries); err != nil {
+			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest: %w", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, err)
 		}
-		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.try)
-		f.enqueue(c)
+		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.g.Tries)
 		return nil
 	}
 	f.slots[c.slot] = nil
 	f.free = append(f.free, c.slot)
-	f.chunkDone(c.win, c.idx, done)
+	f.chunkDone(c.win, c.idx)
 	return nil
 }
 
@@ -817,8 +862,12 @@ func (f *fetch) judge(v verdict, done *int) error {
 // resumed copy, and its local digest matches the target's.
 func (f *fetch) haveChunk(w *win, i int) bool {
 	size := f.alg.Size()
-	if f.have == nil || i >= len(f.have) || !f.have[i] || size == 0 {
+	if f.have == nil || i >= len(f.have) || !f.have[i] || (size == 0 && !f.trusted) {
 		return false
+	}
+	if f.trusted {
+		copy(f.sums[i*size:], f.pre[i*size:(i+1)*size])
+		return true
 	}
 	j := i - w.first
 	local := f.pre[i*size : (i+1)*size]
@@ -832,17 +881,18 @@ func (f *fetch) haveChunk(w *win, i int) bool {
 
 // chunkDone accounts for a verified chunk, and unmaps its window when it
 // was the window's last.
-func (f *fetch) chunkDone(w *win, i int, done *int) {
+func (f *fetch) chunkDone(w *win, i int) {
 	_, n := f.layout.Chunk(i)
 	f.written += n
-	*done++
+	f.done++
+	f.verified[i] = true
 	if f.onDone != nil {
 		f.onDone(i)
 	}
 	w.left--
 	if w.left == 0 {
 		go func() {
-			f.s.call(context.WithoutCancel(f.ctx), &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
+			f.s.call(f.ctx, &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
 			<-f.windows
 		}()
 	}
@@ -879,6 +929,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return
 		}
 		off := int64(first) * cs
+		gens := s.qps.Gens() // before the Map: see reads.Set.Gens
 		m, err := f.mapWindow(ctx, uint64(off), want)
 		if err != nil {
 			send(winOrErr{err: f.mapErr(err)})
@@ -890,8 +941,8 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return
 		}
 		w := mr.Window
-		if int64(w.Offset) != off || len(w.RKeys) != len(s.data) {
-			send(winOrErr{err: fmt.Errorf("%w: window at %d with %d keys for a request at %d with %d QPs", protocol.ErrMalformed, w.Offset, len(w.RKeys), off, len(s.data))})
+		if int64(w.Offset) != off || len(w.RKeys) != s.nqps {
+			send(winOrErr{err: fmt.Errorf("%w: window at %d with %d keys for a request at %d with %d QPs", protocol.ErrMalformed, w.Offset, len(w.RKeys), off, s.nqps)})
 			return
 		}
 		end := first
@@ -911,7 +962,8 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			send(winOrErr{err: err})
 			return
 		}
-		if !send(winOrErr{w: &win{w: w, first: first, end: end, digests: digests, left: end - first}}) {
+		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
+		if !send(winOrErr{w: &win{w: w, keys: keys, first: first, end: end, digests: digests, left: end - first}}) {
 			return
 		}
 		first = end
@@ -925,13 +977,6 @@ func (f *fetch) mapWindow(ctx context.Context, off, n uint64) (protocol.Message,
 }
 
 func (f *fetch) mapErr(err error) error {
-	for i, qp := range f.s.data {
-		select {
-		case <-qp.Done():
-			return fmt.Errorf("%w: data QP %d: %v (target said: %v)", ErrConnect, i, qp.Err(), err)
-		default:
-		}
-	}
 	var pe *protocol.Error
 	if errors.As(err, &pe) && pe.Code == protocol.CodeChanged {
 		return fmt.Errorf("%w: %s: %s", ErrChanged, f.src, pe.Message)

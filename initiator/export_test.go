@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/verbs"
 )
 
 // PacksOf is how many Packs s has had answered, and walk batches with
@@ -27,9 +28,17 @@ func GetPacked(s *Session, ctx context.Context, paths []string, fn func(i int, e
 // see: its memory stays valid.
 func HangUp(s *Session) {
 	s.ch.QP().Disconnect()
-	for _, qp := range s.data {
-		qp.Disconnect()
+	for i := range s.nqps {
+		if qp, _ := s.qps.QP(i); qp != nil {
+			qp.Disconnect()
+		}
 	}
+}
+
+// DataQP is the QP in slot i of s, nil if none.
+func DataQP(s *Session, i int) verbs.QP {
+	qp, _ := s.qps.QP(i)
+	return qp
 }
 
 // DirectBytes is how many of a copy's bytes were landed with O_DIRECT.

@@ -94,17 +94,58 @@ func TestNoVerifyMissesCorruption(t *testing.T) {
 	}
 }
 
-func TestDroppedConnectionFails(t *testing.T) {
+func TestDroppedDataQPIsReplaced(t *testing.T) {
 	e, inj := faultyEnv(t)
-	randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
-	s := e.dial(t, nil)
+	want := randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
+	var mu sync.Mutex
+	var recs []initiator.Recovery
+	s := e.dial(t, func(c *initiator.Config) {
+		c.Recovered = func(r initiator.Recovery) {
+			mu.Lock()
+			recs = append(recs, r)
+			mu.Unlock()
+		}
+	})
 	inj.DropAfter(20)
 	dst := filepath.Join(t.TempDir(), "f")
-	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
-	if !errors.Is(err, initiator.ErrConnect) {
-		t.Fatalf("err = %v, want ErrConnect", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{}); err != nil {
+		t.Fatal(err)
 	}
-	noDest(t, dst)
+	if got, _ := os.ReadFile(dst); string(got) != string(want) {
+		t.Fatal("copy differs from the source")
+	}
+	if inj.Stats().Drops != 1 {
+		t.Fatalf("%d drops injected, want 1", inj.Stats().Drops)
+	}
+	// The dead QP is replaced in the background; the copy need not wait.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		var failed, replaced bool
+		for _, r := range recs {
+			failed = failed || (r.Scope == initiator.ScopeQP && r.Outcome == "failed")
+			replaced = replaced || (r.Scope == initiator.ScopeQP && r.Outcome == "replaced")
+		}
+		mu.Unlock()
+		if failed && replaced {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recoveries %+v: want a QP failed and replaced", recs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// And the replacement carries READs: a second copy uses every slot.
+	if _, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range s.DataQPs() {
+		if initiator.DataQP(s, i) == nil {
+			t.Errorf("data QP slot %d empty after the replacement", i)
+		}
+	}
 }
 
 func TestTargetGoneMidCopy(t *testing.T) {

@@ -1,13 +1,13 @@
 package initiator
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -150,7 +150,7 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 	}
 	w := r.Window
 	bad := len(r.Files) == 0 || len(r.Files) > len(p.Paths) || w.Offset != 0 || w.Length > s.ch0.MaxWindow ||
-		(w.Length > 0 && len(w.RKeys) != len(s.data))
+		(w.Length > 0 && len(w.RKeys) != s.nqps)
 	for _, f := range r.Files {
 		if f.Code == 0 && (f.Offset > w.Length || f.Entry.Size > w.Length-f.Offset || len(f.Digest) != chunker.Algorithm(p.Algorithm).Size()) {
 			bad = true
@@ -269,76 +269,33 @@ func (s *Session) reread(ctx context.Context, w protocol.Window, off uint64, dst
 }
 
 // readRange READs window bytes [off, off+n) into mr, from its start,
-// striped over the data QPs with each kept at its depth.
+// striped over the data QPs by the READ engine.
 func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, off, n uint64) (err error) {
-	if err := s.usable(); err != nil {
+	eng, err := s.engine(ctx, reads.Config{})
+	if err != nil {
 		return err
 	}
-	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
-	pieces := int((n + rs - 1) / rs)
-	inflight := make([]int, len(s.data))
 	defer func() {
 		if err != nil {
-			s.drain(sum(inflight))
+			eng.Abort(err)
+		} else {
+			eng.Close()
 		}
+		s.bytesRead.Add(eng.BytesRead())
 	}()
-	comps := make([]verbs.Completion, 64)
-	next, done := 0, 0
-	for done < pieces {
-		for q := range s.data {
-			var wrs []verbs.SendWR
-			for ; next < pieces && inflight[q]+len(wrs) < s.reads; next++ {
-				po := uint64(next) * rs
-				ln := min(rs, n-po)
-				wrs = append(wrs, verbs.SendWR{ID: uint64(q)<<48 | uint64(next), Op: verbs.OpRead,
-					Local:      verbs.SGE{Addr: mr.Addr() + po, Length: uint32(ln), LKey: mr.LKey()},
-					RemoteAddr: w.Addr + off + po, RKey: w.RKeys[q]})
-			}
-			if len(wrs) == 0 {
-				continue
-			}
-			posted, err := s.data[q].PostSend(wrs)
-			inflight[q] += posted
-			if err != nil {
-				return fmt.Errorf("%w: post on data QP %d: %w", ErrConnect, q, err)
-			}
+	// The keys were bound when the target answered; a QP replaced since
+	// may be offered one of its predecessor's, which fails only that QP.
+	keys := &reads.Keys{RKeys: w.RKeys, Gens: s.qps.Gens()}
+	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
+	for po := uint64(0); po < n; po += rs {
+		eng.Add(reads.Piece{Local: verbs.SGE{Addr: mr.Addr() + po, Length: uint32(min(rs, n-po)), LKey: mr.LKey()},
+			Remote: w.Addr + off + po, Keys: keys})
+	}
+	if err := eng.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		k, err := s.dataCQ.Poll(comps)
-		if err != nil {
-			return err
-		}
-		var cerr error // after counting every completion of the batch
-		for _, c := range comps[:k] {
-			q := int(c.WRID >> 48)
-			p := int(c.WRID & 0xffffffff)
-			if q >= len(inflight) || p >= pieces {
-				cerr = cmp.Or(cerr, fmt.Errorf("completion for unknown request %#x", c.WRID))
-				continue
-			}
-			inflight[q]--
-			if c.Status != verbs.StatusSuccess {
-				cerr = cmp.Or(cerr, fmt.Errorf("%w: READ of a pack on data QP %d: %v", ErrConnect, q, c.Status))
-				continue
-			}
-			done++
-			s.bytesRead.Add(int64(min(rs, n-uint64(p)*rs)))
-		}
-		if cerr != nil {
-			return cerr
-		}
-		if k == 0 {
-			if err := s.dataCQ.Wait(ctx); err != nil {
-				return err
-			}
-		}
+		return fmt.Errorf("%w: reading packed files: %w", ErrConnect, err)
 	}
 	return nil
-}
-
-func sum(v []int) int {
-	t := 0
-	for _, x := range v {
-		t += x
-	}
-	return t
 }

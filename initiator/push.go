@@ -230,7 +230,7 @@ func (u *upload) windowSize() int64 {
 	cs := u.layout.ChunkSize
 	n := max(u.winSize/cs, 1)
 	if ds := u.alg.Size(); ds > 0 {
-		n = min(n, int64((protocol.MaxMessage-protocol.PushWindowOverhead(len(u.s.data)))/ds))
+		n = min(n, int64((protocol.MaxMessage-protocol.PushWindowOverhead(u.s.nqps))/ds))
 	}
 	return n * cs
 }
@@ -288,7 +288,7 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 // send offers w to the target and waits until it has written it.
 func (u *upload) send(ctx context.Context, w *pwin) (*protocol.PushWindowReply, error) {
 	s := u.s
-	keys := make([]uint32, len(s.data))
+	keys := make([]uint32, s.nqps)
 	for i := range keys {
 		keys[i] = w.mr.RKey()
 	}
@@ -317,14 +317,13 @@ func (u *upload) send(ctx context.Context, w *pwin) (*protocol.PushWindowReply, 
 	return r, nil
 }
 
-// deadQP says which data QP has failed, if one has.
+// deadQP says whether a data QP has failed.
 func (s *Session) deadQP() error {
-	for i, qp := range s.data {
-		select {
-		case <-qp.Done():
-			return fmt.Errorf("%w: data QP %d: %v", ErrConnect, i, qp.Err())
-		default:
-		}
+	if s.qps == nil {
+		return fmt.Errorf("%w: the session has no data QPs", ErrConnect)
+	}
+	if live := s.qps.Live(); live < s.nqps {
+		return fmt.Errorf("%w: %d of %d data QPs failed", ErrConnect, s.nqps-live, s.nqps)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -34,7 +35,41 @@ type Config struct {
 	Algorithm chunker.Algorithm // default CRC32C
 	Retries   int               // re-reads of a chunk that fails its digest; default 3
 	Logger    *slog.Logger
+
+	// Timeout is the I/O timeout, as rsync's --timeout: a data QP with
+	// READs out, or the control channel with a request out, that shows
+	// no progress for this long is dead. Default 30 s.
+	Timeout time.Duration
+	// ConnectTimeout bounds each connection setup: dialing, the
+	// handshake, the hello and every data QP. Default 10 s.
+	ConnectTimeout time.Duration
+	// RetryFor bounds the time a session spends re-establishing itself
+	// after it broke, all attempts together. Default 2 min; negative:
+	// never try.
+	RetryFor time.Duration
+	// Recovered, if set, is told of every recovery and its outcome: a
+	// data QP replaced, a session re-established. It is called from
+	// the session's goroutines and must not block.
+	Recovered func(Recovery)
 }
+
+// Recovery reports one step of recovering from a fault.
+type Recovery struct {
+	Scope   Scope
+	QP      int // the data QP's slot, for ScopeQP
+	Cause   error
+	Outcome string // "failed", "replaced", "gone" (a QP); "reconnected", "failed", "gave up" (a session)
+	Attempt int    // tries so far
+	Err     error  // why the attempt failed, if it did
+}
+
+// Scope is what a Recovery is about.
+type Scope string
+
+const (
+	ScopeQP      Scope = "qp"
+	ScopeSession Scope = "session"
+)
 
 func (c *Config) setDefaults() {
 	if c.QPs == 0 {
@@ -48,6 +83,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.Retries == 0 {
 		c.Retries = 3
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 10 * time.Second
+	}
+	if c.RetryFor == 0 {
+		c.RetryFor = 2 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -67,6 +111,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("initiator: read size %d: want at least 4096", c.ReadSize)
 	case c.Retries < 0:
 		return fmt.Errorf("initiator: retries %d", c.Retries)
+	case c.Timeout < 0 || c.ConnectTimeout < 0:
+		return fmt.Errorf("initiator: --timeout %v, --contimeout %v: want positive durations", c.Timeout, c.ConnectTimeout)
 	case !c.Algorithm.Valid():
 		return fmt.Errorf("initiator: unknown checksum algorithm %d", c.Algorithm)
 	}
@@ -97,7 +143,9 @@ type Session struct {
 	pd     verbs.PD
 	ch     *protocol.Channel
 	ch0    *protocol.Challenge
-	data   []verbs.QP
+	qps    *reads.Set // the data QPs, by slot
+	nqps   int        // slots
+	info   verbs.ConnInfo
 	dataCQ verbs.CQ
 	rcq    verbs.CQ
 	reads  int // READs in flight per data QP
@@ -108,11 +156,12 @@ type Session struct {
 	noWalk    bool   // the target does not know Walk
 	packs     int    // Packs answered, and walk batches with packed files
 	closeOnce sync.Once
-	// broken is why the data QPs can no longer be trusted: READs of an
-	// earlier transfer that never completed (see drain).
-	broken  error
-	packBuf *verbs.Buffer
-	packMR  verbs.MR // over packBuf
+	packBuf   *verbs.Buffer
+	packMR    verbs.MR // over packBuf
+
+	// spent is the time recovery has taken so far, against RetryFor.
+	spent      time.Duration
+	reconnects int
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -132,6 +181,9 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 	return s, nil
 }
 
+// Reconnects is how many times the session was re-established.
+func (s *Session) Reconnects() int { return s.reconnects }
+
 func connectErr(err error) error {
 	var rej *verbs.RejectedError
 	if errors.As(err, &rej) && len(rej.PrivateData) > 0 {
@@ -140,7 +192,11 @@ func connectErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrConnect, err)
 }
 
+// dial sets the session up: control QP, hello, data QPs, each step
+// bounded by ConnectTimeout.
 func (s *Session) dial(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
 	dev := s.cfg.Device
 	var err error
 	if s.pd, err = dev.AllocPD(); err != nil {
@@ -163,22 +219,77 @@ func (s *Session) dial(ctx context.Context) error {
 		return connectErr(err)
 	}
 	s.ch.Attach(qp)
+	s.ch.SetTimeout(s.cfg.ConnectTimeout)
 	if err := s.hello(ctx); err != nil {
 		return err
 	}
-	return s.join(ctx)
+	if err := s.join(ctx); err != nil {
+		return err
+	}
+	s.ch.SetTimeout(s.cfg.Timeout)
+	return nil
 }
 
+// call sends m and waits for the reply, for as long as the target shows
+// it is working on it (the channel's I/O timeout).
 func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Message, error) {
 	r, err := s.ch.Call(ctx, m)
-	if errors.Is(err, protocol.ErrClosed) {
+	switch {
+	case errors.Is(err, protocol.ErrTimeout):
+		return nil, fmt.Errorf("%w: %v: %w", ErrConnect, m.Type(), &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
+	case errors.Is(err, protocol.ErrClosed):
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
 	return r, err
 }
 
+// errControlLost: the control connection went while READs were out.
+var errControlLost = fmt.Errorf("%w: the control connection was lost", ErrConnect)
+
+// tidyWait bounds the requests that only tidy up (Close, Unmap, Bye) on
+// the way out: they must never hold up an exit.
+const tidyWait = 500 * time.Millisecond
+
+// tidy sends m without letting it wait long; nothing is sent once ctx
+// has ended (the target frees what the session held when it goes).
+func (s *Session) tidy(ctx context.Context, m protocol.Message) {
+	if ctx.Err() != nil || s.dead() {
+		return
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tidyWait)
+	defer cancel()
+	s.ch.Call(tctx, m)
+}
+
+// dead reports whether the control connection is gone.
+func (s *Session) dead() bool {
+	if s.ch == nil || s.ch.QP() == nil {
+		return true
+	}
+	select {
+	case <-s.ch.QP().Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// timeoutErr says which peer stopped answering, for how long, and which
+// flag set the bound.
+type timeoutErr struct {
+	what string
+	d    time.Duration
+	err  error
+}
+
+func (e *timeoutErr) Error() string {
+	return fmt.Sprintf("%s stopped answering for %v (--timeout)", e.what, e.d)
+}
+func (e *timeoutErr) Unwrap() error { return e.err }
+
 func (s *Session) hello(ctx context.Context) error {
-	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(), Client: "rdmacp"}
+	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
+		Client: protocol.ClientString("rdmacp", protocol.FeatureWorking)}
 	m, err := s.call(ctx, h)
 	if err != nil {
 		var pe *protocol.Error
@@ -229,41 +340,79 @@ func (s *Session) join(ctx context.Context) error {
 		depth = min(depth, m)
 	}
 	var err error
-	if s.dataCQ, err = dev.CreateCQ(n*depth + 16); err != nil {
+	// Room for a generation of flushed READs besides the live ones: a
+	// QP that fails flushes its READs while the others go on.
+	if s.dataCQ, err = dev.CreateCQ(2*n*depth + 16); err != nil {
 		return err
 	}
 	if s.rcq, err = dev.CreateCQ(1); err != nil {
 		return err
 	}
 	s.reads = depth
+	qps := make([]verbs.QP, 0, n)
 	for i := range n {
-		pq, err := dev.PrepareDial(ctx, s.pd, s.addr, verbs.QPConfig{SendCQ: s.dataCQ, RecvCQ: s.rcq, MaxSendWR: depth + 4, MaxRecvWR: 1, MaxReadsOut: depth})
+		qp, err := s.joinQP(ctx, i)
 		if err != nil {
-			return connectErr(err)
+			for _, qp := range qps {
+				qp.Close()
+			}
+			return err
 		}
-		priv, _ := protocol.MarshalPrivate(protocol.JoinData(s.ch0.Session, uint16(i)))
-		qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: priv})
-		if err != nil {
-			return connectErr(err)
-		}
-		s.data = append(s.data, qp)
+		qps = append(qps, qp)
 		s.reads = min(s.reads, qp.Info().ReadsOut)
 	}
-	s.cfg.Logger.Debug("session open", "target", s.addr, "data_qps", len(s.data), "reads_per_qp", s.reads, "conn", s.data[0].Info().Detail)
+	s.info = qps[0].Info()
+	s.nqps = n
+	s.qps = reads.NewSet(qps)
+	s.qps.Replace = s.replaceQP
+	s.qps.Report = s.reportQP
+	s.cfg.Logger.Debug("session open", "target", s.addr, "data_qps", n, "reads_per_qp", s.reads, "conn", s.info.Detail)
 	return nil
+}
+
+// joinQP connects data QP slot i.
+func (s *Session) joinQP(ctx context.Context, i int) (verbs.QP, error) {
+	pq, err := s.cfg.Device.PrepareDial(ctx, s.pd, s.addr, verbs.QPConfig{SendCQ: s.dataCQ, RecvCQ: s.rcq,
+		MaxSendWR: s.reads + 4, MaxRecvWR: 1, MaxReadsOut: s.reads})
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	priv, _ := protocol.MarshalPrivate(protocol.JoinData(s.ch0.Session, uint16(i)))
+	qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: priv})
+	if err != nil {
+		return nil, connectErr(err)
+	}
+	return qp, nil
+}
+
+// replaceQP dials a new data QP into slot i of the live session.
+func (s *Session) replaceQP(ctx context.Context, i int) (verbs.QP, error) {
+	if s.dead() {
+		return nil, fmt.Errorf("%w: the control connection is gone", ErrConnect)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
+	defer cancel()
+	return s.joinQP(ctx, i)
+}
+
+func (s *Session) reportQP(ev reads.Event) {
+	s.cfg.Logger.Debug("data QP", "slot", ev.Slot, "outcome", ev.Outcome, "try", ev.Try, "cause", ev.Cause, "err", ev.Err)
+	if s.cfg.Recovered != nil {
+		s.cfg.Recovered(Recovery{Scope: ScopeQP, QP: ev.Slot, Cause: ev.Cause, Outcome: ev.Outcome.String(), Attempt: ev.Try, Err: ev.Err})
+	}
 }
 
 // Transport describes the connection, e.g. "iwarp-soft (mpa rev 2, crc32c on)".
 func (s *Session) Transport() string {
 	d := s.cfg.Device.Provider()
-	if len(s.data) > 0 {
-		d += " (" + s.data[0].Info().Detail + ")"
+	if s.info.Detail != "" {
+		d += " (" + s.info.Detail + ")"
 	}
 	return d
 }
 
 // DataQPs and ReadsPerQP report what the session negotiated.
-func (s *Session) DataQPs() int    { return len(s.data) }
+func (s *Session) DataQPs() int    { return s.nqps }
 func (s *Session) ReadsPerQP() int { return s.reads }
 
 // Stat returns the entry of a path ("EXPORT/dir/file").
@@ -331,61 +480,66 @@ func unexpected(m protocol.Message) error {
 	return fmt.Errorf("%w: unexpected %v reply", protocol.ErrMalformed, m.Type())
 }
 
-// drainTimeout bounds how long drain waits for stray READs.
-const drainTimeout = 10 * time.Second
-
-// drain waits for n READs still in flight when a transfer ends early, so
-// that their completions are not taken for the next transfer's. If they
-// do not come (or the CQ fails), the session is marked broken.
-func (s *Session) drain(n int) {
-	if n <= 0 || s.broken != nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
-	comps := make([]verbs.Completion, 64)
-	for n > 0 {
-		k, err := s.dataCQ.Poll(comps[:min(n, len(comps))])
-		if err == nil && k == 0 {
-			err = s.dataCQ.Wait(ctx)
-		}
-		if err != nil {
-			s.broken = fmt.Errorf("%w: %d READs of an earlier transfer never completed: %w", ErrConnect, n, err)
-			return
-		}
-		n -= k
-	}
-}
-
-// usable says why the data QPs can't be used, if they can't.
-func (s *Session) usable() error { return s.broken }
-
 // Close ends the session. Calls after the first do nothing.
 func (s *Session) Close() error {
 	s.closeOnce.Do(s.close)
 	return nil
 }
 
+// byeWait bounds the goodbye: the target frees the session when its
+// QPs go anyway.
+const byeWait = 300 * time.Millisecond
+
 func (s *Session) close() {
-	if s.ch != nil && s.ch.QP() != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 1e9)
+	if s.qps != nil {
+		s.qps.Stop() // the target drops the data QPs on Bye: no failures
+	}
+	if !s.dead() {
+		ctx, cancel := context.WithTimeout(context.Background(), byeWait)
 		s.ch.Send(ctx, &protocol.Bye{})
 		cancel()
 	}
-	for _, qp := range s.data {
-		qp.Close()
+	s.teardown()
+}
+
+// teardown frees what the session holds, QPs before memory, without
+// waiting on the peer.
+func (s *Session) teardown() {
+	if s.qps != nil {
+		s.qps.Stop()
+	}
+	if s.ch != nil && s.ch.QP() != nil {
+		s.ch.QP().Disconnect()
+	}
+	if s.qps != nil {
+		s.qps.Close()
+		s.qps = nil
 	}
 	s.freePackSink()
 	if s.ch != nil {
 		s.ch.Close()
+		s.ch = nil
 	}
 	if s.dataCQ != nil {
 		s.dataCQ.Close()
+		s.dataCQ = nil
 	}
 	if s.rcq != nil {
 		s.rcq.Close()
+		s.rcq = nil
 	}
 	if s.pd != nil {
 		s.pd.Close()
+		s.pd = nil
 	}
+}
+
+// engine starts a READ engine over the session's data QPs.
+func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, error) {
+	if s.qps == nil {
+		return nil, fmt.Errorf("%w: the session has no data QPs", ErrConnect)
+	}
+	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, s.qps, s.reads, s.cfg.Timeout
+	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
+	return reads.New(ctx, cfg)
 }

@@ -94,7 +94,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 				next <- answer{r, err}
 			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries})
 		}
-		ents, err := t.batch(b, len(s.data), s.ch0.MaxWindow, alg)
+		ents, err := t.batch(b, s.nqps, s.ch0.MaxWindow, alg)
 		if err != nil {
 			return err
 		}

@@ -89,6 +89,11 @@ type Config struct {
 	Done func(p *Piece)
 	// GroupDone is called when every READ of a group is in.
 	GroupDone func(g *Group)
+	// Lost, if set, is closed when the transfer can no longer finish
+	// whatever its QPs do (its control connection is gone): Step then
+	// fails with LostErr.
+	Lost    <-chan struct{}
+	LostErr error
 }
 
 // DefaultTimeout is the I/O timeout when Config.Timeout is zero.
@@ -103,6 +108,11 @@ var ErrTimeout = errors.New("no READ completed")
 
 // ErrNoPath: READs are left that no live QP can carry.
 var ErrNoPath = errors.New("no data QP left to READ over")
+
+// ErrRefused: the peer refused a READ for what it asked (a key or an
+// address it does not serve), not for the path it took: sending it on
+// another QP would only break that one too.
+var ErrRefused = errors.New("READ refused by the peer")
 
 // Engine is one transfer's READs in flight. It is not safe for
 // concurrent use.
@@ -123,6 +133,7 @@ type Engine struct {
 	stop     context.CancelFunc
 	bytes    int64
 	failures int
+	refused  error // a READ the peer refused: the transfer can't go on
 }
 
 // slot is the engine's view of one QP slot.
@@ -238,6 +249,14 @@ func (e *Engine) Step() (bool, error) {
 	n, err := e.poll()
 	if err != nil {
 		return n > 0, err
+	}
+	if e.refused != nil {
+		return n > 0, e.refused
+	}
+	select {
+	case <-e.cfg.Lost:
+		return n > 0, e.cfg.LostErr
+	default:
 	}
 	e.deadlines(time.Now())
 	posted, err := e.post()
@@ -425,8 +444,15 @@ func (e *Engine) complete(c verbs.Completion) {
 		s.last = time.Now()
 	}
 	if c.Status != verbs.StatusSuccess {
+		err := e.qpErr(q, c.Status)
 		if current {
-			e.fail(q, e.qpErr(q, c.Status))
+			e.fail(q, err)
+		}
+		switch c.Status {
+		case verbs.StatusRemoteAccess, verbs.StatusRemoteInvalid, verbs.StatusRemoteOp:
+			if e.refused == nil {
+				e.refused = fmt.Errorf("%w: %w", ErrRefused, err)
+			}
 		}
 		e.queue = append([]Piece{p}, e.queue...)
 		return
@@ -528,4 +554,22 @@ func (e *Engine) Abort(why error) int {
 		}
 	}
 	return e.Close()
+}
+
+// Run steps the engine until every READ queued is in, or it fails, or
+// ctx ends.
+func (e *Engine) Run(ctx context.Context) error {
+	for {
+		if _, err := e.Step(); err != nil {
+			return err
+		}
+		if e.Pending() == 0 {
+			return nil
+		}
+		select {
+		case <-e.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -256,7 +256,7 @@ func TestFailoverRepostsOnTheOthers(t *testing.T) {
 	if _, err := e.Step(); err != nil {
 		t.Fatal(err)
 	}
-	bad.finish(1, verbs.StatusRemoteAccess) // a Terminate: the QP is dead
+	bad.finish(1, verbs.StatusFatal) // a Terminate for a broken link: the QP is dead
 	if err := run(t, e, &done, 20, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -485,3 +485,45 @@ type neverFlush struct{ *fakeQP }
 
 func (q *neverFlush) Disconnect() error { return nil }
 func (q *neverFlush) Close() error      { return nil }
+
+func TestRefusedREADIsNotFailedOver(t *testing.T) {
+	cq := newFakeCQ()
+	q0, q1 := newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)
+	set := NewSet([]verbs.QP{q0, q1})
+	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.Add(pieces(1, &Keys{RKeys: []uint32{1, 2}})...)
+	e.Step()
+	q0.finish(1, verbs.StatusRemoteAccess)
+	q1.finish(1, verbs.StatusRemoteAccess)
+	time.Sleep(time.Millisecond)
+	if _, err := e.Step(); !errors.Is(err, ErrRefused) {
+		t.Fatalf("err = %v, want ErrRefused", err)
+	}
+	if len(q1.all) != 0 {
+		t.Error("a READ the peer refused was sent again on another QP")
+	}
+}
+
+func TestLostEndsTheTransfer(t *testing.T) {
+	cq := newFakeCQ()
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false)})
+	lost := make(chan struct{})
+	why := errors.New("control connection gone")
+	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Lost: lost, LostErr: why})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.Add(pieces(2, &Keys{RKeys: []uint32{1}})...)
+	if _, err := e.Step(); err != nil {
+		t.Fatal(err)
+	}
+	close(lost)
+	if _, err := e.Step(); !errors.Is(err, why) {
+		t.Fatalf("err = %v, want %v", err, why)
+	}
+}

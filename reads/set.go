@@ -64,10 +64,33 @@ func (o Outcome) String() string {
 }
 
 // NewSet makes a set of qps, slot i holding qps[i] at generation 0.
+// A QP that dies is failed (and replaced) even when no engine is using
+// the set.
 func NewSet(qps []verbs.QP) *Set {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Set{qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
+	s := &Set{qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
 		busy: make([]bool, len(qps)), ctx: ctx, cancel: cancel}
+	for i, qp := range qps {
+		s.watch(i, 0, qp)
+	}
+	return s
+}
+
+// watch fails slot i when its QP of generation gen dies.
+func (s *Set) watch(i int, gen uint32, qp verbs.QP) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-qp.Done():
+			err := qp.Err()
+			if err == nil {
+				err = verbs.ErrDisconnected
+			}
+			s.Failed(i, gen, err)
+		case <-s.ctx.Done():
+		}
+	}()
 }
 
 func (s *Set) Len() int {
@@ -104,11 +127,15 @@ func (s *Set) Live() int {
 	return n
 }
 
+// Stop ends replacements and reports: the owner is closing, and QPs
+// that go now are not failures.
+func (s *Set) Stop() { s.cancel() }
+
 // Failed takes slot i's QP out, if it is still the one of generation gen,
 // closes it and starts its replacement.
 func (s *Set) Failed(i int, gen uint32, err error) {
 	s.mu.Lock()
-	if i >= len(s.qps) || s.gens[i] != gen || s.qps[i] == nil {
+	if i >= len(s.qps) || s.gens[i] != gen || s.qps[i] == nil || s.ctx.Err() != nil {
 		s.mu.Unlock()
 		return
 	}
@@ -162,6 +189,7 @@ func (s *Set) replace(i int, cause error) {
 			s.qps[i] = qp
 			s.gens[i]++
 			s.busy[i] = false
+			s.watch(i, s.gens[i], qp)
 			s.mu.Unlock()
 			s.report(Event{Slot: i, Cause: cause, Outcome: Replaced, Try: try})
 			return
@@ -186,7 +214,7 @@ func (s *Set) replace(i int, cause error) {
 }
 
 func (s *Set) report(ev Event) {
-	if s.Report != nil {
+	if s.Report != nil && s.ctx.Err() == nil {
 		s.Report(ev)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -32,12 +33,6 @@ const pushReadSize = 1 << 20
 
 // maxPushRetries caps the re-reads of a chunk an initiator may ask for.
 const maxPushRetries = 16
-
-// pushDrain bounds the wait for READs still in flight when a window fails.
-const pushDrain = 5 * time.Second
-
-// pushWRID marks the work request IDs of a push's READs.
-const pushWRID = 1 << 63
 
 type push struct {
 	x        *export
@@ -284,33 +279,22 @@ func (p *push) checkWindow(m *protocol.PushWindow) (first, end int, perr *protoc
 	return first, end, nil
 }
 
-// pslot is a staging slot: a chunk being read into it.
-type pslot struct {
-	idx   int // chunk
-	off   int64
-	n     int
-	left  int // READs outstanding
-	tries int
-}
-
-type ppiece struct {
-	slot int
-	off  int // within the chunk
-	n    int
-}
-
-// pullWindow READs a window's chunks into the staging slots, striped over
-// the data QPs, and verifies and writes each one as it completes.
+// pullWindow READs a window's chunks into the staging slots with the READ
+// engine, and verifies and writes each one as it completes.
 func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWindow) (*protocol.PushWindowReply, *protocol.Error) {
+	// The data QPs as they are now: one the initiator replaced since the
+	// last window takes its slot.
+	if qps, perr := ss.dataQPs(); perr == nil && len(qps) == len(p.qps) {
+		p.qps = qps
+	}
 	first, end, perr := p.checkWindow(m)
 	if perr != nil {
 		return nil, perr
 	}
-	w := &m.Window
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	// A data QP that fails flushes its READs, which says why; the
-	// control QP has none to flush.
+	// A data QP that fails is the engine's to route around; the control
+	// QP going means the initiator is gone.
 	go func() {
 		select {
 		case <-ss.ch.QP().Done():
@@ -318,167 +302,163 @@ func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWind
 		case <-ctx.Done():
 		}
 	}()
-
-	cs := p.layout.ChunkSize
-	ds := p.alg.Size()
-	cq := ss.dataSCQ
-	slots := make([]pslot, p.slots)
-	free := make([]int, 0, p.slots)
-	for i := p.slots - 1; i >= 0; i-- {
-		free = append(free, i)
+	pw := &pushWindow{p: p, m: m, first: first, end: end, reply: &protocol.PushWindowReply{Offset: m.Window.Offset}}
+	eng, err := reads.New(ctx, reads.Config{CQ: ss.dataSCQ, QPs: newFixedQPs(p.qps), Depth: p.depth,
+		Timeout: ss.srv.cfg.IdleTimeout, GroupDone: pw.chunkIn})
+	if err != nil {
+		return nil, errf(protocol.CodeInternal, "%v", err)
 	}
-	var queue []ppiece
-	inflight := make([]int, len(p.qps))
-	outstanding := 0
-	enqueue := func(s int) {
-		sl := &slots[s]
-		sl.left = 0
-		for off := 0; off < sl.n; off += p.readSize {
-			queue = append(queue, ppiece{slot: s, off: off, n: min(p.readSize, sl.n-off)})
-			sl.left++
+	pw.eng = eng
+	perr = pw.run(ctx, ss)
+	if perr != nil {
+		if left := eng.Abort(errors.New(perr.Message)); left > 0 {
+			// Their completions would be taken for later binds' own:
+			// the session can't go on.
+			ss.log.Warn("push: READs still in flight after the drain; ending the session", "reads", left)
+			ss.shutdown()
 		}
+		return nil, perr
 	}
-	reply := &protocol.PushWindowReply{Offset: w.Offset}
-	// fail waits for the READs still out, so that none lands in the
-	// staging slots after they are reused or freed.
-	fail := func(e *protocol.Error) (*protocol.PushWindowReply, *protocol.Error) {
-		ss.drain(cq, &outstanding)
-		return nil, e
-	}
-	comps := make([]verbs.Completion, 64)
-	wrs := make([]verbs.SendWR, 0, p.depth)
-	var sum []byte
-	next, done := first, 0
-	for done < end-first {
-		for next < end && len(free) > 0 {
-			s := free[len(free)-1]
-			free = free[:len(free)-1]
-			off, n := p.layout.Chunk(next)
-			slots[s] = pslot{idx: next, off: off, n: int(n)}
-			enqueue(s)
-			next++
-		}
-		// Post to the least busy QPs, up to their depth.
-		for len(queue) > 0 {
-			q := 0
-			for i, n := range inflight {
-				if n < inflight[q] {
-					q = i
-				}
-			}
-			room := p.depth - inflight[q]
-			if room <= 0 {
-				break
-			}
-			wrs = wrs[:0]
-			for _, pc := range queue[:min(room, len(queue))] {
-				sl := &slots[pc.slot]
-				wrs = append(wrs, verbs.SendWR{
-					ID: pushWRID | uint64(q)<<48 | uint64(pc.slot)<<24 | uint64(pc.off/p.readSize),
-					Op: verbs.OpRead,
-					Local: verbs.SGE{Addr: p.mr.Addr() + uint64(pc.slot)*uint64(cs) + uint64(pc.off),
-						Length: uint32(pc.n), LKey: p.mr.LKey()},
-					RemoteAddr: w.Addr + uint64(sl.off-int64(w.Offset)) + uint64(pc.off),
-					RKey:       w.RKeys[q],
-				})
-			}
-			posted, err := p.qps[q].PostSend(wrs)
-			inflight[q] += posted
-			outstanding += posted
-			queue = queue[posted:]
-			if err != nil {
-				return fail(errf(protocol.CodeInternal, "post READ on data QP %d: %v", q, err))
-			}
-		}
-		k, err := cq.Poll(comps)
-		if err != nil {
-			return fail(errf(protocol.CodeInternal, "poll: %v", err))
-		}
-		outstanding -= k // all of them: fail may leave some of the batch unread
-		for _, c := range comps[:k] {
-			q, s, piece := int(c.WRID>>48)&0x7fff, int(c.WRID>>24)&0xffffff, int(c.WRID&0xffffff)
-			if c.WRID&pushWRID == 0 || q >= len(inflight) || s >= len(slots) {
-				return fail(errf(protocol.CodeInternal, "completion for unknown request %#x", c.WRID))
-			}
-			inflight[q]--
-			sl := &slots[s]
-			if c.Status != verbs.StatusSuccess {
-				why := ""
-				if err := p.qps[q].Err(); err != nil {
-					why = " (" + err.Error() + ")"
-				}
-				code := protocol.CodeInternal // the connection is gone
-				switch c.Status {
-				case verbs.StatusRemoteAccess, verbs.StatusRemoteInvalid, verbs.StatusRemoteOp:
-					code = protocol.CodeBadRequest // the initiator's keys or addresses are wrong
-				}
-				return fail(errf(code, "READ of chunk %d on data QP %d: %v%s", sl.idx, q, c.Status, why))
-			}
-			reply.BytesRead += uint64(min(p.readSize, sl.n-piece*p.readSize))
-			if sl.left--; sl.left > 0 {
-				continue
-			}
-			data := p.buf.Bytes()[s*int(cs):][:sl.n]
-			if ds > 0 {
-				i := sl.idx - first
-				sum = chunker.AppendSum(sum[:0], p.alg, data)
-				if !chunker.Equal(sum, m.Digests[i*ds:(i+1)*ds]) {
-					sl.tries++
-					reply.Retries++
-					if sl.tries > p.retries {
-						return fail(errf(protocol.CodeVerify, "chunk %d (bytes %d-%d) failed its %v digest %d times", sl.idx, sl.off, sl.off+int64(sl.n), p.alg, sl.tries))
-					}
-					ss.log.Warn("push: chunk failed its digest; reading it again", "chunk", sl.idx, "try", sl.tries)
-					enqueue(s)
-					continue
-				}
-			}
-			if _, err := p.f.WriteAt(data, sl.off); err != nil {
-				return fail(writeError(p, "writing", err))
-			}
-			free = append(free, s)
-			done++
-		}
-		if k > 0 || done == end-first {
-			continue
-		}
-		wctx, wcancel := context.WithTimeout(ctx, ss.srv.cfg.IdleTimeout)
-		err = cq.Wait(wctx)
-		stalled := wctx.Err() != nil && ctx.Err() == nil
-		wcancel()
-		switch {
-		case ctx.Err() != nil:
-			return fail(errf(protocol.CodeInternal, "push abandoned: %v", context.Cause(ctx)))
-		case stalled:
-			return fail(errf(protocol.CodeInternal, "no READ completed for %v", ss.srv.cfg.IdleTimeout))
-		case err != nil:
-			return fail(errf(protocol.CodeInternal, "wait: %v", err))
-		}
-	}
-	p.next = int64(w.Offset + w.Length)
+	eng.Close()
+	pw.reply.BytesRead = uint64(eng.BytesRead())
+	p.next = int64(m.Window.Offset + m.Window.Length)
 	p.sums = append(p.sums, m.Digests...)
-	return reply, nil
+	return pw.reply, nil
 }
 
-// drain collects the completions of the READs still outstanding, for a
-// while: flushed ones come at once when the connection is gone.
-func (ss *session) drain(cq verbs.CQ, outstanding *int) {
-	ctx, cancel := context.WithTimeout(context.Background(), pushDrain)
-	defer cancel()
-	comps := make([]verbs.Completion, 64)
-	for *outstanding > 0 {
-		k, err := cq.Poll(comps[:min(len(comps), *outstanding)])
-		if err == nil && k == 0 {
-			err = cq.Wait(ctx)
+// pushWindow is one window of a push being pulled.
+type pushWindow struct {
+	p          *push
+	m          *protocol.PushWindow
+	first, end int // the window's chunks
+	eng        *reads.Engine
+	slots      []pslot
+	free       []int
+	ready      []int // slots whose READs are all in
+	reply      *protocol.PushWindowReply
+	sum        []byte
+	done       int
+}
+
+// pslot is a staging slot: a chunk being read into it.
+type pslot struct {
+	idx int // chunk
+	off int64
+	n   int
+	g   reads.Group
+}
+
+func (pw *pushWindow) run(ctx context.Context, ss *session) *protocol.Error {
+	p := pw.p
+	pw.slots = make([]pslot, p.slots)
+	for i := p.slots - 1; i >= 0; i-- {
+		pw.free = append(pw.free, i)
+	}
+	next := pw.first
+	for pw.done < pw.end-pw.first {
+		for next < pw.end && len(pw.free) > 0 {
+			pw.start(pw.free[len(pw.free)-1], next)
+			pw.free = pw.free[:len(pw.free)-1]
+			next++
+		}
+		stepped, err := pw.eng.Step()
+		if errors.Is(err, reads.ErrRefused) {
+			return errf(protocol.CodeBadRequest, "push: %v", err) // the initiator's keys or addresses are wrong
 		}
 		if err != nil {
-			// Their completions would be taken for later requests' own:
-			// the session can't go on.
-			ss.log.Warn("push: READs still in flight after the drain timeout; ending the session", "reads", *outstanding, "err", err)
-			ss.shutdown()
-			return
+			return errf(protocol.CodeInternal, "push: %v", err)
 		}
-		*outstanding -= k
+		for len(pw.ready) > 0 {
+			sl := pw.ready[0]
+			pw.ready = pw.ready[1:]
+			if perr := pw.land(ss, sl); perr != nil {
+				return perr
+			}
+		}
+		if stepped {
+			continue
+		}
+		select {
+		case <-pw.eng.Ready():
+		case <-ctx.Done():
+			return errf(protocol.CodeInternal, "push abandoned: %v", context.Cause(ctx))
+		}
+	}
+	return nil
+}
+
+// start queues the READs of chunk idx into slot sl.
+func (pw *pushWindow) start(sl, idx int) {
+	p := pw.p
+	w := &pw.m.Window
+	off, n := p.layout.Chunk(idx)
+	s := &pw.slots[sl]
+	*s = pslot{idx: idx, off: off, n: int(n), g: reads.Group{Tag: sl}}
+	keys := &reads.Keys{RKeys: w.RKeys} // the initiator's MR keys: good on any of its QPs
+	cs := uint64(p.layout.ChunkSize)
+	var ps []reads.Piece
+	for o := 0; o < s.n; o += p.readSize {
+		ps = append(ps, reads.Piece{
+			Local:  verbs.SGE{Addr: p.mr.Addr() + uint64(sl)*cs + uint64(o), Length: uint32(min(p.readSize, s.n-o)), LKey: p.mr.LKey()},
+			Remote: w.Addr + uint64(s.off-int64(w.Offset)) + uint64(o), Keys: keys,
+		})
+	}
+	pw.eng.AddGroup(&s.g, ps)
+}
+
+func (pw *pushWindow) chunkIn(g *reads.Group) { pw.ready = append(pw.ready, g.Tag) }
+
+// land verifies the chunk in slot sl and writes it, or reads it again.
+func (pw *pushWindow) land(ss *session, sl int) *protocol.Error {
+	p := pw.p
+	s := &pw.slots[sl]
+	cs := p.layout.ChunkSize
+	data := p.buf.Bytes()[sl*int(cs):][:s.n]
+	if ds := p.alg.Size(); ds > 0 {
+		i := s.idx - pw.first
+		pw.sum = chunker.AppendSum(pw.sum[:0], p.alg, data)
+		if !chunker.Equal(pw.sum, pw.m.Digests[i*ds:(i+1)*ds]) {
+			pw.reply.Retries++
+			if err := pw.eng.Retry(&s.g, p.retries); err != nil {
+				return errf(protocol.CodeVerify, "chunk %d (bytes %d-%d) failed its %v digest %d times", s.idx, s.off, s.off+int64(s.n), p.alg, s.g.Tries)
+			}
+			ss.log.Warn("push: chunk failed its digest; reading it again", "chunk", s.idx, "try", s.g.Tries)
+			return nil
+		}
+	}
+	if _, err := p.f.WriteAt(data, s.off); err != nil {
+		return writeError(p, "writing", err)
+	}
+	pw.free = append(pw.free, sl)
+	pw.done++
+	return nil
+}
+
+// fixedQPs is the engine's view of a push's data QPs: the session's, as
+// they were when the window came. One that fails is disconnected (the
+// initiator sees it go and replaces it); the session closes it.
+type fixedQPs struct {
+	qps  []verbs.QP
+	dead []bool
+}
+
+func newFixedQPs(qps []verbs.QP) *fixedQPs {
+	return &fixedQPs{qps: qps, dead: make([]bool, len(qps))}
+}
+
+func (f *fixedQPs) Len() int { return len(f.qps) }
+
+func (f *fixedQPs) QP(i int) (verbs.QP, uint32) {
+	if f.dead[i] {
+		return nil, 1
+	}
+	return f.qps[i], 0
+}
+
+func (f *fixedQPs) Failed(i int, gen uint32, err error) {
+	if gen == 0 && !f.dead[i] {
+		f.dead[i] = true
+		f.qps[i].Disconnect()
 	}
 }
 

@@ -36,7 +36,7 @@ func benchCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "one JSON summary line on stdout (or an error line)"},
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of the test to FILE (go tool pprof)"},
 			secretFlag(),
-		}, transportFlags()...),
+		}, append(timeoutFlags(), transportFlags()...)...),
 		Action: runBench,
 	}
 }
@@ -64,6 +64,7 @@ type benchLine struct {
 	Intervals    []float64 `json:"intervals_mb_per_s"`
 	CPUSeconds   float64   `json:"cpu_seconds"`
 	CPUSecsPerGB float64   `json:"cpu_seconds_per_gb"`
+	QPFailures   int       `json:"qp_failures"`
 }
 
 // parseDuration takes seconds, as perftest's -D, or a Go duration.
@@ -128,6 +129,9 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 	if cfg.QPs < 1 || cfg.QPs > 64 || cfg.Depth < 1 || cfg.Depth > 1024 {
 		return usagef("--qps %d --depth %d: want 1..64 queue pairs and 1..1024 READs each", cfg.QPs, cfg.Depth)
 	}
+	if err := timeoutConfig(c, &cfg); err != nil {
+		return err
+	}
 	jsonOut := c.Bool("json")
 	s, why, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {
@@ -169,7 +173,7 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 			AvgMBps: mb(res.Avg), MinMBps: mb(res.Min), PeakMBps: mb(res.Peak),
 			AvgGbps: gb(res.Avg), MinGbps: gb(res.Min), PeakGbps: gb(res.Peak),
 			IntervalMs: float64(res.Interval) / 1e6, Intervals: iv,
-			CPUSeconds: res.CPU.Seconds(), CPUSecsPerGB: res.CPUPerGB})
+			CPUSeconds: res.CPU.Seconds(), CPUSecsPerGB: res.CPUPerGB, QPFailures: res.QPFailures})
 	}
 	unit, conv := "MB/sec", mb
 	if c.Bool("report-gbits") {

@@ -44,7 +44,7 @@ func cpCommand() *cli.Command {
 
 // initiatorFlags tune a session; cp, ls and bench share them.
 func initiatorFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.IntFlag{Name: "qps", Value: 4, Usage: "data queue pairs"},
 		&cli.IntFlag{Name: "depth", Value: 4, Usage: "RDMA READs in flight per queue pair"},
 		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ"},
@@ -52,7 +52,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none"},
 		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again"},
 		secretFlag(),
-	}
+	}, timeoutFlags()...)
 }
 
 func initiatorConfig(c *cli.Context) (initiator.Config, error) {
@@ -76,6 +76,9 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 	if cfg.Secret, err = readSecret(c); err != nil {
 		return cfg, err
 	}
+	if err := timeoutConfig(c, &cfg); err != nil {
+		return cfg, err
+	}
 	return cfg, nil
 }
 
@@ -95,6 +98,8 @@ type summaryLine struct {
 	Digest    string  `json:"digest"`
 	BytesRead int64   `json:"bytes_read"`
 	Skipped   bool    `json:"skipped,omitempty"`
+	// Recoveries: data QPs replaced and sessions re-established.
+	Recoveries int `json:"recoveries"`
 }
 
 type errorLine struct {
@@ -118,7 +123,11 @@ func runCp(c *cli.Context) error {
 	}
 	var pe *partialError
 	if err != nil && c.Bool("json") && !errors.As(err, &pe) {
-		json.NewEncoder(c.App.Writer).Encode(errorLine{Type: "error", Error: err.Error(), ExitCode: exitCode(c.Context, err)})
+		msg := err.Error()
+		if c.Context.Err() != nil {
+			msg = "interrupted"
+		}
+		json.NewEncoder(c.App.Writer).Encode(errorLine{Type: "error", Error: msg, ExitCode: exitCode(c.Context, err)})
 	}
 	return err
 }
@@ -186,10 +195,11 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	if jsonOut {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
-			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead})
+			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
+			Recoveries: recoveriesOf(c).Count()})
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), %d QPs x %d READs, %s, %d chunk retries\n",
-		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries)
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
+		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
 	return nil
 }
 
@@ -232,9 +242,18 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 	if jsonOut {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
-			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead})
+			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
+			Recoveries: recoveriesOf(c).Count()})
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries\n",
-		srcArg, dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries)
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries%s\n",
+		srcArg, dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
 	return nil
+}
+
+// recoveredText is ", N recoveries" when there were any.
+func recoveredText(c *cli.Context) string {
+	if n := recoveriesOf(c).Count(); n > 0 {
+		return fmt.Sprintf(", %d recoveries", n)
+	}
+	return ""
 }

@@ -21,7 +21,7 @@ func lsCommand() *cli.Command {
 			&cli.BoolFlag{Name: "long", Aliases: []string{"l"}, Usage: "mode, size and mtime too"},
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per entry"},
 			secretFlag(),
-		}, transportFlags()...),
+		}, append(timeoutFlags(), transportFlags()...)...),
 		Action: runLs,
 	}
 }
@@ -51,7 +51,11 @@ func runLs(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	s, _, closeSession, err := dialSession(c, r.addr, initiator.Config{Secret: secret, QPs: 1, Depth: 1}, c.Bool("json"))
+	cfg := initiator.Config{Secret: secret, QPs: 1, Depth: 1}
+	if err := timeoutConfig(c, &cfg); err != nil {
+		return err
+	}
+	s, _, closeSession, err := dialSession(c, r.addr, cfg, c.Bool("json"))
 	if err != nil {
 		return err
 	}

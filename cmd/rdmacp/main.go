@@ -58,7 +58,8 @@ func exitCode(ctx context.Context, err error) int {
 			return exitCode(ctx, part.first)
 		}
 		return exitPartial
-	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+	case ctx.Err() != nil:
+		// Interrupted: whatever the copy was doing when it stopped.
 		return exitInterrupts
 	case errors.As(err, &ue):
 		return exitUsage
@@ -93,7 +94,10 @@ func main() {
 	defer stop()
 	app := newApp()
 	err := app.RunContext(ctx, os.Args)
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "rdmacp: interrupted")
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "rdmacp:", err)
 	}
 	os.Exit(exitCode(ctx, err))

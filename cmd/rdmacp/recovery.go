@@ -1,0 +1,126 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/initiator"
+)
+
+// timeoutFlags bound every wait of a command that talks to a target;
+// cp, ls and bench share them (doctor has its own --timeout).
+func timeoutFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "timeout", Value: "30s", Usage: "I/O timeout: a queue pair or the control connection that makes no progress for this `DURATION` is dead"},
+		&cli.StringFlag{Name: "contimeout", Value: "10s", Usage: "bound on each connection setup (dial, handshake, hello), a `DURATION`"},
+		&cli.StringFlag{Name: "retry-for", Value: "2m", Usage: "time spent re-establishing a broken session, all attempts together (`DURATION`; 0: never)"},
+	}
+}
+
+// timeoutConfig reads timeoutFlags into cfg, with a reporter of
+// recoveries that writes to stdout (JSON) or stderr.
+func timeoutConfig(c *cli.Context, cfg *initiator.Config) error {
+	var err error
+	if cfg.Timeout, err = parseDuration(c.String("timeout")); err != nil {
+		return usagef("--timeout: %v", err)
+	}
+	if cfg.ConnectTimeout, err = parseDuration(c.String("contimeout")); err != nil {
+		return usagef("--contimeout: %v", err)
+	}
+	if s := c.String("retry-for"); s == "0" || s == "0s" {
+		cfg.RetryFor = -1
+	} else if cfg.RetryFor, err = parseDuration(s); err != nil {
+		return usagef("--retry-for: %v", err)
+	}
+	rep := &recoveries{json: c.Bool("json"), stdout: c.App.Writer, stderr: c.App.ErrWriter}
+	c.App.Metadata = map[string]any{"recoveries": rep}
+	cfg.Recovered = rep.report
+	return nil
+}
+
+// recoveriesOf is the reporter timeoutConfig set up, if any.
+func recoveriesOf(c *cli.Context) *recoveries {
+	r, _ := c.App.Metadata["recoveries"].(*recoveries)
+	return r
+}
+
+// recoveries reports each step of a recovery as it happens: a JSON line
+// on stdout, or a warning on stderr.
+type recoveries struct {
+	json           bool
+	stdout, stderr io.Writer
+
+	mu    sync.Mutex
+	count int // recoveries that worked: a QP replaced, a session re-established
+}
+
+type recoveryLine struct {
+	Type    string `json:"message_type"`
+	Scope   string `json:"scope"`
+	QP      *int   `json:"qp,omitempty"`
+	Cause   string `json:"cause"`
+	Outcome string `json:"outcome"`
+	Attempt int    `json:"attempt,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Time    string `json:"time"`
+}
+
+func (r *recoveries) report(ev initiator.Recovery) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ev.Outcome == "replaced" || ev.Outcome == "reconnected" {
+		r.count++
+	}
+	if r.json {
+		l := recoveryLine{Type: "recovery", Scope: string(ev.Scope), Cause: errText(ev.Cause), Outcome: ev.Outcome,
+			Attempt: ev.Attempt, Error: errText(ev.Err), Time: time.Now().UTC().Format(time.RFC3339Nano)}
+		if ev.Scope == initiator.ScopeQP {
+			q := ev.QP
+			l.QP = &q
+		}
+		json.NewEncoder(r.stdout).Encode(l)
+		return
+	}
+	fmt.Fprintln(r.stderr, "rdmacp: warning:", recoveryText(ev))
+}
+
+// Count is how many recoveries worked.
+func (r *recoveries) Count() int {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
+}
+
+// recoveryText is a recovery step in words.
+func recoveryText(ev initiator.Recovery) string {
+	switch {
+	case ev.Scope == initiator.ScopeQP && ev.Outcome == "failed" && ev.Attempt == 0:
+		return fmt.Sprintf("data queue pair %d failed (%v); its READs go to the others while it is replaced", ev.QP, ev.Cause)
+	case ev.Scope == initiator.ScopeQP && ev.Outcome == "failed":
+		return fmt.Sprintf("data queue pair %d: replacement %d failed (%v); trying again", ev.QP, ev.Attempt, ev.Err)
+	case ev.Scope == initiator.ScopeQP && ev.Outcome == "replaced":
+		return fmt.Sprintf("data queue pair %d replaced", ev.QP)
+	case ev.Scope == initiator.ScopeQP:
+		return fmt.Sprintf("data queue pair %d could not be replaced (%v); the others carry on", ev.QP, ev.Err)
+	case ev.Outcome == "reconnected":
+		return fmt.Sprintf("session re-established (attempt %d) after: %v; the copy goes on from what was verified", ev.Attempt, ev.Cause)
+	case ev.Outcome == "failed":
+		return fmt.Sprintf("session lost (%v); reconnecting: attempt %d failed (%v)", ev.Cause, ev.Attempt, ev.Err)
+	}
+	return fmt.Sprintf("session lost (%v); gave up after %d attempts (--retry-for)", ev.Cause, ev.Attempt)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

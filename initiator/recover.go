@@ -1,0 +1,100 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
+)
+
+// A session that breaks (its control connection lost or silent, or no
+// data QP left) is dialed again, authenticated again, and the transfer
+// goes on from what was already verified, the way --partial resumes but
+// in memory. The time spent on it, all attempts of the command together,
+// is bounded by Config.RetryFor.
+
+// recoverable reports whether err is a broken session, which a new one
+// may get past: not a refusal, a verify failure or a local error.
+func recoverable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, ErrAuth) || errors.Is(err, ErrVerify) || errors.Is(err, ErrChanged) ||
+		errors.Is(err, reads.ErrRefused) {
+		return false
+	}
+	return errors.Is(err, ErrConnect) || errors.Is(err, reads.ErrNoPath) || errors.Is(err, reads.ErrTimeout) ||
+		errors.Is(err, protocol.ErrClosed) || errors.Is(err, protocol.ErrTimeout)
+}
+
+// reconnectBackoff is the wait after a failed attempt, doubling to
+// reconnectBackoffMax.
+const (
+	reconnectBackoff    = 500 * time.Millisecond
+	reconnectBackoffMax = 5 * time.Second
+)
+
+// reconnect replaces the session's connections with new ones, trying
+// until it works, the budget is spent or ctx ends. cause is what broke.
+func (s *Session) reconnect(ctx context.Context, cause error) error {
+	if s.cfg.RetryFor < 0 {
+		return cause
+	}
+	backoff := reconnectBackoff
+	for attempt := 1; ; attempt++ {
+		left := s.cfg.RetryFor - s.spent
+		if left <= 0 {
+			s.report(Recovery{Scope: ScopeSession, Cause: cause, Outcome: "gave up", Attempt: attempt - 1})
+			return &GaveUpError{Attempts: attempt - 1, Budget: s.cfg.RetryFor, Cause: cause}
+		}
+		s.cfg.Logger.Debug("reconnecting", "attempt", attempt, "cause", cause)
+		t0 := time.Now()
+		s.teardown()
+		err := s.dial(ctx)
+		s.spent += time.Since(t0)
+		if err == nil {
+			s.reconnects++
+			s.report(Recovery{Scope: ScopeSession, Cause: cause, Outcome: "reconnected", Attempt: attempt})
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, ErrAuth) {
+			return err
+		}
+		s.report(Recovery{Scope: ScopeSession, Cause: cause, Outcome: "failed", Attempt: attempt, Err: err})
+		wait := min(backoff, s.cfg.RetryFor-s.spent)
+		backoff = min(2*backoff, reconnectBackoffMax)
+		if wait > 0 {
+			t0 = time.Now()
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			s.spent += time.Since(t0)
+		}
+	}
+}
+
+func (s *Session) report(r Recovery) {
+	s.cfg.Logger.Debug("session recovery", "outcome", r.Outcome, "attempt", r.Attempt, "cause", r.Cause, "err", r.Err)
+	if s.cfg.Recovered != nil {
+		s.cfg.Recovered(r)
+	}
+}
+
+// GaveUpError is a broken session that could not be re-established
+// within the retry budget. It wraps ErrConnect.
+type GaveUpError struct {
+	Attempts int
+	Budget   time.Duration
+	Cause    error
+}
+
+func (e *GaveUpError) Error() string {
+	return fmt.Sprintf("%v; gave up after %d attempts to reconnect in %v (--retry-for)", e.Cause, e.Attempts, e.Budget)
+}
+
+func (e *GaveUpError) Unwrap() []error { return []error{ErrConnect, e.Cause} }
