@@ -162,9 +162,10 @@ func TestTargetGoneMidCopy(t *testing.T) {
 	go srv.Serve(ctx, ln)
 	e.dev = open(t, iwarp.New(iwarp.Config{}))
 	randomFile(t, filepath.Join(e.dir, "f"), 64<<20)
-	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1 })
+	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.RetryFor = 2 * time.Second })
 	dst := filepath.Join(t.TempDir(), "f")
 	var once sync.Once
+	start := time.Now()
 	_, err = s.Get(context.Background(), "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
 		once.Do(cancel) // the target shuts down under the copy
 	}})
@@ -172,7 +173,61 @@ func TestTargetGoneMidCopy(t *testing.T) {
 	if !errors.Is(err, initiator.ErrConnect) {
 		t.Fatalf("err = %v, want ErrConnect", err)
 	}
+	// It tried to reconnect for its budget, and said so.
+	var gu *initiator.GaveUpError
+	if !errors.As(err, &gu) || gu.Attempts < 1 {
+		t.Errorf("err = %v, want a GaveUpError after at least one attempt", err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("gave up after %v with a 2s --retry-for", el)
+	}
 	noDest(t, dst)
+}
+
+func TestPullResumesOnANewSession(t *testing.T) {
+	e := startTarget(t, func(c *target.Config) { c.MaxWindow = 1 << 20 })
+	const size = 16 << 20
+	want := randomFile(t, filepath.Join(e.dir, "f"), size)
+	var recs []initiator.Recovery
+	var mu sync.Mutex
+	s := e.dial(t, func(c *initiator.Config) {
+		c.Recovered = func(r initiator.Recovery) { mu.Lock(); recs = append(recs, r); mu.Unlock() }
+	})
+	dst := filepath.Join(t.TempDir(), "f")
+	hung := false
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
+		if !hung && p.Bytes >= size/2 {
+			hung = true
+			initiator.HangUp(s) // the session breaks halfway
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hung {
+		t.Fatal("the copy ended before the fault")
+	}
+	if got, _ := os.ReadFile(dst); string(got) != string(want) {
+		t.Fatal("copy differs from the source")
+	}
+	if s.Reconnects() != 1 {
+		t.Errorf("%d reconnects, want 1", s.Reconnects())
+	}
+	// It went on from what was verified: well under twice the file.
+	if res.BytesRead >= 2*size || res.BytesRead < size {
+		t.Errorf("bytes read %d for a %d-byte file resumed halfway", res.BytesRead, size)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	ok := false
+	for _, r := range recs {
+		ok = ok || (r.Scope == initiator.ScopeSession && r.Outcome == "reconnected")
+	}
+	if !ok {
+		t.Errorf("recoveries %+v: no session reconnected", recs)
+	}
 }
 
 func TestSourceChangedDuringCopy(t *testing.T) {

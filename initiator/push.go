@@ -44,12 +44,26 @@ const defaultPushWindow = 32 << 20
 // digests sent with each window, and renames its temporary file into
 // place only on commit, which this side sends once every window is in
 // and src is seen unchanged. A failed push leaves nothing at dst.
+//
+// A session that breaks on the way is re-established (bounded by
+// RetryFor) and the push starts over: the target removed what it had of
+// it when the old session went.
 func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
-	res, err := s.put(ctx, src, dst, opt)
-	if err != nil {
-		return res, pushErr(dst, err)
+	for {
+		res, err := s.put(ctx, src, dst, opt)
+		if err != nil && recoverable(ctx, err) {
+			if rerr := s.reconnect(ctx, err); rerr == nil {
+				s.cfg.Logger.Warn("session re-established; the push starts over", "path", src)
+				continue
+			} else {
+				err = rerr
+			}
+		}
+		if err != nil {
+			return res, pushErr(dst, err)
+		}
+		return res, nil
 	}
-	return res, nil
 }
 
 // pushErr words an error of a push to dst.

@@ -237,7 +237,7 @@ func TestPushSurvivesADroppedDataQP(t *testing.T) {
 
 func TestPushInitiatorGoneMidPush(t *testing.T) {
 	e := startTarget(t, writable)
-	s := e.dial(t, nil)
+	s := e.dial(t, func(c *initiator.Config) { c.RetryFor = -1 }) // gone for good
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 4<<20)
 	var once sync.Once
@@ -253,6 +253,29 @@ func TestPushInitiatorGoneMidPush(t *testing.T) {
 		t.Fatal("push succeeded without its session")
 	}
 	eventually(t, e.dir)
+}
+
+func TestPushStartsOverOnANewSession(t *testing.T) {
+	e := startTarget(t, writable)
+	s := e.dial(t, nil)
+	src := filepath.Join(t.TempDir(), "f")
+	want := randomFile(t, src, 4<<20)
+	var once sync.Once
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := s.Put(ctx, src, "data/f", initiator.PutOptions{Window: 128 << 10, Progress: func(initiator.Progress) {
+		once.Do(func() { initiator.HangUp(s) })
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Reconnects() != 1 {
+		t.Errorf("%d reconnects, want 1", s.Reconnects())
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
+		t.Fatal("pushed file differs from the source")
+	}
+	eventually(t, e.dir, "f")
 }
 
 func TestPushSourceChanged(t *testing.T) {

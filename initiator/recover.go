@@ -50,7 +50,9 @@ func (s *Session) reconnect(ctx context.Context, cause error) error {
 		s.cfg.Logger.Debug("reconnecting", "attempt", attempt, "cause", cause)
 		t0 := time.Now()
 		s.teardown()
-		err := s.dial(ctx)
+		dctx, cancel := context.WithTimeout(ctx, left) // an attempt ends with the budget
+		err := s.dial(dctx)
+		cancel()
 		s.spent += time.Since(t0)
 		if err == nil {
 			s.reconnects++
