@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
@@ -155,7 +156,7 @@ type rec struct {
 
 // serials tell the completions of one engine from an earlier one's
 // that arrive late on the same CQ.
-var serials uint64
+var serials atomic.Uint64
 
 // New makes an engine and starts its CQ watcher, which ends with ctx or
 // Close.
@@ -166,9 +167,8 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	serials++
 	n := cfg.QPs.Len()
-	e := &Engine{cfg: cfg, serial: serials & serialMask, slots: make([]slot, n),
+	e := &Engine{cfg: cfg, serial: serials.Add(1) & serialMask, slots: make([]slot, n),
 		comps: make([]verbs.Completion, 64), ready: make(chan struct{}, 1)}
 	e.recs = make([]rec, n*cfg.Depth)
 	for i := range e.recs {
