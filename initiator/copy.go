@@ -193,6 +193,7 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	st := &pullState{}
 	for {
+		t0, before := time.Now(), st.verified()
 		err := s.pullOnce(ctx, res, src, sp, st)
 		if err == nil {
 			return res, st.land, nil
@@ -201,6 +202,9 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 			return res, nil, err
 		}
 		if recoverable(ctx, err) {
+			if st.verified() == before {
+				s.spent += time.Since(t0) // no progress: it counts against --retry-for
+			}
 			if rerr := s.reconnect(ctx, err); rerr == nil {
 				s.cfg.Logger.Warn("session re-established; the copy goes on", "path", src, "chunks_verified", st.verified())
 				continue
@@ -533,7 +537,8 @@ type fetch struct {
 
 	readSize int
 	eng      *reads.Engine
-	windows  chan struct{} // a token per mapped window
+	wg       *sync.WaitGroup // goroutines of the fetch, waited for by run
+	windows  chan struct{}   // a token per mapped window
 	stage    *verbs.Buffer
 	mr       verbs.MR
 	slots    []*chunk // by slot index; nil when free
@@ -621,11 +626,16 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	// land after it is freed), then free it.
 	var wg sync.WaitGroup
 	defer f.endEngine(&err)
-	defer wg.Wait()
+	defer wg.Wait() // the verifiers, the mapper and the Unmaps: none outlives the fetch
 	defer cancel()
 	wins := make(chan winOrErr, 1)
 	f.windows = make(chan struct{}, maxWindows)
-	go f.mapWindows(ctx, wins)
+	f.wg = &wg
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f.mapWindows(ctx, wins)
+	}()
 	f.jobs = make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
 	for range verifiers {
@@ -677,10 +687,11 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	return chunker.MakeDigests(f.alg, n, f.sums)
 }
 
-// endEngine closes the engine: at once if the copy failed or was
-// cancelled, after its READs if not.
+// endEngine closes the engine: at once if the copy was cancelled or its
+// path broke; after its READs (bounded) otherwise, so that a file that
+// fails for its own reasons leaves the QPs to the next one.
 func (f *fetch) endEngine(err *error) {
-	if *err != nil {
+	if *err != nil && (f.ctx.Err() != nil || recoverable(context.Background(), *err)) {
 		f.eng.Abort(*err)
 		return
 	}
@@ -891,7 +902,9 @@ func (f *fetch) chunkDone(w *win, i int) {
 	}
 	w.left--
 	if w.left == 0 {
+		f.wg.Add(1)
 		go func() {
+			defer f.wg.Done()
 			f.s.call(f.ctx, &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
 			<-f.windows
 		}()

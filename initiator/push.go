@@ -50,8 +50,10 @@ const defaultPushWindow = 32 << 20
 // it when the old session went.
 func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
 	for {
+		t0 := time.Now()
 		res, err := s.put(ctx, src, dst, opt)
 		if err != nil && recoverable(ctx, err) {
+			s.spent += time.Since(t0) // a push starts over: all of it counts against --retry-for
 			if rerr := s.reconnect(ctx, err); rerr == nil {
 				s.cfg.Logger.Warn("session re-established; the push starts over", "path", src)
 				continue

@@ -233,6 +233,9 @@ func (s *Session) dial(ctx context.Context) error {
 // call sends m and waits for the reply, for as long as the target shows
 // it is working on it (the channel's I/O timeout).
 func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Message, error) {
+	if s.dead() {
+		return nil, errControlLost
+	}
 	r, err := s.ch.Call(ctx, m)
 	switch {
 	case errors.Is(err, protocol.ErrTimeout):
@@ -363,9 +366,7 @@ func (s *Session) join(ctx context.Context) error {
 	}
 	s.info = qps[0].Info()
 	s.nqps = n
-	s.qps = reads.NewSet(qps)
-	s.qps.Replace = s.replaceQP
-	s.qps.Report = s.reportQP
+	s.qps = reads.NewSet(qps, s.replaceQP, s.reportQP)
 	s.cfg.Logger.Debug("session open", "target", s.addr, "data_qps", n, "reads_per_qp", s.reads, "conn", s.info.Detail)
 	return nil
 }

@@ -148,10 +148,11 @@ type slot struct {
 
 // rec is a READ in flight.
 type rec struct {
-	p   Piece
-	q   int
-	gen uint32
-	on  bool
+	p      Piece
+	q      int
+	gen    uint32
+	on     bool
+	posted time.Time
 }
 
 // serials tell the completions of one engine from an earlier one's
@@ -258,7 +259,11 @@ func (e *Engine) Step() (bool, error) {
 		return n > 0, e.cfg.LostErr
 	default:
 	}
-	e.deadlines(time.Now())
+	now := time.Now()
+	e.deadlines(now)
+	if err := e.orphans(now); err != nil {
+		return n > 0, err
+	}
 	posted, err := e.post()
 	return n > 0 || posted > 0, err
 }
@@ -296,6 +301,26 @@ func (e *Engine) deadlines(now time.Time) {
 			e.fail(q, fmt.Errorf("data QP %d: %w for %v (%d outstanding)", q, ErrTimeout, e.cfg.Timeout, s.inflight))
 		}
 	}
+}
+
+// orphans bounds the READs of QPs that were failed or replaced: they
+// come back as flushed completions once the QP is closed; if they have
+// not after two timeouts, the QP never flushed and the transfer can't
+// trust the memory it READs into.
+func (e *Engine) orphans(now time.Time) error {
+	live := 0
+	for i := range e.slots {
+		live += e.slots[i].inflight
+	}
+	if e.out == live {
+		return nil
+	}
+	for _, r := range e.recs {
+		if r.on && r.gen != e.slots[r.q].gen && now.Sub(r.posted) > 2*e.cfg.Timeout {
+			return fmt.Errorf("data QP %d: %w: a READ of a failed QP never came back in %v", r.q, ErrTimeout, 2*e.cfg.Timeout)
+		}
+	}
+	return nil
 }
 
 // pick returns the least busy live slot with room that can carry p, or
@@ -362,6 +387,7 @@ func (e *Engine) noPath() error {
 func (e *Engine) postOn(q int) (int, error) {
 	s := &e.slots[q]
 	room := min(e.cfg.Depth-s.inflight, len(e.free))
+	now := time.Now()
 	wrs := e.wrs[:0]
 	idx := e.idx[:0]
 	keep := e.queue[:0]
@@ -373,7 +399,7 @@ func (e *Engine) postOn(q int) (int, error) {
 		}
 		r := e.free[len(e.free)-1]
 		e.free = e.free[:len(e.free)-1]
-		e.recs[r] = rec{p: p, q: q, gen: s.gen, on: true}
+		e.recs[r] = rec{p: p, q: q, gen: s.gen, on: true, posted: now}
 		idx = append(idx, r)
 		wrs = append(wrs, verbs.SendWR{ID: e.wrid(q, s.gen, r), Op: verbs.OpRead, Local: p.Local,
 			RemoteAddr: p.Remote, RKey: p.Keys.RKeys[q]})

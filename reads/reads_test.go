@@ -158,7 +158,7 @@ func run(t *testing.T, e *Engine, done *int, want int, limit time.Duration) erro
 
 func TestWRIDRoundTrip(t *testing.T) {
 	cq := newFakeCQ()
-	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)})
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestWRIDRoundTrip(t *testing.T) {
 func TestStripesWithinDepth(t *testing.T) {
 	cq := newFakeCQ()
 	qps := []*fakeQP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false), newFakeQP(cq, 2, false)}
-	set := NewSet([]verbs.QP{qps[0], qps[1], qps[2]})
+	set := NewSet([]verbs.QP{qps[0], qps[1], qps[2]}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -241,9 +241,9 @@ func TestFailoverRepostsOnTheOthers(t *testing.T) {
 	cq := newFakeCQ()
 	bad := newFakeQP(cq, 0, false)
 	good := newFakeQP(cq, 1, true)
-	set := NewSet([]verbs.QP{bad, good})
+	var mu sync.Mutex
 	var events []Event
-	set.Report = func(ev Event) { events = append(events, ev) }
+	set := NewSet([]verbs.QP{bad, good}, nil, func(ev Event) { mu.Lock(); events = append(events, ev); mu.Unlock() })
 	done := 0
 	seen := map[uint64]int{}
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4,
@@ -268,6 +268,8 @@ func TestFailoverRepostsOnTheOthers(t *testing.T) {
 	if len(seen) != 20 {
 		t.Errorf("%d distinct READs done, want 20", len(seen))
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	if e.Failures() != 1 || len(events) == 0 || events[0].Slot != 0 || events[0].Outcome != Failed {
 		t.Errorf("failures %d, events %+v: want slot 0 failed once", e.Failures(), events)
 	}
@@ -280,7 +282,7 @@ func TestTimeoutFailsAStalledQP(t *testing.T) {
 	cq := newFakeCQ()
 	frozen := newFakeQP(cq, 0, false) // never completes
 	good := newFakeQP(cq, 1, true)
-	set := NewSet([]verbs.QP{frozen, good})
+	set := NewSet([]verbs.QP{frozen, good}, nil, nil)
 	done := 0
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Timeout: 300 * time.Millisecond,
 		Done: func(*Piece) { done++ }})
@@ -303,7 +305,7 @@ func TestTimeoutFailsAStalledQP(t *testing.T) {
 
 func TestEveryQPFrozenIsAnError(t *testing.T) {
 	cq := newFakeCQ()
-	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)})
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)}, nil, nil)
 	done := 0
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Timeout: 200 * time.Millisecond,
 		Done: func(*Piece) { done++ }})
@@ -329,15 +331,13 @@ func TestReplacedQPGetsOnlyItsOwnKeys(t *testing.T) {
 	old := newFakeQP(cq, 0, false)
 	other := newFakeQP(cq, 1, false)
 	fresh := newFakeQP(cq, 2, true)
-	set := NewSet([]verbs.QP{old, other})
-	set.Backoff = time.Millisecond
-	set.Replace = func(ctx context.Context, i int) (verbs.QP, error) { return fresh, nil }
 	replaced := make(chan struct{})
-	set.Report = func(ev Event) {
-		if ev.Outcome == Replaced {
-			close(replaced)
-		}
-	}
+	set := NewSet([]verbs.QP{old, other}, func(ctx context.Context, i int) (verbs.QP, error) { return fresh, nil },
+		func(ev Event) {
+			if ev.Outcome == Replaced {
+				close(replaced)
+			}
+		})
 	done := 0
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4, Done: func(*Piece) { done++ }})
 	if err != nil {
@@ -382,7 +382,7 @@ func TestReplacedQPGetsOnlyItsOwnKeys(t *testing.T) {
 func TestKeysOfGoneQPsAreNoPath(t *testing.T) {
 	cq := newFakeCQ()
 	q0 := newFakeQP(cq, 0, false)
-	set := NewSet([]verbs.QP{q0})
+	set := NewSet([]verbs.QP{q0}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -403,7 +403,7 @@ func TestKeysOfGoneQPsAreNoPath(t *testing.T) {
 
 func TestGroupsAndRetry(t *testing.T) {
 	cq := newFakeCQ()
-	set := NewSet([]verbs.QP{newFakeQP(cq, 0, true), newFakeQP(cq, 1, true)})
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, true), newFakeQP(cq, 1, true)}, nil, nil)
 	var groups []*Group
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4,
 		GroupDone: func(g *Group) { groups = append(groups, g) }})
@@ -439,7 +439,7 @@ func TestGroupsAndRetry(t *testing.T) {
 func TestAbortFlushesAndReturns(t *testing.T) {
 	cq := newFakeCQ()
 	q0, q1 := newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)
-	set := NewSet([]verbs.QP{q0, q1})
+	set := NewSet([]verbs.QP{q0, q1}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4})
 	if err != nil {
 		t.Fatal(err)
@@ -461,7 +461,7 @@ func TestAbortFlushesAndReturns(t *testing.T) {
 func TestCloseFailsQPsThatNeverFlush(t *testing.T) {
 	cq := newFakeCQ()
 	stuck := &neverFlush{fakeQP: newFakeQP(cq, 0, false)}
-	set := NewSet([]verbs.QP{stuck})
+	set := NewSet([]verbs.QP{stuck}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Timeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -489,7 +489,7 @@ func (q *neverFlush) Close() error      { return nil }
 func TestRefusedREADIsNotFailedOver(t *testing.T) {
 	cq := newFakeCQ()
 	q0, q1 := newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)
-	set := NewSet([]verbs.QP{q0, q1})
+	set := NewSet([]verbs.QP{q0, q1}, nil, nil)
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -510,7 +510,7 @@ func TestRefusedREADIsNotFailedOver(t *testing.T) {
 
 func TestLostEndsTheTransfer(t *testing.T) {
 	cq := newFakeCQ()
-	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false)})
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, false)}, nil, nil)
 	lost := make(chan struct{})
 	why := errors.New("control connection gone")
 	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Lost: lost, LostErr: why})
@@ -525,5 +525,30 @@ func TestLostEndsTheTransfer(t *testing.T) {
 	close(lost)
 	if _, err := e.Step(); !errors.Is(err, why) {
 		t.Fatalf("err = %v, want %v", err, why)
+	}
+}
+
+func TestOrphanedREADsAreBounded(t *testing.T) {
+	cq := newFakeCQ()
+	stuck := &neverFlush{fakeQP: newFakeQP(cq, 0, false)}
+	good := newFakeQP(cq, 1, true)
+	set := NewSet([]verbs.QP{stuck, good}, nil, nil)
+	done := 0
+	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 2, Timeout: 100 * time.Millisecond,
+		Done: func(*Piece) { done++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.Add(pieces(4, &Keys{RKeys: []uint32{1, 2}})...)
+	start := time.Now()
+	// QP 0 times out and is failed, but its READs never flush: the
+	// engine must not wait for them for ever.
+	err = run(t, e, &done, 1<<30, 3*time.Second)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("gave up after %v", el)
 	}
 }

@@ -12,8 +12,9 @@ import (
 // closed and, when Replace is set, replaced in the background by a new
 // one in the same slot, with the next generation.
 type Set struct {
-	// Replace dials a new QP for slot i. It is called in its own
-	// goroutine, under a context that ends when the Set is closed.
+	// Replace dials a new QP for slot i (nil: none). It is called in
+	// its own goroutine, under a context that ends when the Set is
+	// closed.
 	Replace func(ctx context.Context, i int) (verbs.QP, error)
 	// Report, if set, is told of each failure and its outcome.
 	Report func(Event)
@@ -66,9 +67,9 @@ func (o Outcome) String() string {
 // NewSet makes a set of qps, slot i holding qps[i] at generation 0.
 // A QP that dies is failed (and replaced) even when no engine is using
 // the set.
-func NewSet(qps []verbs.QP) *Set {
+func NewSet(qps []verbs.QP, replace func(ctx context.Context, i int) (verbs.QP, error), report func(Event)) *Set {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Set{qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
+	s := &Set{Replace: replace, Report: report, qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
 		busy: make([]bool, len(qps)), ctx: ctx, cancel: cancel}
 	for i, qp := range qps {
 		s.watch(i, 0, qp)
@@ -145,12 +146,13 @@ func (s *Set) Failed(i int, gen uint32, err error) {
 	replace := s.Replace != nil && !s.busy[i] && s.ctx.Err() == nil
 	if replace {
 		s.busy[i] = true
+		s.wg.Add(1) // for the replacement, under the lock Close takes first
 	}
+	s.wg.Add(1)
 	s.mu.Unlock()
 	// Disconnect flushes its READs now; Close, which may take a moment
 	// (it lets the peer see the end), goes on in the background.
 	qp.Disconnect()
-	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		qp.Close()
@@ -162,7 +164,6 @@ func (s *Set) Failed(i int, gen uint32, err error) {
 		}
 		return
 	}
-	s.wg.Add(1)
 	go s.replace(i, err)
 }
 

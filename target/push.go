@@ -303,7 +303,7 @@ func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWind
 		}
 	}()
 	pw := &pushWindow{p: p, m: m, first: first, end: end, reply: &protocol.PushWindowReply{Offset: m.Window.Offset}}
-	eng, err := reads.New(ctx, reads.Config{CQ: ss.dataSCQ, QPs: newFixedQPs(p.qps), Depth: p.depth,
+	eng, err := reads.New(ctx, reads.Config{CQ: ss.dataSCQ, QPs: newFixedQPs(ss, p.qps), Depth: p.depth,
 		Timeout: ss.srv.cfg.IdleTimeout, GroupDone: pw.chunkIn})
 	if err != nil {
 		return nil, errf(protocol.CodeInternal, "%v", err)
@@ -311,7 +311,11 @@ func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWind
 	pw.eng = eng
 	perr = pw.run(ctx, ss)
 	if perr != nil {
-		if left := eng.Abort(errors.New(perr.Message)); left > 0 {
+		end := eng.Close // a chunk or the disk failed: the QPs are fine
+		if pw.pathErr || ctx.Err() != nil {
+			end = func() int { return eng.Abort(errors.New(perr.Message)) }
+		}
+		if left := end(); left > 0 {
 			// Their completions would be taken for later binds' own:
 			// the session can't go on.
 			ss.log.Warn("push: READs still in flight after the drain; ending the session", "reads", left)
@@ -338,6 +342,7 @@ type pushWindow struct {
 	reply      *protocol.PushWindowReply
 	sum        []byte
 	done       int
+	pathErr    bool // the engine gave up on the QPs
 }
 
 // pslot is a staging slot: a chunk being read into it.
@@ -366,6 +371,7 @@ func (pw *pushWindow) run(ctx context.Context, ss *session) *protocol.Error {
 			return errf(protocol.CodeBadRequest, "push: %v", err) // the initiator's keys or addresses are wrong
 		}
 		if err != nil {
+			pw.pathErr = true
 			return errf(protocol.CodeInternal, "push: %v", err)
 		}
 		for len(pw.ready) > 0 {
@@ -434,29 +440,42 @@ func (pw *pushWindow) land(ss *session, sl int) *protocol.Error {
 	return nil
 }
 
-// fixedQPs is the engine's view of a push's data QPs: the session's, as
-// they were when the window came. One that fails is disconnected (the
-// initiator sees it go and replaces it); the session closes it.
+// fixedQPs is the engine's view of a push's data QPs: the session's. One
+// that fails is disconnected (the initiator sees it go and replaces
+// it); its replacement, once joined, takes the slot: the initiator's
+// keys are MR keys, good on any of its QPs.
 type fixedQPs struct {
+	ss   *session
 	qps  []verbs.QP
+	gens []uint32
 	dead []bool
 }
 
-func newFixedQPs(qps []verbs.QP) *fixedQPs {
-	return &fixedQPs{qps: qps, dead: make([]bool, len(qps))}
+func newFixedQPs(ss *session, qps []verbs.QP) *fixedQPs {
+	return &fixedQPs{ss: ss, qps: qps, gens: make([]uint32, len(qps)), dead: make([]bool, len(qps))}
 }
 
 func (f *fixedQPs) Len() int { return len(f.qps) }
 
 func (f *fixedQPs) QP(i int) (verbs.QP, uint32) {
-	if f.dead[i] {
-		return nil, 1
+	f.ss.mu.Lock()
+	var cur verbs.QP
+	if i < len(f.ss.data) {
+		cur = f.ss.data[i]
 	}
-	return f.qps[i], 0
+	f.ss.mu.Unlock()
+	if cur != nil && cur != f.qps[i] {
+		f.qps[i], f.dead[i] = cur, false
+		f.gens[i] += 2
+	}
+	if f.dead[i] {
+		return nil, f.gens[i] + 1
+	}
+	return f.qps[i], f.gens[i]
 }
 
 func (f *fixedQPs) Failed(i int, gen uint32, err error) {
-	if gen == 0 && !f.dead[i] {
+	if gen == f.gens[i] && !f.dead[i] {
 		f.dead[i] = true
 		f.qps[i].Disconnect()
 	}

@@ -32,9 +32,9 @@ func timeoutConfig(c *cli.Context, cfg *initiator.Config) error {
 	if cfg.ConnectTimeout, err = parseDuration(c.String("contimeout")); err != nil {
 		return usagef("--contimeout: %v", err)
 	}
-	if s := c.String("retry-for"); s == "0" || s == "0s" {
-		cfg.RetryFor = -1
-	} else if cfg.RetryFor, err = parseDuration(s); err != nil {
+	if d, perr := time.ParseDuration(c.String("retry-for")); (perr == nil && d == 0) || c.String("retry-for") == "0" {
+		cfg.RetryFor = -1 // never
+	} else if cfg.RetryFor, err = parseDuration(c.String("retry-for")); err != nil {
 		return usagef("--retry-for: %v", err)
 	}
 	rep := &recoveries{json: c.Bool("json"), stdout: c.App.Writer, stderr: c.App.ErrWriter}
