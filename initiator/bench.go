@@ -234,13 +234,7 @@ func (b *bench) run(ctx context.Context) (_ *BenchResult, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			eng.Abort(err)
-		} else {
-			eng.Close()
-		}
-	}()
+	defer func() { s.endEngine(ctx, eng, err) }()
 
 	var ru0 unix.Rusage
 	unix.Getrusage(unix.RUSAGE_SELF, &ru0)

@@ -687,16 +687,8 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	return chunker.MakeDigests(f.alg, n, f.sums)
 }
 
-// endEngine closes the engine: at once if the copy was cancelled or its
-// path broke; after its READs (bounded) otherwise, so that a file that
-// fails for its own reasons leaves the QPs to the next one.
-func (f *fetch) endEngine(err *error) {
-	if *err != nil && (f.ctx.Err() != nil || recoverable(context.Background(), *err)) {
-		f.eng.Abort(*err)
-		return
-	}
-	f.eng.Close()
-}
+// endEngine closes the fetch's engine (Session.endEngine).
+func (f *fetch) endEngine(err *error) { f.s.endEngine(f.ctx, f.eng, *err) }
 
 // engineErr words what the engine gave up on.
 func (f *fetch) engineErr(err error) error {

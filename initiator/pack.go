@@ -276,15 +276,12 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		return err
 	}
 	defer func() {
-		if err != nil {
-			eng.Abort(err)
-		} else {
-			eng.Close()
-		}
+		s.endEngine(ctx, eng, err)
 		s.bytesRead.Add(eng.BytesRead())
 	}()
-	// The keys were bound when the target answered; a QP replaced since
-	// may be offered one of its predecessor's, which fails only that QP.
+	// The keys were bound when the target answered. A QP replaced since
+	// may be offered one of its predecessor's: the READ is refused and
+	// the transfer fails (the snapshot belongs before the request).
 	keys := &reads.Keys{RKeys: w.RKeys, Gens: s.qps.Gens()}
 	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
 	for po := uint64(0); po < n; po += rs {

@@ -544,3 +544,18 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
 	return reads.New(ctx, cfg)
 }
+
+// endEngine ends a transfer's engine: at once if it was cancelled or its
+// path broke; after its READs (bounded) otherwise, so that a transfer
+// that fails for its own reasons (a digest, the disk) leaves the QPs to
+// the next one.
+func (s *Session) endEngine(ctx context.Context, eng *reads.Engine, err error) {
+	if err == nil || (ctx.Err() == nil && !recoverable(context.Background(), err)) {
+		eng.Close()
+		return
+	}
+	if ctx.Err() != nil && s.qps != nil {
+		s.qps.Hush() // cancelled: the QPs go with the session, not as failures
+	}
+	eng.Abort(err)
+}

@@ -26,6 +26,7 @@ type Set struct {
 	MaxTries int
 
 	mu     sync.Mutex
+	hushed bool // no reports, no replacements: the owner is going away
 	qps    []verbs.QP
 	gens   []uint32
 	busy   []bool // a replacement is under way
@@ -132,6 +133,14 @@ func (s *Set) Live() int {
 // that go now are not failures.
 func (s *Set) Stop() { s.cancel() }
 
+// Hush keeps failing QPs (so that their READs flush) but neither reports
+// nor replaces them: the transfer was cancelled and the owner is going.
+func (s *Set) Hush() {
+	s.mu.Lock()
+	s.hushed = true
+	s.mu.Unlock()
+}
+
 // Failed takes slot i's QP out, if it is still the one of generation gen,
 // closes it and starts its replacement.
 func (s *Set) Failed(i int, gen uint32, err error) {
@@ -143,7 +152,8 @@ func (s *Set) Failed(i int, gen uint32, err error) {
 	qp := s.qps[i]
 	s.qps[i] = nil
 	s.gens[i]++
-	replace := s.Replace != nil && !s.busy[i] && s.ctx.Err() == nil
+	hushed := s.hushed
+	replace := s.Replace != nil && !s.busy[i] && s.ctx.Err() == nil && !hushed
 	if replace {
 		s.busy[i] = true
 		s.wg.Add(1) // for the replacement, under the lock Close takes first
@@ -157,6 +167,9 @@ func (s *Set) Failed(i int, gen uint32, err error) {
 		defer s.wg.Done()
 		qp.Close()
 	}()
+	if hushed {
+		return
+	}
 	s.report(Event{Slot: i, Cause: err, Outcome: Failed})
 	if !replace {
 		if s.Replace == nil {
