@@ -109,7 +109,7 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 		return 0, false, err
 	}
 	s.packs++
-	defer s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
+	defer s.closeHandle(ctx, r.Handle)
 	dirs := destDirs{}
 	defer dirs.close()
 	var results []FileResult // in order, with put's files placed first

@@ -88,15 +88,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 		}()
 		return c
 	}
-	closePack := func(r *protocol.PackReply) error {
-		m, err := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
-		if err == nil {
-			if _, ok := m.(*protocol.CloseReply); !ok {
-				err = unexpected(m)
-			}
-		}
-		return err
-	}
+	closePack := func(r *protocol.PackReply) error { return s.closeHandle(ctx, r.Handle) }
 	next := ask(0)
 	for i := 0; ; {
 		a := <-next
@@ -157,7 +149,7 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 		}
 	}
 	if bad {
-		s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: r.Handle})
+		s.tidy(ctx, &protocol.Close{Handle: r.Handle})
 		return nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
 	}
 	return r, nil

@@ -173,11 +173,10 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 	return res, nil
 }
 
-// abandon tells the target to drop a push, waiting a little for its word.
+// abandon tells the target to drop a push, waiting a little for its word
+// (not at all once ctx has ended: the target drops it with the session).
 func (s *Session) abandon(ctx context.Context, handle uint32) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	s.call(ctx, &protocol.Close{Handle: handle})
+	s.tidy(ctx, &protocol.Close{Handle: handle})
 }
 
 // unixMode is m's permission, setuid, setgid and sticky bits as st_mode has them.

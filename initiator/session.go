@@ -264,6 +264,23 @@ func (s *Session) tidy(ctx context.Context, m protocol.Message) {
 	s.ch.Call(tctx, m)
 }
 
+// closeHandle closes a target handle (a file, a pack, a walk) and checks
+// the reply; once ctx has ended it only tidies (bounded, or skipped),
+// so that an interrupted transfer never waits on the target.
+func (s *Session) closeHandle(ctx context.Context, h uint32) error {
+	if ctx.Err() != nil {
+		s.tidy(ctx, &protocol.Close{Handle: h})
+		return nil
+	}
+	m, err := s.call(ctx, &protocol.Close{Handle: h})
+	if err == nil {
+		if _, ok := m.(*protocol.CloseReply); !ok {
+			err = unexpected(m)
+		}
+	}
+	return err
+}
+
 // dead reports whether the control connection is gone.
 func (s *Session) dead() bool {
 	if s.ch == nil || s.ch.QP() == nil {

@@ -61,12 +61,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		if next != nil {
 			<-next // its window goes with the walk's Close
 		}
-		m, cerr := s.call(context.WithoutCancel(ctx), &protocol.Close{Handle: b.Handle})
-		if cerr == nil {
-			if _, ok := m.(*protocol.CloseReply); !ok {
-				cerr = unexpected(m)
-			}
-		}
+		cerr := s.closeHandle(ctx, b.Handle)
 		if err == nil {
 			err = cerr
 		}
