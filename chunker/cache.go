@@ -11,24 +11,31 @@ import (
 	"time"
 )
 
-// Key identifies one version of a file's chunk digests. A file whose size
-// or modification time changes gets a new key; so does one replaced by
-// another file (a new inode).
+// Key identifies one version of a file's chunk digests. A file whose size,
+// modification time or change time changes gets a new key; so does one
+// replaced by another file (a new inode). The change time is what catches
+// an edit whose mtime was put back (touch -r, os.Chtimes): no one but the
+// kernel can set it.
 type Key struct {
 	Dev, Ino  uint64
 	Size      int64
 	MtimeNs   int64
+	CtimeNs   int64
 	ChunkSize int64
 	Alg       Algorithm
 }
+
+// changedNs is when the version k names last changed, as far as the file
+// system's clock says: the later of its mtime and ctime.
+func (k Key) changedNs() int64 { return max(k.MtimeNs, k.CtimeNs) }
 
 // entryOverhead is what an entry costs on top of its digests, so that a
 // cache of None digests (0 bytes each) is bounded too.
 const entryOverhead = 128
 
 // racyWindow: a file modified less than this long before it is hashed may
-// still change without its mtime moving, because file systems stamp mtime
-// from a coarse clock. Such digests are returned but not cached.
+// still change without its mtime or ctime moving, because file systems
+// stamp them from a coarse clock. Such digests are returned but not cached.
 const racyWindow = 2 * time.Second
 
 // Cache keeps the chunk digests of recently hashed files, evicting the
@@ -38,8 +45,9 @@ type Cache struct {
 	max     int64
 	workers int
 
-	// hash is HashFile, replaceable by tests.
+	// hash is HashFile and now is time.Now, replaceable by tests.
 	hash func(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, workers int) (Digests, error)
+	now  func() time.Time
 
 	mu      sync.Mutex
 	size    int64
@@ -68,6 +76,7 @@ func NewCache(maxBytes int64, workers int) *Cache {
 		max:     maxBytes,
 		workers: workers,
 		hash:    HashFile,
+		now:     time.Now,
 		lru:     list.New(),
 		entries: make(map[Key]*list.Element),
 		flights: make(map[Key]*flight),
@@ -189,12 +198,12 @@ func (c *Cache) Digests(ctx context.Context, f *os.File, l Layout, alg Algorithm
 
 // lead hashes f for flight fl and publishes the result.
 func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k Key, fl *flight) (d Digests, err error) {
-	start := time.Now()
+	start := c.now()
 	defer func() {
 		fl.d, fl.err = d, err
 		c.mu.Lock()
 		delete(c.flights, k)
-		if err == nil && time.Unix(0, k.MtimeNs).Before(start.Add(-racyWindow)) {
+		if err == nil && time.Unix(0, k.changedNs()).Before(start.Add(-racyWindow)) {
 			c.putLocked(k, d)
 		}
 		c.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,6 +33,12 @@ func oldFile(t *testing.T, name string, data []byte) *os.File {
 	return f
 }
 
+// settled makes c judge files as if hashed long after they last changed:
+// oldFile can set an mtime back, but not the ctime, which is always now.
+func settled(c *Cache) {
+	c.now = func() time.Time { return time.Now().Add(racyWindow + time.Minute) }
+}
+
 // countHashes makes c count its hash calls.
 func countHashes(c *Cache) *atomic.Int64 {
 	var n atomic.Int64
@@ -53,6 +60,7 @@ func layoutOf(t *testing.T, f *os.File, cs int64) Layout {
 
 func TestCacheHitMiss(t *testing.T) {
 	c := NewCache(1<<20, 2)
+	settled(c)
 	calls := countHashes(c)
 	f := oldFile(t, "a", make([]byte, 10000))
 	l := layoutOf(t, f, 4096)
@@ -96,6 +104,7 @@ func TestCacheHitMiss(t *testing.T) {
 
 func TestCacheModifiedFile(t *testing.T) {
 	c := NewCache(1<<20, 1)
+	settled(c)
 	calls := countHashes(c)
 	f := oldFile(t, "a", make([]byte, 5000))
 	l := layoutOf(t, f, 4096)
@@ -117,6 +126,75 @@ func TestCacheModifiedFile(t *testing.T) {
 	// A layout that disagrees with the file's size is refused.
 	if _, _, err := c.Digests(ctx, f, Layout{Size: 4999, ChunkSize: 4096}, CRC32C); !errors.Is(err, ErrChanged) {
 		t.Errorf("wrong size: err = %v, want ErrChanged", err)
+	}
+}
+
+// An edit in place whose mtime is put back (touch -r) leaves size and
+// mtime as they were; the ctime moves, and the cache must miss.
+func TestCacheEditMtimeRestored(t *testing.T) {
+	c := NewCache(1<<20, 1)
+	settled(c)
+	calls := countHashes(c)
+	f := oldFile(t, "a", make([]byte, 5000))
+	l := layoutOf(t, f, 4096)
+	ctx := context.Background()
+	before, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, _, err := c.Digests(ctx, f, l, BLAKE3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, cached, err := c.Digests(ctx, f, l, BLAKE3); err != nil || !cached {
+		t.Fatalf("before the edit: cached %v, err %v", cached, err)
+	}
+	time.Sleep(20 * time.Millisecond) // past the file system's clock tick
+	w, err := os.OpenFile(f.Name(), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte("edited"), 100); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := os.Chtimes(f.Name(), before.ModTime(), before.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	after, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("size/mtime %d/%v, want %d/%v as before", after.Size(), after.ModTime(), before.Size(), before.ModTime())
+	}
+	d2, cached, err := c.Digests(ctx, f, l, BLAKE3)
+	if err != nil || cached {
+		t.Fatalf("after the edit: cached %v, err %v; want a miss", cached, err)
+	}
+	if string(d1.Bytes()) == string(d2.Bytes()) {
+		t.Error("digests unchanged by the edit")
+	}
+	if calls.Load() != 2 {
+		t.Errorf("%d hashes, want 2", calls.Load())
+	}
+	// The new version is cached in its turn.
+	if d3, cached, err := c.Digests(ctx, f, l, BLAKE3); err != nil || !cached || string(d3.Bytes()) != string(d2.Bytes()) {
+		t.Errorf("third call: cached %v, err %v", cached, err)
+	}
+}
+
+// A file whose ctime is recent (chmod, touch -r, tar or rsync -t restoring
+// an mtime) is racy too, however old its mtime.
+func TestCacheRecentCtimeNotCached(t *testing.T) {
+	c := NewCache(1<<20, 1)
+	f := oldFile(t, "a", make([]byte, 5000)) // old mtime, ctime now
+	l := layoutOf(t, f, 4096)
+	if _, _, err := c.Digests(context.Background(), f, l, CRC32C); err != nil {
+		t.Fatal(err)
+	}
+	if c.Len() != 0 {
+		t.Error("digests of a file changed just now (ctime) were cached")
 	}
 }
 
@@ -363,7 +441,8 @@ func TestKeyFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.Ino == 0 || k.Size != 5 || k.MtimeNs != fi.ModTime().UnixNano() || k.ChunkSize != 4096 || k.Alg != BLAKE3 {
+	ctime := fi.Sys().(*syscall.Stat_t).Ctim.Nano()
+	if k.Ino == 0 || k.Size != 5 || k.MtimeNs != fi.ModTime().UnixNano() || k.CtimeNs != ctime || k.CtimeNs == 0 || k.ChunkSize != 4096 || k.Alg != BLAKE3 {
 		t.Errorf("key %+v", k)
 	}
 	g := oldFile(t, "b", []byte("hello"))
