@@ -104,7 +104,7 @@ func newOrRegular(dst string) bool {
 // up to the first the target would not pack (refused; it is left
 // undone) or the end of its answer. It returns how many jobs it did.
 func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, fn func(k int, fr FileResult)) (done int, refused bool, err error) {
-	r, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(s.cfg.Algorithm), Paths: paths})
+	r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(s.cfg.Algorithm), Paths: paths})
 	if err != nil {
 		return 0, false, err
 	}
@@ -114,7 +114,7 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 	defer dirs.close()
 	var results []FileResult // in order, with put's files placed first
 	var put []placed
-	err = s.readPack(ctx, r, func(files []packedFile) error {
+	err = s.readPack(ctx, r, gens, func(files []packedFile) error {
 		for k, f := range files {
 			var pe *protocol.Error
 			if errors.As(f.err, &pe) && (pe.Code == protocol.CodeTooMany || pe.Code == protocol.CodeUnsupported) {

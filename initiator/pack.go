@@ -61,6 +61,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 	alg := s.cfg.Algorithm
 	type answer struct {
 		r       *protocol.PackReply
+		gens    []uint32 // the QP generations when it was asked for
 		err     error
 		done    bool   // no paths from i on
 		tooLong string // paths[i], which alone cannot fit a Pack
@@ -83,8 +84,8 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 				c <- answer{tooLong: paths[i]}
 				return
 			}
-			r, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[i:j]})
-			c <- answer{r: r, err: err}
+			r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[i:j]})
+			c <- answer{r: r, gens: gens, err: err}
 		}()
 		return c
 	}
@@ -109,7 +110,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 		s.packs++
 		end := i + len(r.Files)
 		next = ask(end)
-		err := s.readPack(ctx, r, func(files []packedFile) error { return fn(i, files) })
+		err := s.readPack(ctx, r, a.gens, func(files []packedFile) error { return fn(i, files) })
 		if cerr := closePack(r); err == nil {
 			err = cerr
 		}
@@ -127,18 +128,19 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 
 // packCall sends a Pack, waiting while the target's window budget is in
 // use by others, and checks the reply adds up.
-func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, error) {
+func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, []uint32, error) {
+	gens := s.gens() // before the request: see reads.Set.Gens
 	m, err := s.retryBusy(ctx, nil, p)
 	var pe *protocol.Error
 	if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
-		return nil, fmt.Errorf("%w: %w", errNoPack, err)
+		return nil, nil, fmt.Errorf("%w: %w", errNoPack, err)
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r, ok := m.(*protocol.PackReply)
 	if !ok {
-		return nil, unexpected(m)
+		return nil, nil, unexpected(m)
 	}
 	w := r.Window
 	bad := len(r.Files) == 0 || len(r.Files) > len(p.Paths) || w.Offset != 0 || w.Length > s.ch0.MaxWindow ||
@@ -150,18 +152,18 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 	}
 	if bad {
 		s.tidy(ctx, &protocol.Close{Handle: r.Handle})
-		return nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
+		return nil, nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
 	}
-	return r, nil
+	return r, gens, nil
 }
 
 // readPack READs a pack's window into registered memory and hands its
 // files to fn, verified.
-func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([]packedFile) error) error {
+func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, gens []uint32, fn func([]packedFile) error) error {
 	var buf []byte
 	if r.Window.Length > 0 {
 		var err error
-		if buf, err = s.readWindow(ctx, r.Window); err != nil {
+		if buf, err = s.readWindow(ctx, r.Window, gens); err != nil {
 			return err
 		}
 	}
@@ -172,7 +174,7 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([
 			files[k] = packedFile{entry: f.Entry, err: &protocol.Error{Code: f.Code, Message: f.Message}}
 			continue
 		}
-		data, err := s.verifyPacked(ctx, r.Window, buf, f)
+		data, err := s.verifyPacked(ctx, r.Window, gens, buf, f)
 		if err != nil && !errors.Is(err, ErrVerify) {
 			return err
 		}
@@ -183,13 +185,13 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, fn func([
 
 // readWindow READs all of a pack's (or walk batch's) window into the
 // session's pack sink and returns its bytes, valid until the next pack.
-func (s *Session) readWindow(ctx context.Context, w protocol.Window) ([]byte, error) {
+func (s *Session) readWindow(ctx context.Context, w protocol.Window, gens []uint32) ([]byte, error) {
 	n := w.Length
 	mr, b, err := s.packSink(int(n))
 	if err != nil {
 		return nil, err
 	}
-	if err := s.readRange(ctx, mr, w, 0, n); err != nil {
+	if err := s.readRange(ctx, mr, w, gens, 0, n); err != nil {
 		return nil, err
 	}
 	return b[:n], nil
@@ -198,7 +200,7 @@ func (s *Session) readWindow(ctx context.Context, w protocol.Window) ([]byte, er
 // verifyPacked checks packed file f, whose bytes window w put in buf,
 // against its digest, reading it again (--retries) while it fails. An
 // error wrapping ErrVerify is the file's own; any other stops everything.
-func (s *Session) verifyPacked(ctx context.Context, w protocol.Window, buf []byte, f *protocol.PackedFile) ([]byte, error) {
+func (s *Session) verifyPacked(ctx context.Context, w protocol.Window, gens []uint32, buf []byte, f *protocol.PackedFile) ([]byte, error) {
 	alg := s.cfg.Algorithm
 	data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
 	for try := 0; alg.Size() > 0 && !chunker.Equal(chunker.Sum(alg, data), f.Digest); try++ {
@@ -207,7 +209,7 @@ func (s *Session) verifyPacked(ctx context.Context, w protocol.Window, buf []byt
 		}
 		s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", try+1)
 		// The MR is gone: read again through a fresh one.
-		if err := s.reread(ctx, w, f.Offset, data); err != nil {
+		if err := s.reread(ctx, w, gens, f.Offset, data); err != nil {
 			return nil, err
 		}
 	}
@@ -244,7 +246,7 @@ func (s *Session) freePackSink() {
 }
 
 // reread READs window bytes [off, off+len(dst)) again into dst.
-func (s *Session) reread(ctx context.Context, w protocol.Window, off uint64, dst []byte) error {
+func (s *Session) reread(ctx context.Context, w protocol.Window, gens []uint32, off uint64, dst []byte) error {
 	b, err := verbs.AllocBuffer(len(dst))
 	if err != nil {
 		return err
@@ -254,15 +256,16 @@ func (s *Session) reread(ctx context.Context, w protocol.Window, off uint64, dst
 	if err != nil {
 		return err
 	}
-	err = s.readRange(ctx, mr, w, off, uint64(len(dst)))
+	err = s.readRange(ctx, mr, w, gens, off, uint64(len(dst)))
 	mr.Close()
 	copy(dst, b.Bytes())
 	return err
 }
 
 // readRange READs window bytes [off, off+n) into mr, from its start,
-// striped over the data QPs by the READ engine.
-func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, off, n uint64) (err error) {
+// striped over the data QPs by the READ engine. gens are the QP
+// generations from before the window was asked for.
+func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, gens []uint32, off, n uint64) (err error) {
 	eng, err := s.engine(ctx, reads.Config{})
 	if err != nil {
 		return err
@@ -271,10 +274,7 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		s.endEngine(ctx, eng, err)
 		s.bytesRead.Add(eng.BytesRead())
 	}()
-	// The keys were bound when the target answered. A QP replaced since
-	// may be offered one of its predecessor's: the READ is refused and
-	// the transfer fails (the snapshot belongs before the request).
-	keys := &reads.Keys{RKeys: w.RKeys, Gens: s.qps.Gens()}
+	keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
 	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
 	for po := uint64(0); po < n; po += rs {
 		eng.Add(reads.Piece{Local: verbs.SGE{Addr: mr.Addr() + po, Length: uint32(min(rs, n-po)), LKey: mr.LKey()},

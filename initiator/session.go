@@ -250,23 +250,33 @@ func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Messag
 var errControlLost = fmt.Errorf("%w: the control connection was lost", ErrConnect)
 
 // tidyWait bounds the requests that only tidy up (Close, Unmap, Bye) on
-// the way out: they must never hold up an exit.
-const tidyWait = 500 * time.Millisecond
+// the way out: they must never hold up an exit. Once the transfer is
+// cancelled they get less: a live target answers a Close in well under
+// a millisecond, and a frozen one must not eat into the 2 s an
+// interrupted command has to end in.
+const (
+	tidyWait          = 500 * time.Millisecond
+	tidyWaitCancelled = 100 * time.Millisecond
+)
 
-// tidy sends m without letting it wait long; nothing is sent once ctx
-// has ended (the target frees what the session held when it goes).
+// tidy sends m without letting it wait long, so that the target lets go
+// of what m names at once (it would anyway when the session goes).
 func (s *Session) tidy(ctx context.Context, m protocol.Message) {
-	if ctx.Err() != nil || s.dead() {
+	if s.dead() {
 		return
 	}
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tidyWait)
+	d := tidyWait
+	if ctx.Err() != nil {
+		d = tidyWaitCancelled
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
 	s.ch.Call(tctx, m)
 }
 
 // closeHandle closes a target handle (a file, a pack, a walk) and checks
-// the reply; once ctx has ended it only tidies (bounded, or skipped),
-// so that an interrupted transfer never waits on the target.
+// the reply; once ctx has ended it only tidies (briefly), so that an
+// interrupted transfer never waits on the target.
 func (s *Session) closeHandle(ctx context.Context, h uint32) error {
 	if ctx.Err() != nil {
 		s.tidy(ctx, &protocol.Close{Handle: h})
@@ -575,4 +585,12 @@ func (s *Session) endEngine(ctx context.Context, eng *reads.Engine, err error) {
 		s.qps.Hush() // cancelled: the QPs go with the session, not as failures
 	}
 	eng.Abort(err)
+}
+
+// gens snapshots the data QPs' generations (nil without data QPs).
+func (s *Session) gens() []uint32 {
+	if s.qps == nil {
+		return nil
+	}
+	return s.qps.Gens()
 }

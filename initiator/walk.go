@@ -42,7 +42,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 	if sh.N > 1 {
 		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
 	}
-	b, err := s.walkCall(ctx, req, nil)
+	b, gens, err := s.walkCall(ctx, req, nil)
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
@@ -51,8 +51,9 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		return err
 	}
 	type answer struct {
-		b   *protocol.WalkBatch
-		err error
+		b    *protocol.WalkBatch
+		gens []uint32
+		err  error
 	}
 	var next chan answer // the batch asked for, if any
 	nctx, stop := context.WithCancel(ctx)
@@ -85,8 +86,8 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 			maxEntries = min(2*maxEntries, walkMost)
 			next = make(chan answer, 1)
 			go func(m *protocol.WalkNext) {
-				r, err := s.walkCall(nctx, m, release)
-				next <- answer{r, err}
+				r, gens, err := s.walkCall(nctx, m, release)
+				next <- answer{r, gens, err}
 			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries})
 		}
 		ents, err := t.batch(b, s.nqps, s.ch0.MaxWindow, alg)
@@ -95,7 +96,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		}
 		var buf []byte
 		if b.Window.Length > 0 {
-			if buf, err = s.readWindow(ctx, b.Window); err != nil {
+			if buf, err = s.readWindow(ctx, b.Window, gens); err != nil {
 				return err
 			}
 		}
@@ -106,7 +107,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 			}
 			f := &b.Entries[i]
 			w.digest = f.Digest
-			w.data, w.it.err = s.verifyPacked(ctx, b.Window, buf, &f.PackedFile)
+			w.data, w.it.err = s.verifyPacked(ctx, b.Window, gens, buf, &f.PackedFile)
 			if w.it.err != nil && !errors.Is(w.it.err, ErrVerify) {
 				return w.it.err
 			}
@@ -137,7 +138,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		if a.b.Handle != b.Handle {
 			return fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, a.b.Handle, b.Handle)
 		}
-		b = a.b
+		b, gens = a.b, a.gens
 	}
 }
 
@@ -145,20 +146,21 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 // for a batch's window. A WalkNext answered TooMany has had its Release
 // freed all the same: it is sent again with what release gives, the
 // window of a batch written since, if any.
-func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, error) {
+func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, []uint32, error) {
 	var again func()
 	if n, ok := m.(*protocol.WalkNext); ok {
 		again = func() { n.Release = release() }
 	}
+	gens := s.gens() // before the request: see reads.Set.Gens
 	r, err := s.retryBusy(ctx, again, m)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b, ok := r.(*protocol.WalkBatch)
 	if !ok {
-		return nil, unexpected(r)
+		return nil, nil, unexpected(r)
 	}
-	return b, nil
+	return b, gens, nil
 }
 
 // walkTrack follows a walk's directories across its batches, to give

@@ -316,7 +316,7 @@ func TestWalkCallRetriesWithoutItsRelease(t *testing.T) {
 	done := make(chan error, 1)
 	free := []uint32{8} // what the walk is done with by the second try
 	go func() {
-		b, err := s.walkCall(context.Background(), &protocol.WalkNext{Handle: 4, Release: 7, MaxEntries: 9}, func() uint32 {
+		b, _, err := s.walkCall(context.Background(), &protocol.WalkNext{Handle: 4, Release: 7, MaxEntries: 9}, func() uint32 {
 			if len(free) == 0 {
 				return 0
 			}
