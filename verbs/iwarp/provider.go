@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -118,15 +117,15 @@ func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Devi
 	if cfg.Name != "" && cfg.Name != DeviceName {
 		return nil, &verbs.OpError{Op: "open", Provider: Name, Err: fmt.Errorf("%w: %q (this provider has only %q)", verbs.ErrNoDevice, cfg.Name, DeviceName)}
 	}
-	return &device{cfg: p.cfg, regions: map[uint32]region{}, used: map[uint32]struct{}{}}, nil
+	return &device{cfg: p.cfg, regions: map[uint32]region{}}, nil
 }
 
 type device struct {
 	cfg Config
 
 	mu      sync.RWMutex
-	regions map[uint32]region   // live STags
-	used    map[uint32]struct{} // every STag ever handed out
+	regions map[uint32]region // live STags, and only those
+	stags   stagGen           // the STag sequence (stag.go)
 	closed  bool
 
 	qpn atomic.Uint32
@@ -159,25 +158,25 @@ func (d *device) Close() error {
 
 func opErr(op string, err error) error { return &verbs.OpError{Op: op, Provider: Name, Err: err} }
 
-// newSTag returns a random STag never used before on this device and
-// maps it to r. Random keys make one session's keys unguessable to another.
+// newSTag maps r to a fresh STag and returns it: the next key of the
+// device's keyed, non-repeating sequence that is neither 0 nor live (see
+// stag.go for why keys are made this way).
 func (d *device) newSTag(r region) uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for {
-		s := rand.Uint32()
-		if _, dup := d.used[s]; s == 0 || dup {
-			continue
-		}
-		d.used[s] = struct{}{}
-		d.regions[s] = r
-		return s
-	}
+	s := d.stags.next(d.regions)
+	d.regions[s] = r
+	return s
 }
 
-func (d *device) dropSTag(s uint32) {
+// dropSTag forgets s if r still owns it. A key can be handed out again
+// after 2^32 allocations, so a second drop of a stale key (an MR closed
+// twice) must not take the key from its new owner.
+func (d *device) dropSTag(s uint32, r region) {
 	d.mu.Lock()
-	delete(d.regions, s)
+	if d.regions[s] == r {
+		delete(d.regions, s)
+	}
 	d.mu.Unlock()
 }
 
@@ -271,7 +270,7 @@ func (m *mr) Access() verbs.Access { return m.access }
 // with a local protection error and an Err saying so. Close a QP first,
 // or let its work complete, to have its transfers finish.
 func (m *mr) Close() error {
-	m.pd.dev.dropSTag(m.stag)
+	m.pd.dev.dropSTag(m.stag, m)
 	if m.users.Or(mrClosing)&^mrClosing != 0 {
 		<-m.drained
 	}
@@ -316,7 +315,7 @@ func (w *mw) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stag != 0 {
-		w.pd.dev.dropSTag(w.stag)
+		w.pd.dev.dropSTag(w.stag, w)
 		w.stag = 0
 	}
 	w.closed = true
@@ -340,7 +339,7 @@ func (w *mw) bind(q *qp, m *mr, addr, n uint64, access verbs.Access) verbs.Statu
 		return verbs.StatusMWBind
 	}
 	if w.stag != 0 {
-		w.pd.dev.dropSTag(w.stag)
+		w.pd.dev.dropSTag(w.stag, w)
 	}
 	w.mr, w.qp, w.addr, w.len, w.access = m, q, addr, n, access
 	w.stag = w.pd.dev.newSTag(w)
@@ -354,7 +353,7 @@ func (w *mw) invalidate(stag uint32) verbs.Status {
 	if w.stag == 0 || w.stag != stag {
 		return verbs.StatusMWBind
 	}
-	w.pd.dev.dropSTag(w.stag)
+	w.pd.dev.dropSTag(w.stag, w)
 	w.stag = 0
 	w.mr = nil
 	w.qp = nil
