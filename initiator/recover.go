@@ -37,7 +37,7 @@ const (
 // reconnect replaces the session's connections with new ones, trying
 // until it works, the budget is spent or ctx ends. cause is what broke.
 func (s *Session) reconnect(ctx context.Context, cause error) error {
-	if s.cfg.RetryFor < 0 {
+	if s.cfg.RetryFor < 0 || s.sharing.Load() > 0 {
 		return cause
 	}
 	backoff := reconnectBackoff

@@ -162,6 +162,10 @@ type Session struct {
 	// spent is the time recovery has taken so far, against RetryFor.
 	spent      time.Duration
 	reconnects int
+	// sharing counts the goroutines besides a transfer's own that are
+	// using the session (a tree listed directory by directory while its
+	// files are copied): it is not re-established under them.
+	sharing atomic.Int32
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.

@@ -551,6 +551,8 @@ func (c *treeCopy) viaWalk() error {
 // viaList takes in the tree by listing it with l, directory by directory,
 // while a packer copies its small files with Pack.
 func (c *treeCopy) viaList(l lister) error {
+	c.s.sharing.Add(1) // the lister runs beside the copies
+	defer c.s.sharing.Add(-1)
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	items := make(chan item, 256)
