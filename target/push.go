@@ -36,8 +36,9 @@ const maxPushRetries = 16
 
 type push struct {
 	x        *export
-	dst      string // the destination, relative to the export root
-	tmp      string // the temporary file, relative to the export root
+	dst      string   // the destination, relative to the export root
+	dir      *os.Root // the destination's directory, held from the start
+	tmp      string   // the temporary file's name in dir
 	f        *os.File
 	layout   chunker.Layout
 	alg      chunker.Algorithm
@@ -153,12 +154,20 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	if len(base) > 200 {
 		base = base[:200] // leave room for the rest within NAME_MAX
 	}
-	tmp := path.Join(path.Dir(p.dst), "."+base+".rdmacp-"+hex.EncodeToString(r[:])+".part")
-	f, err := p.x.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	// The temporary file lives in the destination's directory as it is
+	// now, held open: a rename or a symlink swapped in for the directory
+	// later can't send its removal or its rename anywhere else.
+	dir, err := p.x.root.OpenRoot(path.Dir(p.dst))
 	if err != nil {
 		return fsError(p.x.Name+"/"+p.dst, err)
 	}
-	p.tmp, p.f = tmp, f // only now is it ours to remove
+	p.dir = dir
+	name := "." + base + ".rdmacp-" + hex.EncodeToString(r[:]) + ".part"
+	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fsError(p.x.Name+"/"+p.dst, err)
+	}
+	p.tmp, p.f = name, f // only now is it ours to remove
 	if err := allocate(f, p.layout.Size); err != nil {
 		return writeError(p, "reserving", err)
 	}
@@ -221,10 +230,14 @@ func (p *push) free(ss *session) {
 		p.f = nil
 	}
 	if !p.done && p.tmp != "" {
-		if err := p.x.root.Remove(p.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			ss.log.Warn("push: removing the temporary file", "path", p.tmp, "err", err)
+		if err := p.dir.Remove(p.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			ss.log.Warn("push: removing the temporary file", "path", path.Join(path.Dir(p.dst), p.tmp), "err", err)
 		}
 		p.tmp = ""
+	}
+	if p.dir != nil {
+		p.dir.Close()
+		p.dir = nil
 	}
 }
 
@@ -522,7 +535,7 @@ func (p *push) commit(fileDigest []byte) *protocol.Error {
 		return writeError(p, "chmod", err)
 	}
 	mt := time.Unix(0, p.mtime) // before the sync, which then covers it
-	if err := p.x.root.Chtimes(p.tmp, mt, mt); err != nil {
+	if err := p.dir.Chtimes(p.tmp, mt, mt); err != nil {
 		return writeError(p, "chtimes", err)
 	}
 	if err := p.f.Sync(); err != nil {
@@ -533,11 +546,13 @@ func (p *push) commit(fileDigest []byte) *protocol.Error {
 	if err != nil {
 		return writeError(p, "closing", err)
 	}
-	if err := p.x.root.Rename(p.tmp, p.dst); err != nil {
+	// Within the directory the push began in: the last push to commit a
+	// name wins, whole, as with cp and rsync.
+	if err := p.dir.Rename(p.tmp, path.Base(p.dst)); err != nil {
 		return fsError(dst, err)
 	}
 	p.done = true
-	if d, err := p.x.root.Open(path.Dir(p.dst)); err == nil {
+	if d, err := p.dir.Open("."); err == nil {
 		d.Sync()
 		d.Close()
 	}

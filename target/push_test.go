@@ -327,3 +327,49 @@ func TestNoPushAnswersUnsupported(t *testing.T) {
 	_, err := p.call(&protocol.Push{Path: "data/x", Size: 1})
 	wantCode(t, "push to a target without push", err, protocol.CodeUnsupported)
 }
+
+// A directory swapped for a symlink while a push into it is under way
+// can't make the push leave its temporary file behind, in either place.
+func TestPushDirectorySwappedForASymlink(t *testing.T) {
+	dir, _, addr := pushTarget(t)
+	for _, d := range []string{"sub", "other"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := newPeer(t, addr)
+	src := randomBytes(4 * pushChunk)
+	mr := p.source(src)
+	for _, commit := range []bool{false, true} {
+		h, err := p.startPush("data/sub/f", len(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Swap: sub goes, and a symlink to other takes its name.
+		if err := os.Rename(filepath.Join(dir, "sub"), filepath.Join(dir, "sub.old")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("other", filepath.Join(dir, "sub")); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if _, err := p.window(h, mr, 0, len(src), sums(src, 0, 4)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.call(&protocol.PushCommit{Handle: h, FileDigest: fileDigest(t, src)}); err != nil {
+				t.Fatal(err)
+			}
+			// It lands where the push began, never through the symlink.
+			clean(t, filepath.Join(dir, "sub.old"), "f")
+			os.Remove(filepath.Join(dir, "sub.old", "f"))
+		} else if _, err := p.call(&protocol.Close{Handle: h}); err != nil {
+			t.Fatal(err)
+		}
+		clean(t, filepath.Join(dir, "sub.old"))
+		clean(t, filepath.Join(dir, "other"))
+		os.Remove(filepath.Join(dir, "sub"))
+		if err := os.Rename(filepath.Join(dir, "sub.old"), filepath.Join(dir, "sub")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
