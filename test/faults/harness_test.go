@@ -131,7 +131,7 @@ func setup(tmp string) error {
 		return err
 	}
 	srcSum = hex.EncodeToString(h.Sum(nil))
-	return nil
+	return setupTree(filepath.Join(srcDir, "tree"))
 }
 
 // ---- results table ----
@@ -200,10 +200,13 @@ type env struct {
 	ctx   context.Context // ends at the case's hard limit
 	d     *daemon
 	p     *faultproxy.Proxy
-	dst   string // the destination directory; DEST is dst/f.bin
+	dst   string // the destination directory; DEST is dst/f.bin (for a push, the writable export)
 	idle  time.Duration
 	res   *result
 	fault time.Time // when the fault was injected
+	// dir is the direction the copy's data goes through the proxy:
+	// Down (target to initiator) for a pull, Up for a push.
+	dir faultproxy.Dir
 }
 
 // newEnv skips unless the matrix is enabled, then starts a daemon (with
@@ -211,6 +214,19 @@ type env struct {
 // proxy in front of it. limit is the case's hard limit: past it
 // everything is killed and the case fails.
 func newEnv(t *testing.T, limit, idle time.Duration, serveArgs ...string) *env {
+	t.Helper()
+	return newEnvExport(t, limit, idle, false, serveArgs...)
+}
+
+// newPushEnv is newEnv for a push: the daemon exports the case's
+// destination directory as data, --writable, and the copy's data goes
+// initiator to target (Up) through the proxy.
+func newPushEnv(t *testing.T, limit, idle time.Duration, serveArgs ...string) *env {
+	t.Helper()
+	return newEnvExport(t, limit, idle, true, serveArgs...)
+}
+
+func newEnvExport(t *testing.T, limit, idle time.Duration, push bool, serveArgs ...string) *env {
 	t.Helper()
 	if !enabled {
 		t.Skip("SKIP: the fault matrix runs real rdmacp processes for minutes; " + howToRun)
@@ -221,7 +237,7 @@ func newEnv(t *testing.T, limit, idle time.Duration, serveArgs ...string) *env {
 	t.Parallel()
 	ctx, cancel := contextWithLimit(limit)
 	t.Cleanup(cancel)
-	e := &env{t: t, ctx: ctx, dst: filepath.Join(t.TempDir(), "dst"), idle: idle, res: &result{name: t.Name(), afterFault: -1}}
+	e := &env{t: t, ctx: ctx, dst: filepath.Join(t.TempDir(), "dst"), idle: idle, res: &result{name: t.Name(), afterFault: -1}, dir: faultproxy.Down}
 	if err := os.Mkdir(e.dst, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +247,12 @@ func newEnv(t *testing.T, limit, idle time.Duration, serveArgs ...string) *env {
 		results.list = append(results.list, e.res)
 		results.mu.Unlock()
 	})
-	e.d = startDaemon(t, nil, append([]string{"--idle-timeout", idle.String()}, serveArgs...)...)
+	export := srcDir
+	if push {
+		export, e.dir = e.dst, faultproxy.Up
+		serveArgs = append([]string{"--writable", "data"}, serveArgs...)
+	}
+	e.d = startDaemonExport(t, nil, export, append([]string{"--idle-timeout", idle.String()}, serveArgs...)...)
 	p, err := faultproxy.New(e.d.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +302,7 @@ func (e *env) cp(args ...string) *cpProc {
 }
 
 // waitCopying waits until the copy is under way: at least injectAt
-// bytes forwarded target to initiator. The case fails if cp exits first
+// bytes forwarded in the copy's direction (e.dir). The case fails if cp exits first
 // or the copy doesn't get there within 30 s.
 func (e *env) waitCopying(c *cpProc) {
 	e.t.Helper()
@@ -306,10 +327,11 @@ func (e *env) waitBytes(c *cpProc, n int64) {
 }
 
 // progress is how far the copy has got: bytes the proxy has forwarded
-// target to initiator, or (with no proxy) the last status line's bytes.
+// in the copy's direction, or (with no proxy) the last status line's
+// bytes.
 func (e *env) progress(c *cpProc) int64 {
 	if e.p != nil {
-		return e.p.Bytes(faultproxy.Down)
+		return e.p.Bytes(e.dir)
 	}
 	if s := c.lastStatus(); s != nil {
 		if b, ok := s["bytes"].(float64); ok {
@@ -327,7 +349,7 @@ func (e *env) injected(what string) {
 		e.t.Logf("fault: %s", what)
 		return
 	}
-	e.t.Logf("fault: %s at %d bytes through the proxy, %d connections so far", what, e.p.Bytes(faultproxy.Down), e.p.NumConns())
+	e.t.Logf("fault: %s at %d bytes through the proxy (%v), %d connections so far", what, e.p.Bytes(e.dir), e.dir, e.p.NumConns())
 }
 
 func contextWithLimit(d time.Duration) (context.Context, context.CancelFunc) {
@@ -422,21 +444,31 @@ func (e *env) expectComplete(c *cpProc, within time.Duration) {
 // and leaves nothing at DEST.
 func (e *env) expectExit(c *cpProc, code int, within time.Duration) {
 	e.t.Helper()
+	if e.expectExitCode(c, code, within) {
+		e.checkNothingAtDest()
+	}
+}
+
+// expectExitCode: cp exits with code within the bound, with an error
+// line. It reports whether cp exited (not killed) with an error, so that
+// what it left can be checked.
+func (e *env) expectExitCode(c *cpProc, code int, within time.Duration) bool {
+	e.t.Helper()
 	if !e.finish(c, within) {
-		return // killed: what SIGKILL leaves says nothing about cp
+		return false // killed: what SIGKILL leaves says nothing about cp
 	}
 	if c.code != code {
 		e.t.Errorf("cp: %s, want exit %d\n%s", e.res.outcome, code, c.tail())
 	}
 	if c.code == exitOK {
-		return
+		return false
 	}
 	if el := c.errorLine(); el == nil {
 		e.t.Errorf("no JSON error line (exit %d)", c.code)
 	} else if got := str(el["exit_code"]); got != fmt.Sprint(c.code) {
 		e.t.Errorf("error line says exit_code %s, cp exited %d", got, c.code)
 	}
-	e.checkNothingAtDest()
+	return true
 }
 
 // expectRecoveries: at least n recovery lines, and (if scope is not
@@ -719,7 +751,13 @@ type daemon struct {
 // listen then names the address.
 func startDaemon(t *testing.T, wrap []string, extra ...string) *daemon {
 	t.Helper()
-	args := []string{"serve", "--export", "data=" + srcDir, "--log-format", "json"}
+	return startDaemonExport(t, wrap, srcDir, extra...)
+}
+
+// startDaemonExport is startDaemon exporting dir as data.
+func startDaemonExport(t *testing.T, wrap []string, dir string, extra ...string) *daemon {
+	t.Helper()
+	args := []string{"serve", "--export", "data=" + dir, "--log-format", "json"}
 	if !hasFlag(extra, "--listen") {
 		args = append(args, "--listen", "127.0.0.1:0")
 	}
