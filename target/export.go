@@ -12,31 +12,92 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // export is one exported file or directory. A directory is reached only
 // through an os.Root, so no name, "..", or symlink can lead outside it.
+// A single file or block device is pinned: its device and inode are taken
+// when the export is opened (at start and at each reload), and every later
+// open of its path must find that same file there, not a symlink swapped in
+// or another file renamed over it.
 type export struct {
 	Export
-	root *os.Root // nil for a single-file export
+	root     *os.Root // nil for a single-file export
+	dev, ino uint64   // of a single-file export, as pinned
 }
 
+// singleFlags open a single-file export: the last element may not be a
+// symlink, and a FIFO opens at once (to be refused) instead of waiting for
+// a writer.
+const singleFlags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC
+
 func openExport(e Export) (*export, error) {
-	fi, err := os.Stat(e.Path)
+	fi, err := os.Lstat(e.Path)
 	if err != nil {
 		return nil, fmt.Errorf("export %q: %w", e.Name, err)
 	}
-	x := &export{Export: e}
-	if fi.Mode()&fs.ModeCharDevice != 0 || (!fi.IsDir() && !fi.Mode().IsRegular() && !blockdev.Is(fi)) {
-		return nil, fmt.Errorf("export %q: %s is not a file, directory or block device", e.Name, e.Path)
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		if fi, err = os.Stat(e.Path); err != nil {
+			return nil, fmt.Errorf("export %q: %w", e.Name, err)
+		}
+		if !fi.IsDir() {
+			// A file reached through a symlink could be swapped for another
+			// by whoever can change the link; export what it points to.
+			target, _ := filepath.EvalSymlinks(e.Path)
+			return nil, fmt.Errorf("export %q: %s is a symlink (to %s); export the file itself", e.Name, e.Path, target)
+		}
 	}
+	x := &export{Export: e}
 	if fi.IsDir() {
 		if x.root, err = os.OpenRoot(e.Path); err != nil {
 			return nil, fmt.Errorf("export %q: %w", e.Name, err)
 		}
+		return x, nil
 	}
+	if fi.Mode()&fs.ModeCharDevice != 0 || (!fi.Mode().IsRegular() && !blockdev.Is(fi)) {
+		return nil, fmt.Errorf("export %q: %s is not a file, directory or block device", e.Name, e.Path)
+	}
+	fd, err := unix.Open(e.Path, singleFlags, 0)
+	if err != nil {
+		return nil, fmt.Errorf("export %q: %w", e.Name, &fs.PathError{Op: "open", Path: e.Path, Err: err})
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("export %q: %w", e.Name, &fs.PathError{Op: "fstat", Path: e.Path, Err: err})
+	}
+	if m := st.Mode & unix.S_IFMT; m != unix.S_IFREG && m != unix.S_IFBLK {
+		return nil, fmt.Errorf("export %q: %s is not a file, directory or block device", e.Name, e.Path)
+	}
+	x.dev, x.ino = st.Dev, st.Ino
 	return x, nil
+}
+
+// replacedError is the refusal of a single-file export whose path no
+// longer names the file pinned when it was exported.
+type replacedError struct{ name, path string }
+
+func (e *replacedError) Error() string {
+	return fmt.Sprintf("export %s: %s is no longer the file exported at start (replaced by a symlink or another file); reload the daemon to export it", e.name, e.path)
+}
+
+func (x *export) replaced() error { return &replacedError{name: x.Name, path: x.Path} }
+
+// pinned reports whether st is the file x pinned.
+func (x *export) pinned(st *unix.Stat_t) bool { return st.Dev == x.dev && st.Ino == x.ino }
+
+// stillPinned reports whether the path of a single-file export still
+// names the file it pinned (always true of a directory export). A reload
+// that finds the same configuration keeps an export only if it is.
+func (x *export) stillPinned() bool {
+	if x.root != nil {
+		return true
+	}
+	var st unix.Stat_t
+	return unix.Lstat(x.Path, &st) == nil && x.pinned(&st)
 }
 
 func (x *export) close() {
@@ -74,7 +135,10 @@ func (s *Server) resolve(p string) (*export, string, *protocol.Error) {
 
 // fsError turns a file system error into a protocol error.
 func fsError(p string, err error) *protocol.Error {
+	var re *replacedError
 	switch {
+	case errors.As(err, &re):
+		return errf(protocol.CodePermission, "%s", re.Error())
 	case errors.Is(err, fs.ErrNotExist):
 		return errf(protocol.CodeNotFound, "%s: no such file or directory", p)
 	case errors.Is(err, fs.ErrPermission):
@@ -90,16 +154,45 @@ func fsError(p string, err error) *protocol.Error {
 // open opens a file of an export for reading. O_NONBLOCK: a FIFO opens
 // at once (and is then refused) instead of waiting for a writer; regular
 // files and block devices read the same either way.
+// A single-file export opens only the file it pinned: a symlink in its
+// place (ELOOP under O_NOFOLLOW) or another file is a replacedError.
 func (x *export) open(rel string) (*os.File, error) {
 	if x.root == nil {
-		return os.OpenFile(x.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		return x.openPinned()
 	}
 	return x.root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 }
 
+func (x *export) openPinned() (*os.File, error) {
+	fd, err := unix.Open(x.Path, singleFlags, 0)
+	if err == unix.ELOOP {
+		return nil, x.replaced()
+	}
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: x.Path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &fs.PathError{Op: "fstat", Path: x.Path, Err: err}
+	}
+	if !x.pinned(&st) {
+		unix.Close(fd)
+		return nil, x.replaced()
+	}
+	return os.NewFile(uintptr(fd), x.Path), nil
+}
+
 func (x *export) lstat(rel string) (os.FileInfo, error) {
 	if x.root == nil {
-		return os.Lstat(x.Path)
+		fi, err := os.Lstat(x.Path)
+		if err != nil {
+			return nil, err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || uint64(st.Dev) != x.dev || st.Ino != x.ino {
+			return nil, x.replaced()
+		}
+		return fi, nil
 	}
 	return x.root.Lstat(rel)
 }
