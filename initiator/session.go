@@ -420,7 +420,7 @@ func (s *Session) joinQP(ctx context.Context, i int) (verbs.QP, error) {
 // replaceQP dials a new data QP into slot i of the live session.
 func (s *Session) replaceQP(ctx context.Context, i int) (verbs.QP, error) {
 	if s.dead() {
-		return nil, fmt.Errorf("%w: the control connection is gone", ErrConnect)
+		return nil, fmt.Errorf("%w: the control connection is gone: %w", ErrConnect, reads.ErrNoReplace)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
 	defer cancel()

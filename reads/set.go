@@ -2,6 +2,7 @@ package reads
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -34,6 +35,11 @@ type Set struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
+
+// ErrNoReplace, wrapped by Replace's error, says no replacement can work
+// now (the session behind the QPs is gone): the set stops trying for
+// that slot, quietly; the owner's own recovery takes over.
+var ErrNoReplace = errors.New("no replacement possible")
 
 // Event reports a data QP's failure, and then what came of it.
 type Event struct {
@@ -206,6 +212,12 @@ func (s *Set) replace(i int, cause error) {
 			s.watch(i, s.gens[i], qp)
 			s.mu.Unlock()
 			s.report(Event{Slot: i, Cause: cause, Outcome: Replaced, Try: try})
+			return
+		}
+		if errors.Is(err, ErrNoReplace) {
+			s.mu.Lock()
+			s.busy[i] = false
+			s.mu.Unlock()
 			return
 		}
 		if try >= tries {

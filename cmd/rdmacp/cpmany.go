@@ -91,10 +91,13 @@ type manySummary struct {
 	QPs       int     `json:"qps"`
 	Depth     int     `json:"depth"`
 	ExitCode  int     `json:"exit_code"`
+	// Recoveries: data QPs replaced and sessions re-established.
+	Recoveries int `json:"recoveries"`
 }
 
 // tally counts a many-file copy's outcomes and prints them.
 type tally struct {
+	c         *cli.Context
 	ctx       context.Context
 	jsonOut   bool
 	out, errw io.Writer
@@ -104,7 +107,7 @@ type tally struct {
 }
 
 func newTally(c *cli.Context, stdout io.Writer) *tally {
-	return &tally{ctx: c.Context, jsonOut: c.Bool("json"), out: stdout, errw: c.App.ErrWriter, start: time.Now(), sum: manySummary{Type: "summary"}}
+	return &tally{c: c, ctx: c.Context, jsonOut: c.Bool("json"), out: stdout, errw: c.App.ErrWriter, start: time.Now(), sum: manySummary{Type: "summary"}}
 }
 
 func (t *tally) file(fr initiator.FileResult, src, dst string) {
@@ -146,6 +149,7 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 	t.sum.Seconds = secs
 	t.sum.MBps = float64(t.sum.Bytes) / 1e6 / max(secs, 1e-9)
 	t.sum.Transport, t.sum.QPs, t.sum.Depth = s.Transport(), s.DataQPs(), s.ReadsPerQP()
+	t.sum.Recoveries = recoveriesOf(t.c).Count()
 	var err error
 	switch {
 	case fatal != nil:
