@@ -351,6 +351,10 @@ func (ss *session) packOne(p string, x0 **export, dirs packDirs) (protocol.Packe
 		unix.Close(fd)
 		return protocol.PackedFile{Code: protocol.CodeUnsupported, Entry: e, Message: p + " is not a regular file"}, packed{}, false
 	}
+	if perr := stableFd(p, fd, &pk.st); perr != nil {
+		unix.Close(fd) // a /proc file, say: its size says nothing of its bytes
+		return protocol.PackedFile{Code: perr.Code, Entry: e, Message: perr.Message}, packed{}, false
+	}
 	pk.size = pk.st.Size
 	return protocol.PackedFile{Entry: e}, pk, true
 }

@@ -289,6 +289,14 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 		case e.Type != protocol.FileRegular:
 			unix.Close(fd)
 			return w.changed(d, name), nil
+		}
+		if perr := stableFd(path.Join(d.wrel, name), fd, &st); perr != nil {
+			unix.Close(fd) // a /proc file, say: its size says nothing of its bytes
+			we := plain(d, e)
+			we.e.Code, we.e.Message = perr.Code, perr.Message
+			return we, nil
+		}
+		switch {
 		case st.Size > w.packMax:
 			unix.Close(fd) // copied with Open
 			return plain(d, e), nil

@@ -605,3 +605,27 @@ func TestDtype(t *testing.T) {
 		}
 	}
 }
+
+// A /proc file in a walked tree (bind-mounted there) is refused, never
+// packed as the empty file its size claims.
+func TestWalkRefusesPseudoFiles(t *testing.T) {
+	dir := t.TempDir()
+	mkfile(t, filepath.Join(dir, "t", "hostname"), nil)
+	mkfile(t, filepath.Join(dir, "t", "plain"), []byte("x"))
+	if err := unix.Mount("/proc/sys/kernel/hostname", filepath.Join(dir, "t", "hostname"), "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("SKIP: bind mount of a /proc file: %v (needs root)", err)
+	}
+	defer unix.Unmount(filepath.Join(dir, "t", "hostname"), unix.MNT_DETACH)
+	x := testExport(t, dir)
+	got := map[string]walked{}
+	for _, g := range walkAll(t, startWalk(t, x, "t", protocol.Walk{PackMax: 1 << 20, MaxEntries: 100}), nil) {
+		got[g.rel] = g
+	}
+	h := got["hostname"]
+	if h.e.Packed || h.e.Code != protocol.CodeUnsupported || !strings.Contains(h.e.Message, "pseudo file system") {
+		t.Errorf("hostname: packed %v, code %v, %q; want refused as a pseudo-file", h.e.Packed, h.e.Code, h.e.Message)
+	}
+	if p := got["plain"]; !p.e.Packed || string(p.data) != "x" {
+		t.Errorf("plain: packed %v, %q", p.e.Packed, p.data)
+	}
+}
