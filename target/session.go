@@ -82,7 +82,18 @@ type window struct {
 	pack    bool // mapping is a pack's, from and back to session.spare
 }
 
-func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger) (*session, error) {
+// newSession sets up a control connection and connects it, by deadline.
+// What an unauthenticated connection holds is kept small, since anyone
+// who can reach the port gets one: a protection domain, the control
+// channel (its two CQs, and registered buffers of DefaultDepth+1 slots of
+// protocol.MaxMessage, 1.1 MiB: the control QP needs its receives posted
+// before it connects to take Hello at all, and the channel can't grow
+// them once connected, while an authenticated initiator may have
+// protocol.MaxOutstanding requests in flight) and the connection's
+// socket. The data QPs' CQs wait for authentication (setAuthed). Server
+// caps these connections (MaxHandshakes, MaxHandshakesPerAddr) and
+// frees each by its HelloTimeout.
+func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger, deadline time.Time) (*session, error) {
 	dev := s.cfg.Device
 	pd, err := dev.AllocPD()
 	if err != nil {
@@ -99,14 +110,6 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		ss.release()
 		return nil, err
 	}
-	if ss.dataSCQ, err = dev.CreateCQ((4 + s.cfg.PushDepth) * s.cfg.MaxDataQPs); err != nil {
-		req.Reject(nil)
-		return fail(err)
-	}
-	if ss.dataRCQ, err = dev.CreateCQ(1); err != nil {
-		req.Reject(nil)
-		return fail(err)
-	}
 	if ss.ch, err = protocol.NewChannel(dev, pd, 0); err != nil {
 		req.Reject(nil)
 		return fail(err)
@@ -120,7 +123,7 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		pq.Close()
 		return fail(err)
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.HelloTimeout)
+	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	qp, err := pq.Connect(cctx, verbs.ConnParam{})
 	if err != nil {
@@ -152,7 +155,9 @@ func (ss *session) run(ctx context.Context) {
 	}()
 	defer ss.release()
 	if err := ss.hello(ctx); err != nil {
-		ss.log.Warn("session refused", "err", err)
+		if ctx.Err() == nil {
+			ss.srv.handshakeFailed(ss.srv.peerOf(ss), err) // aggregated: a flood of these must not flood the log
+		}
 		return
 	}
 	ss.log.Info("session open", "data_qps_max", ss.srv.cfg.MaxDataQPs)
@@ -246,7 +251,7 @@ func (ss *session) keepAlive(ctx context.Context, id uint32) (stop func()) {
 // hello runs the version and authentication exchange.
 func (ss *session) hello(ctx context.Context) error {
 	cfg := &ss.srv.cfg
-	hctx, cancel := context.WithTimeout(ctx, cfg.HelloTimeout)
+	hctx, cancel := context.WithDeadline(ctx, ss.srv.deadline(ss))
 	defer cancel()
 	m, err := ss.ch.Recv(hctx)
 	if err != nil {
@@ -273,7 +278,9 @@ func (ss *session) hello(ctx context.Context) error {
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	if !ch.AuthRequired {
-		ss.setAuthed()
+		if err := ss.setAuthed(); err != nil {
+			return ss.refuse(ctx, h.ID(), err)
+		}
 		return ss.ch.Send(ctx, ch)
 	}
 	if err := ss.ch.Send(ctx, ch); err != nil {
@@ -288,18 +295,48 @@ func (ss *session) hello(ctx context.Context) error {
 		e := errf(protocol.CodeAuthFailed, "wrong secret")
 		e.SetID(m.ID())
 		ss.ch.Send(ctx, e)
-		return errors.New("authentication failed: wrong secret")
+		return fmt.Errorf("%w: wrong secret", errAuth)
 	}
 	ok2 := &protocol.AuthOK{MAC: protocol.ServerMAC(cfg.Secret, ch.ServerNonce, h.ClientNonce)}
 	ok2.SetID(a.ID())
-	ss.setAuthed()
+	if err := ss.setAuthed(); err != nil {
+		return ss.refuse(ctx, a.ID(), err)
+	}
 	return ss.ch.Send(ctx, ok2)
 }
 
-func (ss *session) setAuthed() {
+// refuse answers request id with why the session can't open (its slot
+// is not a session's: they are all taken, or the CQs could not be made).
+func (ss *session) refuse(ctx context.Context, id uint32, err error) error {
+	e := errf(protocol.CodeInternal, "target out of resources")
+	var full fullError
+	if errors.As(err, &full) {
+		e = errf(protocol.CodeTooMany, "%s", string(full))
+	}
+	e.SetID(id)
+	ss.ch.Send(ctx, e)
+	return err
+}
+
+// setAuthed makes the handshake a session: it takes a session's place in
+// the server's counts (or fails: MaxSessions, MaxSessionsPerAddr), makes
+// the data QPs' CQs, and lets data QPs join.
+func (ss *session) setAuthed() error {
+	if err := ss.srv.promote(ss); err != nil {
+		return err
+	}
+	dev, cfg := ss.srv.cfg.Device, &ss.srv.cfg
+	var err error
+	if ss.dataSCQ, err = dev.CreateCQ((4 + cfg.PushDepth) * cfg.MaxDataQPs); err != nil {
+		return err
+	}
+	if ss.dataRCQ, err = dev.CreateCQ(1); err != nil {
+		return err
+	}
 	ss.mu.Lock()
 	ss.authed = true
 	ss.mu.Unlock()
+	return nil
 }
 
 // join accepts data QP index into the session: the next index while
@@ -534,6 +571,9 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	}
 	f, err := x.open(rel)
 	if err != nil {
+		if re := (*replacedError)(nil); errors.As(err, &re) {
+			ss.log.Warn("refused open: export replaced since it was exported", "path", m.Path, "export_path", x.Path)
+		}
 		return fsError(m.Path, err)
 	}
 	fi, err := f.Stat()
@@ -544,6 +584,10 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	if fi.IsDir() {
 		f.Close()
 		return errf(protocol.CodeIsDir, "%s is a directory", m.Path)
+	}
+	if perr := stableFile(m.Path, f); perr != nil {
+		f.Close()
+		return perr
 	}
 	size, mtime := fi.Size(), fi.ModTime().UnixNano()
 	isDev := blockdev.Is(fi)
@@ -557,9 +601,6 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		if bs, err := blockdev.LogicalBlockSize(f); err == nil {
 			ss.log.Debug("block device", "path", m.Path, "size", size, "logical_block", bs)
 		}
-	case !fi.Mode().IsRegular():
-		f.Close()
-		return errf(protocol.CodeUnsupported, "%s is neither a regular file nor a block device", m.Path)
 	}
 	layout := chunker.Layout{Size: size, ChunkSize: cs}
 	digests, cached, err := cfg.Cache.Digests(ctx, f, layout, alg)

@@ -13,6 +13,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,11 +54,25 @@ type Config struct {
 	WindowBudget uint64
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
-	MaxSessions          int // default 64
+	// MaxSessions caps authenticated sessions; default 64. A control
+	// connection counts as a session only once its Hello (and, with a
+	// secret, its Auth) has been accepted; until then it is a handshake.
+	MaxSessions int
+	// MaxSessionsPerAddr caps authenticated sessions from one IP
+	// address; default 16 (or MaxSessions, if that is less).
+	MaxSessionsPerAddr int
+	// MaxHandshakes caps control connections accepted and not yet
+	// authenticated; default 128. A connection over it is rejected at
+	// once ("too many handshakes in progress").
+	MaxHandshakes int
+	// MaxHandshakesPerAddr caps handshakes from one IP address; default
+	// 16 (or MaxHandshakes, if that is less).
+	MaxHandshakesPerAddr int
 	MaxDataQPs           int // per session; default 16
 	MaxHandles           int // open files per session; default 256
-	// HelloTimeout bounds the wait for a new session's Hello and Auth;
-	// default 10 s.
+	// HelloTimeout bounds a handshake, from the connection request to
+	// the target's reply to Hello (or Auth): a peer that sends nothing
+	// holds a handshake slot no longer; default 5 s.
 	HelloTimeout time.Duration
 	// IdleTimeout ends a session whose initiator sent no request for
 	// that long, revoking its keys; default 5 min.
@@ -107,6 +123,15 @@ func (c *Config) setDefaults() {
 	if c.MaxSessions == 0 {
 		c.MaxSessions = 64
 	}
+	if c.MaxSessionsPerAddr == 0 {
+		c.MaxSessionsPerAddr = min(16, max(c.MaxSessions, 1))
+	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = 128
+	}
+	if c.MaxHandshakesPerAddr == 0 {
+		c.MaxHandshakesPerAddr = min(16, max(c.MaxHandshakes, 1))
+	}
 	if c.MaxDataQPs == 0 {
 		c.MaxDataQPs = 16
 	}
@@ -114,7 +139,7 @@ func (c *Config) setDefaults() {
 		c.MaxHandles = 256
 	}
 	if c.HelloTimeout == 0 {
-		c.HelloTimeout = 10 * time.Second
+		c.HelloTimeout = 5 * time.Second
 	}
 	if c.PushDepth == 0 {
 		c.PushDepth = 4
@@ -167,6 +192,23 @@ func (c *Config) Validate() error {
 	if c.PushDepth < 1 || c.PushDepth > 64 {
 		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
 	}
+	for _, l := range []struct {
+		name string
+		v    int
+	}{{"max sessions", c.MaxSessions}, {"max sessions per address", c.MaxSessionsPerAddr}, {"max handshakes", c.MaxHandshakes}, {"max handshakes per address", c.MaxHandshakesPerAddr}} {
+		if l.v < 1 {
+			return fmt.Errorf("target: %s %d: want at least 1", l.name, l.v)
+		}
+	}
+	if c.MaxSessionsPerAddr > c.MaxSessions {
+		return fmt.Errorf("target: max sessions per address %d is more than max sessions %d", c.MaxSessionsPerAddr, c.MaxSessions)
+	}
+	if c.MaxHandshakesPerAddr > c.MaxHandshakes {
+		return fmt.Errorf("target: max handshakes per address %d is more than max handshakes %d", c.MaxHandshakesPerAddr, c.MaxHandshakes)
+	}
+	if c.HelloTimeout < 0 {
+		return fmt.Errorf("target: hello timeout %v: want more than 0", c.HelloTimeout)
+	}
 	if c.WindowBudget < c.MaxWindow {
 		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)
 	}
@@ -212,11 +254,28 @@ type Server struct {
 	order   []string // export names in configuration order
 
 	mu       sync.Mutex
-	sessions map[[16]byte]*session
+	sessions map[[16]byte]*session // handshakes past newSession, and sessions
 	wg       sync.WaitGroup
 	staged   sync.Once
 	mapped   uint64 // bytes in windows, all sessions; under mu
+
+	// Admission (under mu): each control connection holds a slot, a
+	// handshake's until it authenticates, a session's after.
+	slots      map[*session]*slot
+	handshakes int // slots not yet authenticated
+	authed     int // slots authenticated: the sessions MaxSessions counts
+	peers      map[string]*peerCount
+	hush       *hushLog
 }
+
+// A slot is one control connection's place in the admission counts.
+type slot struct {
+	ip       string
+	deadline time.Time // for the handshake: HelloTimeout after the request
+	authed   bool
+}
+
+type peerCount struct{ handshakes, sessions int }
 
 // reserve takes n bytes of the window budget.
 func (s *Server) reserve(n uint64) bool {
@@ -248,7 +307,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{}}
+	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{},
+		slots: map[*session]*slot{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs)}
 	for _, e := range cfg.Exports {
 		x, err := openExport(e)
 		if err != nil {
@@ -399,54 +459,297 @@ func (s *Server) count() int {
 }
 
 // handle sorts a connection request: a new session's control QP, or a
-// data QP joining a session that has authenticated.
+// data QP joining a session that has authenticated. It never waits on
+// the peer: a request over a limit is rejected at once (a reply of a few
+// bytes to a fresh connection, which the kernel takes without waiting),
+// and everything else runs in a goroutine of its own, bounded by
+// HelloTimeout, so that one peer never holds up the accept loop.
 func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
-	log := s.cfg.Logger.With("peer", req.RemoteAddr())
+	addr := req.RemoteAddr()
+	ip := peerIP(addr)
+	log := s.cfg.Logger.With("peer", addr)
 	p, err := protocol.UnmarshalPrivate(req.PrivateData())
 	if err != nil {
-		log.Warn("refused connection", "err", err)
+		s.hush.note(ip, "connections", "were refused: bad private data", err)
 		req.Reject([]byte(err.Error()))
 		return
 	}
 	switch p.Kind {
 	case protocol.KindControl:
-		s.mu.Lock()
-		full := len(s.sessions) >= s.cfg.MaxSessions
-		s.mu.Unlock()
-		if full {
-			log.Warn("refused session: too many sessions", "max", s.cfg.MaxSessions)
-			req.Reject([]byte("too many sessions"))
+		sl, why := s.admit(ip)
+		if why != "" {
+			s.hush.note(ip, "handshakes", "were refused: "+why, nil)
+			req.Reject([]byte(why))
 			return
 		}
-		ss, err := s.newSession(ctx, req, log)
-		if err != nil {
-			log.Warn("session setup failed", "err", err)
-			return
-		}
-		s.mu.Lock()
-		s.sessions[ss.token] = ss
-		s.mu.Unlock()
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			ss.run(ctx)
-			s.mu.Lock()
-			delete(s.sessions, ss.token)
-			s.mu.Unlock()
+			s.handshake(ctx, req, sl, log)
 		}()
 	case protocol.KindData:
 		s.mu.Lock()
 		ss := s.sessions[p.Session]
 		s.mu.Unlock()
 		if ss == nil {
-			log.Warn("refused data QP for an unknown session")
+			s.hush.note(ip, "data QPs", "were refused: unknown session", nil)
 			req.Reject([]byte("unknown session"))
 			return
 		}
-		if err := ss.join(ctx, req, int(p.Index)); err != nil {
-			log.Warn("refused data QP", "err", err)
-		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := ss.join(ctx, req, int(p.Index)); err != nil {
+				s.hush.note(ip, "data QPs", "were refused", err)
+			}
+		}()
 	default:
+		s.hush.note(ip, "connections", "were refused: unknown connection kind", nil)
 		req.Reject([]byte("unknown connection kind"))
+	}
+}
+
+// handshake sets up a session on an admitted control connection and
+// runs it; its slot is freed when it ends.
+func (s *Server) handshake(ctx context.Context, req verbs.ConnRequest, sl *slot, log *slog.Logger) {
+	ss, err := s.newSession(ctx, req, log, sl.deadline)
+	if err != nil {
+		s.mu.Lock()
+		s.unslot(sl)
+		s.mu.Unlock()
+		if ctx.Err() == nil {
+			s.handshakeFailed(sl.ip, err)
+		}
+		return
+	}
+	s.mu.Lock()
+	s.sessions[ss.token] = ss
+	s.slots[ss] = sl
+	s.mu.Unlock()
+	ss.run(ctx)
+	s.mu.Lock()
+	delete(s.sessions, ss.token)
+	delete(s.slots, ss)
+	s.unslot(sl)
+	s.mu.Unlock()
+}
+
+// Reasons a control connection is refused, in the reject's private data
+// (what the initiator prints) or in a CodeTooMany Error after Hello.
+const (
+	whyHandshakes       = "too many handshakes in progress"
+	whyHandshakesByAddr = "too many handshakes from your address"
+	whySessions         = "too many sessions"
+	whySessionsByAddr   = "too many sessions from your address"
+)
+
+// admit takes a handshake slot for a control connection from ip, or
+// says why there is none. A target whose sessions are all taken refuses
+// at once too: the handshake could only end in the same refusal.
+func (s *Server) admit(ip string) (*slot, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pc := s.peers[ip]
+	if pc == nil {
+		pc = &peerCount{}
+	}
+	switch {
+	case s.handshakes >= s.cfg.MaxHandshakes:
+		return nil, whyHandshakes
+	case pc.handshakes >= s.cfg.MaxHandshakesPerAddr:
+		return nil, whyHandshakesByAddr
+	case s.authed >= s.cfg.MaxSessions:
+		return nil, whySessions
+	case pc.sessions >= s.cfg.MaxSessionsPerAddr:
+		return nil, whySessionsByAddr
+	}
+	s.peers[ip] = pc
+	pc.handshakes++
+	s.handshakes++
+	return &slot{ip: ip, deadline: time.Now().Add(s.cfg.HelloTimeout)}, ""
+}
+
+// promote turns ss's handshake slot into a session's, or says why the
+// sessions are full. A session without a slot (made by a test) passes.
+func (s *Server) promote(ss *session) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := s.slots[ss]
+	if sl == nil || sl.authed {
+		return nil
+	}
+	pc := s.peers[sl.ip]
+	switch {
+	case s.authed >= s.cfg.MaxSessions:
+		return fullError(whySessions)
+	case pc.sessions >= s.cfg.MaxSessionsPerAddr:
+		return fullError(whySessionsByAddr)
+	}
+	s.handshakes--
+	pc.handshakes--
+	s.authed++
+	pc.sessions++
+	sl.authed = true
+	return nil
+}
+
+// unslot frees sl (under mu).
+func (s *Server) unslot(sl *slot) {
+	pc := s.peers[sl.ip]
+	if sl.authed {
+		s.authed--
+		pc.sessions--
+	} else {
+		s.handshakes--
+		pc.handshakes--
+	}
+	if pc.handshakes == 0 && pc.sessions == 0 {
+		delete(s.peers, sl.ip)
+	}
+}
+
+// deadline is when ss's handshake must be done by.
+func (s *Server) deadline(ss *session) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.slots[ss]; sl != nil {
+		return sl.deadline
+	}
+	return time.Now().Add(s.cfg.HelloTimeout)
+}
+
+// handshakeFailed logs, aggregated, a handshake that did not become a
+// session.
+func (s *Server) handshakeFailed(ip string, err error) {
+	why := "failed"
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		why = "timed out"
+	case errors.Is(err, errAuth):
+		why = "failed authentication"
+	}
+	var full fullError
+	if errors.As(err, &full) {
+		why = "were refused: " + string(full)
+	}
+	s.hush.note(ip, "handshakes", why, err)
+}
+
+var errAuth = errors.New("authentication failed")
+
+// A fullError says why an authenticated handshake can't be a session.
+type fullError string
+
+func (e fullError) Error() string { return string(e) }
+
+// peerOf is the IP address ss's slot counts against.
+func (s *Server) peerOf(ss *session) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.slots[ss]; sl != nil {
+		return sl.ip
+	}
+	return ""
+}
+
+// peerIP is addr's host: limits and log lines are per IP address.
+func peerIP(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
+
+// Aggregated warnings: a flood of failing handshakes must not flood the
+// log too. The first event of a kind is logged as it happens; the rest
+// of its hushEvery are counted per address (hushAddrs addresses at
+// most, the rest together) and logged as one line per address, the
+// busiest hushLines of them, and an "and N others" line.
+const (
+	hushEvery = 10 * time.Second
+	hushAddrs = 1024
+	hushLines = 8
+)
+
+type hushLog struct {
+	log   *slog.Logger
+	every time.Duration
+	addrs int
+
+	mu    sync.Mutex
+	kinds map[string]*hushKind
+}
+
+type hushKind struct {
+	noun, why string
+	n         int            // events since the window opened, the first included
+	byAddr    map[string]int // events per address, hushAddrs at most
+	others    int            // events from addresses not tracked
+}
+
+func newHushLog(log *slog.Logger, every time.Duration, addrs int) *hushLog {
+	return &hushLog{log: log, every: every, addrs: addrs, kinds: map[string]*hushKind{}}
+}
+
+// note records that a noun ("handshakes") from ip did why ("timed
+// out"); err, if any, is logged with the first of a window.
+func (h *hushLog) note(ip, noun, why string, err error) {
+	key := noun + "\x00" + why
+	h.mu.Lock()
+	k := h.kinds[key]
+	if k == nil {
+		k = &hushKind{noun: noun, why: why, byAddr: map[string]int{}}
+		h.kinds[key] = k
+		time.AfterFunc(h.every, func() { h.flush(key) })
+		h.mu.Unlock()
+		attrs := []any{"peer", ip}
+		if err != nil {
+			attrs = append(attrs, "err", err)
+		}
+		one := strings.TrimSuffix(noun, "s") + " from " + ip + " " + strings.Replace(why, "were ", "was ", 1)
+		h.log.Warn(fmt.Sprintf("%s (the next %v of these are counted per address)", one, h.every), attrs...)
+		h.mu.Lock()
+	}
+	k.n++
+	if _, ok := k.byAddr[ip]; ok || len(k.byAddr) < h.addrs {
+		k.byAddr[ip]++
+	} else {
+		k.others++
+	}
+	h.mu.Unlock()
+}
+
+// flush logs a window's counts and closes it: the next event opens a
+// new one.
+func (h *hushLog) flush(key string) {
+	h.mu.Lock()
+	k := h.kinds[key]
+	delete(h.kinds, key)
+	h.mu.Unlock()
+	if k == nil || k.n <= 1 {
+		return // the one event was logged as it happened
+	}
+	type row struct {
+		ip string
+		n  int
+	}
+	rows := make([]row, 0, len(k.byAddr))
+	for ip, n := range k.byAddr {
+		rows = append(rows, row{ip, n})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].ip < rows[j].ip })
+	for _, r := range rows[:min(len(rows), hushLines)] {
+		h.log.Warn(fmt.Sprintf("%d %s from %s %s in the last %v", r.n, k.noun, r.ip, k.why, h.every), "peer", r.ip, "count", r.n)
+	}
+	if rest := rows[min(len(rows), hushLines):]; len(rest) > 0 || k.others > 0 {
+		n := k.others
+		for _, r := range rest {
+			n += r.n
+		}
+		addrs := fmt.Sprintf("%d others", len(rest))
+		if k.others > 0 {
+			addrs = fmt.Sprintf("%d others and more addresses than are tracked (%d)", len(rest), h.addrs)
+		}
+		h.log.Warn(fmt.Sprintf("and %d %s from %s %s in the last %v", n, k.noun, addrs, k.why, h.every), "count", n)
 	}
 }

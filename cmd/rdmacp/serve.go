@@ -38,11 +38,75 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
 			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: 5 * time.Minute, Usage: "end a session (revoking its keys) after this long without a request"},
+			&cli.IntFlag{Name: "max-sessions", Value: 64, Usage: "authenticated sessions at once; more are refused \"too many sessions\""},
+			&cli.IntFlag{Name: "max-sessions-per-addr", Value: 16, Usage: "authenticated sessions from one IP address (at most --max-sessions)"},
+			&cli.IntFlag{Name: "max-handshakes", Value: 128, Usage: "control connections accepted and not yet authenticated; more are refused at once"},
+			&cli.IntFlag{Name: "max-handshakes-per-addr", Value: 16, Usage: "handshakes in progress from one IP address (at most --max-handshakes)"},
+			&cli.DurationFlag{Name: "hello-timeout", Value: 5 * time.Second, Usage: "a connection that has not authenticated this long after it was accepted is dropped"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 		}, transportFlags()...),
 		Action: runServe,
 	}
+}
+
+// limits are the admission limits of target.Config.
+type limits struct {
+	MaxSessions, MaxSessionsPerAddr, MaxHandshakes, MaxHandshakesPerAddr int
+	HelloTimeout                                                         time.Duration
+}
+
+// limitsOf reads the admission limits: a flag given wins, then the
+// config file's key, then the flag's default. A per-address limit left
+// at its default is capped by its total, so that --max-sessions 4 alone
+// is valid.
+func limitsOf(c *cli.Context, file serveFile) (limits, error) {
+	num := func(flag string, fromFile int) (int, error) {
+		v := c.Int(flag)
+		if !c.IsSet(flag) && fromFile != 0 {
+			v = fromFile
+		}
+		if v < 1 {
+			return 0, usagef("--%s %d: want at least 1", flag, v)
+		}
+		return v, nil
+	}
+	var l limits
+	var err error
+	if l.MaxSessions, err = num("max-sessions", file.MaxSessions); err != nil {
+		return l, err
+	}
+	if l.MaxSessionsPerAddr, err = num("max-sessions-per-addr", file.MaxSessionsPerAddr); err != nil {
+		return l, err
+	}
+	if l.MaxHandshakes, err = num("max-handshakes", file.MaxHandshakes); err != nil {
+		return l, err
+	}
+	if l.MaxHandshakesPerAddr, err = num("max-handshakes-per-addr", file.MaxHandshakesPerAddr); err != nil {
+		return l, err
+	}
+	if !c.IsSet("max-sessions-per-addr") && file.MaxSessionsPerAddr == 0 {
+		l.MaxSessionsPerAddr = min(l.MaxSessionsPerAddr, l.MaxSessions)
+	}
+	if !c.IsSet("max-handshakes-per-addr") && file.MaxHandshakesPerAddr == 0 {
+		l.MaxHandshakesPerAddr = min(l.MaxHandshakesPerAddr, l.MaxHandshakes)
+	}
+	if l.MaxSessionsPerAddr > l.MaxSessions {
+		return l, usagef("--max-sessions-per-addr %d is more than --max-sessions %d", l.MaxSessionsPerAddr, l.MaxSessions)
+	}
+	if l.MaxHandshakesPerAddr > l.MaxHandshakes {
+		return l, usagef("--max-handshakes-per-addr %d is more than --max-handshakes %d", l.MaxHandshakesPerAddr, l.MaxHandshakes)
+	}
+	l.HelloTimeout = c.Duration("hello-timeout")
+	if !c.IsSet("hello-timeout") && file.HelloTimeout != "" {
+		if l.HelloTimeout, err = time.ParseDuration(file.HelloTimeout); err != nil {
+			return l, usagef("--config: hello_timeout %q: %v", file.HelloTimeout, err)
+		}
+	}
+	if l.HelloTimeout <= 0 {
+		return l, usagef("--hello-timeout %v: want more than 0", l.HelloTimeout)
+	}
+	return l, nil
 }
 
 // serveFile is the --config file.
@@ -53,7 +117,13 @@ type serveFile struct {
 	Checksum     string `json:"checksum"`
 	MaxWindow    string `json:"max_window"`
 	WindowBudget string `json:"window_budget"`
-	Exports      []struct {
+	// Admission limits (target.Config); zero or absent: the flag's value.
+	MaxSessions          int    `json:"max_sessions"`
+	MaxSessionsPerAddr   int    `json:"max_sessions_per_addr"`
+	MaxHandshakes        int    `json:"max_handshakes"`
+	MaxHandshakesPerAddr int    `json:"max_handshakes_per_addr"`
+	HelloTimeout         string `json:"hello_timeout"` // a Go duration: "5s"
+	Exports              []struct {
 		Name     string `json:"name"`
 		Path     string `json:"path"`
 		Writable bool   `json:"writable"`
@@ -147,6 +217,10 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return usagef("--checksum: %v", err)
 	}
+	lim, err := limitsOf(c, file)
+	if err != nil {
+		return err
+	}
 	log, err := newLogger(c.String("log-format"), c.String("log-level"))
 	if err != nil {
 		return err
@@ -171,7 +245,9 @@ func runServe(c *cli.Context) error {
 	}
 	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
-		DrainTimeout: drainTimeout, Logger: log})
+		DrainTimeout: drainTimeout, Logger: log,
+		MaxSessions: lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
+		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})
 	if err != nil {
 		dev.Close()
 		return usageError{err}
