@@ -87,7 +87,12 @@ func (e *replacedError) Error() string {
 func (x *export) replaced() error { return &replacedError{name: x.Name, path: x.Path} }
 
 // pinned reports whether st is the file x pinned.
-func (x *export) pinned(st *unix.Stat_t) bool { return st.Dev == x.dev && st.Ino == x.ino }
+// A freed inode number is soon handed out again (to the symlink swapped
+// in for a deleted file, say): the type must match as well.
+func (x *export) pinned(st *unix.Stat_t) bool {
+	m := st.Mode & unix.S_IFMT
+	return st.Dev == x.dev && st.Ino == x.ino && (m == unix.S_IFREG || m == unix.S_IFBLK)
+}
 
 // stillPinned reports whether the path of a single-file export still
 // names the file it pinned (always true of a directory export). A reload

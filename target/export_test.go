@@ -147,3 +147,30 @@ func TestOpenProcRefused(t *testing.T) {
 		}
 	}
 }
+
+// A reload pins a replaced single-file export anew, and refuses one
+// whose name has become a symlink.
+func TestReloadRepinsASingleFileExport(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	os.WriteFile(real, []byte("first"), 0o644)
+	exps := []target.Export{{Name: "single", Path: real}}
+	srv, err := target.New(target.Config{Device: device(t), Exports: exps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added, removed, err := srv.SetExports(exps); err != nil || len(added)+len(removed) != 0 {
+		t.Fatalf("reload of an unchanged export: added %v removed %v, %v", added, removed, err)
+	}
+	os.Rename(real, real+".orig")
+	os.WriteFile(real, []byte("second"), 0o644)
+	added, _, err := srv.SetExports(exps)
+	if err != nil || len(added) != 1 || added[0] != "single" {
+		t.Fatalf("reload after the file was replaced: added %v, %v; want it pinned anew", added, err)
+	}
+	os.Remove(real)
+	os.Symlink(real+".orig", real)
+	if _, _, err := srv.SetExports(exps); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("reload with a symlink at the export's name: %v, want it refused", err)
+	}
+}

@@ -361,7 +361,9 @@ func (s *Server) SetExports(exps []Export) (added, removed []string, err error) 
 	var order []string
 	s.emu.RLock()
 	for _, e := range exps {
-		if old := s.exports[e.Name]; old != nil && old.Export == e {
+		// Unchanged, and still the file pinned at the last (re)load: a
+		// single-file export replaced since is pinned anew.
+		if old := s.exports[e.Name]; old != nil && old.Export == e && old.stillPinned() {
 			next[e.Name] = old
 		} else {
 			x, err := openExport(e)
