@@ -27,9 +27,15 @@ type Channel struct {
 	depth int
 	scq   verbs.CQ
 	rcq   verbs.CQ
-	mem   *verbs.Buffer
+	mem   *verbs.Buffer // the send slot and the first receive slots
 	mr    verbs.MR
 	qp    verbs.QP
+	pd    verbs.PD
+	// first is how many receive slots mem holds; a channel made small
+	// (NewSmallChannel) gets the rest in more, on Grow.
+	first int
+	more  *verbs.Buffer
+	moreR verbs.MR
 
 	timeout atomic.Int64 // SetTimeout's, in nanoseconds
 
@@ -52,10 +58,23 @@ const DefaultDepth = MaxOutstanding + 1
 
 // NewChannel allocates a channel's CQs and buffers on dev and pd.
 func NewChannel(dev verbs.Device, pd verbs.PD, depth int) (*Channel, error) {
+	return NewSmallChannel(dev, pd, depth, 0)
+}
+
+// NewSmallChannel is NewChannel with only first receive slots backed by
+// memory until Grow (first <= 0, or not below depth: all of them). A
+// target takes Hello and Auth this way: a peer that has not proved
+// itself gets three slots of registered memory, not depth+1; one that
+// sends more than first messages unasked finds no receive posted, and
+// its connection ends.
+func NewSmallChannel(dev verbs.Device, pd verbs.PD, depth, first int) (*Channel, error) {
 	if depth <= 0 {
 		depth = DefaultDepth
 	}
-	c := &Channel{depth: depth, nextID: 1}
+	if first <= 0 || first > depth {
+		first = depth
+	}
+	c := &Channel{depth: depth, first: first, pd: pd, nextID: 1}
 	var err error
 	if c.scq, err = dev.CreateCQ(4); err != nil {
 		return nil, err
@@ -64,7 +83,7 @@ func NewChannel(dev verbs.Device, pd verbs.PD, depth int) (*Channel, error) {
 		c.scq.Close()
 		return nil, err
 	}
-	if c.mem, err = verbs.AllocBuffer((depth + 1) * MaxMessage); err != nil {
+	if c.mem, err = verbs.AllocBuffer((first + 1) * MaxMessage); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -75,22 +94,64 @@ func NewChannel(dev verbs.Device, pd verbs.PD, depth int) (*Channel, error) {
 	return c, nil
 }
 
+// Grow backs and posts the receive slots a small channel left out, on
+// its attached QP. It must be called before the peer may send more than
+// the first slots' worth (a target: before it answers Auth), from the
+// goroutine that receives.
+func (c *Channel) Grow() error {
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	if c.first == c.depth || c.more != nil {
+		return nil
+	}
+	if c.closed {
+		return ErrClosed
+	}
+	var err error
+	if c.more, err = verbs.AllocBuffer((c.depth - c.first) * MaxMessage); err != nil {
+		c.more = nil
+		return err
+	}
+	if c.moreR, err = c.pd.RegMR(c.more.Bytes(), verbs.AccessLocalWrite); err != nil {
+		c.more.Free()
+		c.more = nil
+		return err
+	}
+	wrs := make([]verbs.RecvWR, 0, c.depth-c.first)
+	for i := c.first + 1; i <= c.depth; i++ {
+		wrs = append(wrs, verbs.RecvWR{ID: uint64(i), Local: c.slot(i)})
+	}
+	return postAll(c.qp, wrs)
+}
+
 // QPConfig is the configuration the channel's QP must be made with.
 func (c *Channel) QPConfig() verbs.QPConfig {
 	return verbs.QPConfig{SendCQ: c.scq, RecvCQ: c.rcq, MaxSendWR: 4, MaxRecvWR: c.depth + 1}
 }
 
+// slot is slot i: 0 sends, 1..depth receive.
 func (c *Channel) slot(i int) verbs.SGE {
+	if i > c.first {
+		return verbs.SGE{Addr: c.moreR.Addr() + uint64((i-c.first-1)*MaxMessage), Length: MaxMessage, LKey: c.moreR.LKey()}
+	}
 	return verbs.SGE{Addr: c.mr.Addr() + uint64(i*MaxMessage), Length: MaxMessage, LKey: c.mr.LKey()}
+}
+
+// slotBytes is slot i's memory.
+func (c *Channel) slotBytes(i int) []byte {
+	if i > c.first {
+		return c.more.Bytes()[(i-c.first-1)*MaxMessage:][:MaxMessage]
+	}
+	return c.mem.Bytes()[i*MaxMessage:][:MaxMessage]
 }
 
 type receiver interface {
 	PostRecv([]verbs.RecvWR) (int, error)
 }
 
-// PostRecvs posts every receive slot on pq.
+// PostRecvs posts every receive slot backed so far on pq.
 func (c *Channel) PostRecvs(pq verbs.PendingQP) error {
-	wrs := make([]verbs.RecvWR, c.depth)
+	wrs := make([]verbs.RecvWR, c.first)
 	for i := range wrs {
 		wrs[i] = verbs.RecvWR{ID: uint64(i + 1), Local: c.slot(i + 1)}
 	}
@@ -280,11 +341,10 @@ func (c *Channel) Recv(ctx context.Context) (Message, error) {
 		return nil, c.deadErr(comp.Status)
 	}
 	i := int(comp.WRID)
-	if i < 1 || i > c.depth {
+	if i < 1 || i > c.depth || (i > c.first && c.more == nil) || int(comp.Bytes) > MaxMessage {
 		return nil, fmt.Errorf("%w: receive completion for slot %d", ErrMalformed, i)
 	}
-	off := i * MaxMessage
-	m, derr := Unmarshal(c.mem.Bytes()[off : off+int(comp.Bytes)])
+	m, derr := Unmarshal(c.slotBytes(i)[:comp.Bytes])
 	// Repost the slot whether or not the message decoded. If the peer
 	// has hung up since, the message it sent last still counts.
 	if err := postAll(c.qp, []verbs.RecvWR{{ID: comp.WRID, Local: c.slot(i)}}); err != nil {
@@ -379,6 +439,12 @@ func (c *Channel) Close() error {
 	}
 	if c.mem != nil {
 		c.mem.Free()
+	}
+	if c.moreR != nil {
+		c.moreR.Close()
+	}
+	if c.more != nil {
+		c.more.Free()
 	}
 	if c.scq != nil {
 		c.scq.Close()

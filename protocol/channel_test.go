@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,6 +22,13 @@ func pair(t *testing.T) (dial, accept *protocol.Channel) {
 // makes for the listener's address (nil: directly).
 func pairVia(t *testing.T, via func(addr string) string) (dial, accept *protocol.Channel) {
 	t.Helper()
+	return pairWith(t, via, 0)
+}
+
+// pairWith is pairVia with the accepting side's channel made small, with
+// first receive slots until Grow (0: a full channel).
+func pairWith(t *testing.T, via func(addr string) string, first int) (dial, accept *protocol.Channel) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	dev, err := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
@@ -28,12 +36,12 @@ func pairVia(t *testing.T, via func(addr string) string) (dial, accept *protocol
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dev.Close() })
-	side := func() (*protocol.Channel, verbs.PD) {
+	side := func(first int) (*protocol.Channel, verbs.PD) {
 		pd, err := dev.AllocPD()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := protocol.NewChannel(dev, pd, 0)
+		ch, err := protocol.NewSmallChannel(dev, pd, 0, first)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +53,7 @@ func pairVia(t *testing.T, via func(addr string) string) (dial, accept *protocol
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	accept, apd := side()
+	accept, apd := side(first)
 	errc := make(chan error, 1)
 	go func() {
 		req, err := ln.Accept(ctx)
@@ -67,7 +75,7 @@ func pairVia(t *testing.T, via func(addr string) string) (dial, accept *protocol
 		}
 		errc <- err
 	}()
-	dial, dpd := side()
+	dial, dpd := side(0)
 	addr := ln.Addr()
 	if via != nil {
 		addr = via(addr)
@@ -106,5 +114,55 @@ func TestCallTakesErrorWithIDZero(t *testing.T) {
 	var pe *protocol.Error
 	if !errors.As(err, &pe) || pe.Code != protocol.CodeBadRequest {
 		t.Fatalf("err = %v, want the BadRequest", err)
+	}
+}
+
+func TestSmallChannelGrows(t *testing.T) {
+	dial, accept := pairWith(t, nil, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range 2 { // Hello and Auth, say: what fits before Grow
+		if err := dial.Send(ctx, &protocol.Stat{Path: fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if _, err := accept.Recv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := accept.Grow(); err != nil {
+		t.Fatal(err)
+	}
+	// Now the whole depth: as many as an initiator may have in flight,
+	// sent before any is received.
+	n := protocol.DefaultDepth
+	for i := range n {
+		if err := dial.Send(ctx, &protocol.Stat{Path: fmt.Sprint(i)}); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	for i := range n {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			t.Fatalf("recv %d: %v", i, err)
+		}
+		if st, ok := m.(*protocol.Stat); !ok || st.Path != fmt.Sprint(i) {
+			t.Fatalf("recv %d: %v", i, m)
+		}
+	}
+}
+
+func TestSmallChannelEndsAPeerThatSendsTooMuch(t *testing.T) {
+	dial, accept := pairWith(t, nil, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range 3 { // a third before it was asked for anything
+		dial.Send(ctx, &protocol.Stat{Path: fmt.Sprint(i)})
+	}
+	select {
+	case <-accept.QP().Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("a peer that sent three messages before authenticating is still connected")
 	}
 }

@@ -85,12 +85,12 @@ type window struct {
 // newSession sets up a control connection and connects it, by deadline.
 // What an unauthenticated connection holds is kept small, since anyone
 // who can reach the port gets one: a protection domain, the control
-// channel (its two CQs, and registered buffers of DefaultDepth+1 slots of
-// protocol.MaxMessage, 1.1 MiB: the control QP needs its receives posted
-// before it connects to take Hello at all, and the channel can't grow
-// them once connected, while an authenticated initiator may have
-// protocol.MaxOutstanding requests in flight) and the connection's
-// socket. The data QPs' CQs wait for authentication (setAuthed). Server
+// channel (its two CQs, and three registered slots of protocol.MaxMessage,
+// 192 KiB, for the reply and for Hello and Auth: the control QP needs
+// its receives posted before it connects to take Hello at all) and the
+// connection's socket. The rest of the channel's receives (an
+// authenticated initiator may have protocol.MaxOutstanding requests in
+// flight) and the data QPs' CQs wait for authentication (setAuthed). Server
 // caps these connections (MaxHandshakes, MaxHandshakesPerAddr) and
 // frees each by its HelloTimeout.
 func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger, deadline time.Time) (*session, error) {
@@ -110,7 +110,9 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		ss.release()
 		return nil, err
 	}
-	if ss.ch, err = protocol.NewChannel(dev, pd, 0); err != nil {
+	// Hello and Auth are all a peer may send before it has proved itself:
+	// two receive slots until then (Grow, in setAuthed).
+	if ss.ch, err = protocol.NewSmallChannel(dev, pd, 0, 2); err != nil {
 		req.Reject(nil)
 		return fail(err)
 	}
@@ -326,6 +328,9 @@ func (ss *session) setAuthed() error {
 		return err
 	}
 	dev, cfg := ss.srv.cfg.Device, &ss.srv.cfg
+	if err := ss.ch.Grow(); err != nil { // the receives a session may use, before it is told it is one
+		return err
+	}
 	var err error
 	if ss.dataSCQ, err = dev.CreateCQ((4 + cfg.PushDepth) * cfg.MaxDataQPs); err != nil {
 		return err
