@@ -96,10 +96,20 @@ func DestPath(src, dst string) string {
 // nothing at dst (with Partial, it leaves its temporary file and a
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
-	dst = DestPath(src, dst)
-	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect}
+	dst, discard, err := destOf(DestPath(src, dst))
+	if err != nil {
+		return &Result{Source: src, Dest: dst}, err
+	}
+	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
 	var rs *resumer
 	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		if discard { // verified, and thrown away
+			f, err := os.OpenFile(dst, os.O_WRONLY, 0)
+			if err != nil {
+				return nil, err
+			}
+			return &landing{f: f, dst: dst, device: true, discard: true}, nil
+		}
 		if opt.SkipSame {
 			if same, err := sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
 				return nil, err
@@ -383,6 +393,7 @@ type landing struct {
 	f       *os.File
 	dst     string
 	device  bool
+	discard bool // /dev/null: nothing to sync
 	partial *resumer // with --partial: kept on failure, for a later run
 	remove  func()   // if set, how abort removes the file
 }
@@ -393,6 +404,52 @@ func directMin(l chunker.Layout) int64 { return min(l.ChunkSize, 1<<20) }
 
 // ErrDest reports a destination rdmacp will not write.
 var ErrDest = errors.New("destination refused")
+
+// destOf is where a copy to dst lands: dst, or the file a symlink at dst
+// names (cp writes through a symlink; rdmacp does not replace it). It
+// refuses a symlink that leads nowhere and any special file but
+// /dev/null, into which a copy is verified and thrown away (discard).
+func destOf(dst string) (path string, discard bool, err error) {
+	fi, err := os.Lstat(dst)
+	if err != nil {
+		return dst, false, nil // a new file
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		t, err := filepath.EvalSymlinks(dst)
+		if err != nil {
+			return dst, false, fmt.Errorf("%w: %s: not writing through a symlink that leads nowhere", ErrDest, dst)
+		}
+		if fi, err = os.Stat(t); err != nil {
+			return dst, false, err
+		}
+		dst = t
+	}
+	switch {
+	case fi.Mode().IsRegular(), fi.IsDir(), blockdev.Is(fi):
+		return dst, false, nil
+	case isDevNull(fi):
+		return dst, true, nil
+	}
+	return dst, false, fmt.Errorf("%w: %s is a %s: rdmacp writes regular files (and, with --force, block devices) and will not replace it", ErrDest, dst, specialKind(fi))
+}
+
+// isDevNull reports whether fi is the null device (character 1:3).
+func isDevNull(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(st.Rdev) == 1 && unix.Minor(st.Rdev) == 3
+}
+
+func specialKind(fi fs.FileInfo) string {
+	switch m := fi.Mode(); {
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	}
+	return "special file"
+}
 
 func openDest(dst string, size int64, force bool) (*landing, error) {
 	fi, err := os.Stat(dst)
@@ -458,6 +515,9 @@ func (l *landing) commit(e protocol.Entry) error {
 	}
 	if !l.device {
 		return finish(l.f, l.dst, e)
+	}
+	if l.discard {
+		return l.f.Close()
 	}
 	if err := l.f.Sync(); err != nil {
 		return &fs.PathError{Op: "sync", Path: l.dst, Err: err}
