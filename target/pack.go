@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -178,11 +179,11 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 // qps: the caller fills it before anyone can read it (the keys are not
 // sent yet) and keeps it in a handle.
 func (ss *session) packWindow(ctx context.Context, total uint64, qps []verbs.QP) (*window, []uint32, *protocol.Error) {
-	mapping, size, perr := ss.spare.get(ss.srv, total)
+	mapping, size, perr := ss.spare.get(ss, total)
 	if perr != nil {
 		return nil, nil, perr
 	}
-	w := &window{id: ss.nextWindow, mapping: mapping, size: size, pack: true}
+	w := &window{id: ss.nextWindow, mapping: mapping, size: size, pack: true, at: time.Now()}
 	access := verbs.AccessRemoteRead
 	if ss.mws {
 		access |= verbs.AccessMWBind
@@ -215,8 +216,10 @@ type packSpare struct {
 }
 
 // get returns memory for a pack of n bytes, of which it reserves all in
-// the window budget (the window's size).
-func (p *packSpare) get(srv *Server, n uint64) ([]byte, uint64, *protocol.Error) {
+// the window budget (the window's size), within ss's share: a fresh
+// buffer is the larger of n and 4 MiB where that fits, else n.
+func (p *packSpare) get(ss *session, n uint64) ([]byte, uint64, *protocol.Error) {
+	srv := ss.srv
 	p.mu.Lock()
 	b := p.b
 	p.b = nil
@@ -231,14 +234,16 @@ func (p *packSpare) get(srv *Server, n uint64) ([]byte, uint64, *protocol.Error)
 	if b == nil {
 		size = max(n, min(4<<20, p.limit(srv)))
 	}
-	if !srv.reserve(size) {
-		p.put(srv, b, 0, true) // kept for when the budget frees up
-		return nil, 0, errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", srv.cfg.WindowBudget)
+	got, perr := srv.reserve(ss, size, n)
+	if perr != nil {
+		p.put(ss, b, 0, true) // kept for when the budget frees up
+		return nil, 0, perr
 	}
+	size = got // a kept buffer larger than what is reserved registers n bytes of it all the same
 	if b == nil {
 		var err error
 		if b, err = unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
-			srv.release(size)
+			srv.release(ss, size)
 			return nil, 0, errf(protocol.CodeInternal, "pack buffer: %v", err)
 		}
 	}
@@ -253,8 +258,9 @@ func (p *packSpare) limit(srv *Server) uint64 {
 // put takes back a pack's memory, whose window held size bytes of the
 // budget, once the window is gone; kept if keep and small enough and no
 // other is kept, else unmapped.
-func (p *packSpare) put(srv *Server, b []byte, size uint64, keep bool) {
-	srv.release(size)
+func (p *packSpare) put(ss *session, b []byte, size uint64, keep bool) {
+	srv := ss.srv
+	srv.release(ss, size)
 	if b == nil {
 		return
 	}

@@ -176,10 +176,18 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	// Enough slots for the READs in flight and one more, within a window.
 	inflight := int64(len(p.qps) * p.depth * p.readSize)
 	p.slots = int(min((inflight+cs-1)/cs+1, int64(cfg.MaxWindow)/cs, int64(max(p.layout.Chunks(), 1))))
-	n := uint64(p.slots) * uint64(cs)
-	if !ss.srv.reserve(n) {
-		return errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", cfg.WindowBudget)
+	if perr := ss.digestRoom(p.x.Name+"/"+p.dst, p.layout, p.alg); perr != nil {
+		return perr
 	}
+	// Fewer slots (one at least) where the budget or the session's share
+	// can't hold them all.
+	got, perr := ss.srv.reserve(ss, uint64(p.slots)*uint64(cs), uint64(cs))
+	if perr != nil {
+		return perr
+	}
+	p.slots = int(got / uint64(cs))
+	n := uint64(p.slots) * uint64(cs)
+	ss.srv.release(ss, got-n)
 	p.reserved = n
 	if p.buf, err = verbs.AllocBuffer(int(n)); err != nil {
 		return errf(protocol.CodeInternal, "staging: %v", err)
@@ -222,7 +230,7 @@ func (p *push) free(ss *session) {
 		p.buf = nil
 	}
 	if p.reserved > 0 {
-		ss.srv.release(p.reserved)
+		ss.srv.release(ss, p.reserved)
 		p.reserved = 0
 	}
 	if p.f != nil {

@@ -79,7 +79,8 @@ type window struct {
 	mapping []byte
 	mr      verbs.MR
 	mws     []verbs.MW
-	pack    bool // mapping is a pack's, from and back to session.spare
+	pack    bool      // mapping is a pack's, from and back to session.spare
+	at      time.Time // when it was mapped: trim revokes the oldest first
 }
 
 // newSession sets up a control connection and connects it, by deadline.
@@ -608,6 +609,10 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		}
 	}
 	layout := chunker.Layout{Size: size, ChunkSize: cs}
+	if perr := ss.digestRoom(m.Path, layout, alg); perr != nil {
+		f.Close()
+		return perr
+	}
 	digests, cached, err := cfg.Cache.Digests(ctx, f, layout, alg)
 	if err != nil {
 		f.Close()
@@ -671,7 +676,11 @@ func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 // mapWindow maps file bytes for RDMA READ: an mmap of exactly the asked
 // range (clipped to the window limit and the file), registered as its
 // own MR, with a memory window bound per data QP where the device has
-// them. The keys work only on this session's QPs.
+// them. The keys work only on this session's QPs. Where the window
+// budget or the session's share of it can't hold the whole range, the
+// window is shorter: whole chunks of the handle's layout, at least one
+// (the initiator reads the chunks a window holds and maps the rest
+// next); where it can't hold one, the answer is TooMany ("busy").
 func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Message {
 	cfg := &ss.srv.cfg
 	h := ss.handles[m.Handle]
@@ -693,15 +702,27 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		return perr
 	}
 	n := min(m.Length, cfg.MaxWindow, size-m.Offset)
-	if !ss.srv.reserve(n) {
-		return errf(protocol.CodeTooMany, "window budget of %d bytes in use; retry", cfg.WindowBudget)
+	least := wholeChunk(h.layout, m.Offset, n)
+	got, perr := ss.srv.reserve(ss, n, least)
+	if perr != nil {
+		return perr
+	}
+	if got < n {
+		// Shorter: it ends on a chunk boundary (or the file's end).
+		end := m.Offset + got
+		if end < size {
+			end -= end % uint64(h.layout.ChunkSize)
+		}
+		ss.srv.release(ss, got-(end-m.Offset))
+		n = end - m.Offset
+		ss.log.Debug("window shortened to fit the budget", "path", h.path, "asked", m.Length, "granted", n)
 	}
 	mapping, err := unix.Mmap(int(h.f.Fd()), int64(m.Offset), int(n), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		ss.srv.release(n)
+		ss.srv.release(ss, n)
 		return errf(protocol.CodeInternal, "mmap %s: %v", h.path, err)
 	}
-	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping, size: n}
+	w := &window{id: ss.nextWindow, off: m.Offset, mapping: mapping, size: n, at: time.Now()}
 	access := verbs.AccessRemoteRead
 	useMWs := ss.mws
 	if useMWs {
@@ -740,6 +761,19 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	ss.windows++
 	h.windows[w.id] = w
 	return &protocol.MapReply{Handle: h.id, Window: protocol.Window{ID: w.id, Offset: w.off, Length: n, Addr: w.mr.Addr(), RKeys: rkeys}}
+}
+
+// wholeChunk is the least of a window of n bytes at off that holds a
+// whole chunk of l: up to the end of the first chunk that starts at off
+// or after it (or the file's end), and all n where that is more than n.
+func wholeChunk(l chunker.Layout, off, n uint64) uint64 {
+	cs := uint64(l.ChunkSize)
+	first := (off + cs - 1) / cs * cs
+	end := min(first+cs, uint64(l.Size))
+	if end <= off || end-off > n {
+		return n
+	}
+	return end - off
 }
 
 // stage replaces w's file mapping with anonymous memory holding a copy
@@ -853,13 +887,13 @@ func (ss *session) freeWindow(w *window) {
 		w.mr.Close()
 	}
 	if w.pack {
-		ss.spare.put(ss.srv, w.mapping, w.size, true)
+		ss.spare.put(ss, w.mapping, w.size, true)
 		return
 	}
 	if w.mapping != nil {
 		unix.Munmap(w.mapping)
 	}
-	ss.srv.release(w.size)
+	ss.srv.release(ss, w.size)
 }
 
 // revoke closes the files the session opened from x.

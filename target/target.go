@@ -49,9 +49,27 @@ type Config struct {
 	// where pinning is slow) but keep more of the file resident.
 	MaxWindow uint64
 	// WindowBudget caps the bytes mapped and registered by all sessions
-	// together; default 1 GiB. A Map beyond it is answered TooMany, and
-	// the initiator retries once windows are released.
+	// together; default 1 GiB. It is shared out fairly (see share): a Map
+	// beyond a session's share, or beyond the budget, gets a shorter
+	// window (whole chunks, at least one), or TooMany ("busy: ...
+	// retry"), which the initiator waits out.
 	WindowBudget uint64
+	// MinWindowShare is the least share of the window budget an
+	// authenticated session is entitled to, however many there are;
+	// default 2 × MaxWindow, capped at WindowBudget / MaxSessions (so that
+	// every session's floor fits the budget at once). At most
+	// WindowBudget / MaxSessions.
+	MinWindowShare uint64
+	// RevokeAfter is how long a window must have been mapped before it
+	// may be revoked to make room for a session refused for want of
+	// budget (see trim); default 5 s. A copy reads a window in far less:
+	// the windows it revokes are ones their session sits on.
+	RevokeAfter time.Duration
+	// MaxDigestMemory caps the bytes of chunk digests the files a session
+	// has open hold (chunks × digest size, for Open and Push alike);
+	// default 64 MiB. An Open over it is answered TooMany, asking for
+	// larger chunks.
+	MaxDigestMemory uint64
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
 	// MaxSessions caps authenticated sessions; default 64. A control
@@ -111,6 +129,12 @@ func (c *Config) setDefaults() {
 	if c.WindowBudget == 0 {
 		c.WindowBudget = max(1<<30, c.MaxWindow)
 	}
+	if c.RevokeAfter == 0 {
+		c.RevokeAfter = 5 * time.Second
+	}
+	if c.MaxDigestMemory == 0 {
+		c.MaxDigestMemory = 64 << 20
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 5 * time.Minute
 	}
@@ -122,6 +146,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxSessions == 0 {
 		c.MaxSessions = 64
+	}
+	if c.MinWindowShare == 0 {
+		c.MinWindowShare = min(2*c.MaxWindow, c.WindowBudget/uint64(max(c.MaxSessions, 1)))
 	}
 	if c.MaxSessionsPerAddr == 0 {
 		c.MaxSessionsPerAddr = min(16, max(c.MaxSessions, 1))
@@ -212,6 +239,12 @@ func (c *Config) Validate() error {
 	if c.WindowBudget < c.MaxWindow {
 		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)
 	}
+	if c.MaxSessions >= 1 && c.MinWindowShare > c.WindowBudget/uint64(c.MaxSessions) {
+		return fmt.Errorf("target: min window share %d is more than the window budget %d over max sessions %d: not every session's share would fit", c.MinWindowShare, c.WindowBudget, c.MaxSessions)
+	}
+	if c.RevokeAfter < 0 {
+		return fmt.Errorf("target: revoke after %v: want more than 0", c.RevokeAfter)
+	}
 	return nil
 }
 
@@ -257,7 +290,8 @@ type Server struct {
 	sessions map[[16]byte]*session // handshakes past newSession, and sessions
 	wg       sync.WaitGroup
 	staged   sync.Once
-	mapped   uint64 // bytes in windows, all sessions; under mu
+	mapped   uint64                // bytes in windows, all sessions; under mu
+	accounts map[*session]*account // what each session holds of mapped; under mu
 
 	// Admission (under mu): each control connection holds a slot, a
 	// handshake's until it authenticates, a session's after.
@@ -277,21 +311,213 @@ type slot struct {
 
 type peerCount struct{ handshakes, sessions int }
 
-// reserve takes n bytes of the window budget.
-func (s *Server) reserve(n uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mapped+n > s.cfg.WindowBudget {
-		return false
-	}
-	s.mapped += n
-	return true
+// Fair shares of the window budget. Every authenticated session is
+// entitled to share() of it: the budget over the sessions there are, or
+// MinWindowShare if that is more (which all MaxSessions of them can hold
+// at once). What a session maps, packs, walks or stages for a push is
+// reserved in the budget and within its share: a request that would take
+// it past its share, or finds the budget full, is granted less where it
+// can use less (a shorter window of whole chunks, fewer push slots) and
+// is answered TooMany ("busy: ... retry") otherwise, which the initiator
+// waits out (for a minute). A session refused for want of budget while
+// others hold more than their share (they mapped when fewer sessions
+// shared it, or sit on their windows) has those sessions trimmed back to
+// their share: their least recently mapped windows that are older than
+// RevokeAfter are revoked, their keys die and their READs on them fail.
+// A session within its share is never revoked.
+
+// An account is what one session holds of the window budget.
+type account struct {
+	held     uint64 // bytes reserved: its windows and push staging
+	trimming bool   // a trim is under way or queued
 }
 
-func (s *Server) release(n uint64) {
+// share is the bytes of the window budget each session is entitled to
+// (under mu).
+func (s *Server) share() uint64 {
+	return max(s.cfg.WindowBudget/uint64(max(s.authed, 1)), s.cfg.MinWindowShare)
+}
+
+// account is ss's account, made if need be (under mu).
+func (s *Server) account(ss *session) *account {
+	a := s.accounts[ss]
+	if a == nil {
+		a = &account{}
+		s.accounts[ss] = a
+	}
+	return a
+}
+
+// forget drops ss's account once it holds nothing (under mu).
+func (s *Server) forget(ss *session, a *account) {
+	if a.held == 0 && !a.trimming {
+		delete(s.accounts, ss)
+	}
+}
+
+// reserve takes up to want bytes of the window budget for ss, and at
+// least least (at most want): within the budget and ss's share. It
+// returns what it took, or why it took nothing (TooMany, "busy"); a
+// refusal for want of budget queues a trim of the sessions over their
+// share, for ss's retry to find the room.
+func (s *Server) reserve(ss *session, want, least uint64) (uint64, *protocol.Error) {
+	least = max(min(least, want), 1)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.account(ss)
+	share := s.share()
+	mine := uint64(0)
+	if a.held < share {
+		mine = share - a.held
+	}
+	free := s.cfg.WindowBudget - s.mapped
+	n := min(want, mine, free)
+	if n >= least {
+		s.mapped += n
+		a.held += n
+		return n, nil
+	}
+	defer s.forget(ss, a)
+	if mine < least {
+		return 0, errf(protocol.CodeTooMany, "busy: this session holds %d bytes of windows, its share of the window budget (%d bytes among %d sessions); retry once it unmaps some", a.held, share, max(s.authed, 1))
+	}
+	trimmed := s.trimOthers(ss, share)
+	return 0, errf(protocol.CodeTooMany, "busy: window budget of %d bytes in use (%d sessions, %d over their share of %d bytes, being trimmed); retry", s.cfg.WindowBudget, max(s.authed, 1), trimmed, share)
+}
+
+// release gives back n bytes ss reserved.
+func (s *Server) release(ss *session, n uint64) {
+	if n == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.mapped -= n
-	s.mu.Unlock()
+	a := s.account(ss)
+	a.held -= n
+	s.forget(ss, a)
+}
+
+// trimOthers queues a trim of every session but ss that holds more than
+// share, and says how many hold more (under mu).
+func (s *Server) trimOthers(ss *session, share uint64) int {
+	over := 0
+	for o, a := range s.accounts {
+		if o == ss || a.held <= share {
+			continue
+		}
+		over++
+		if !a.trimming {
+			a.trimming = true
+			go o.trim()
+		}
+	}
+	return over
+}
+
+// held is what ss holds of the budget, and its share.
+func (s *Server) held(ss *session) (held, share uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.accounts[ss]; a != nil {
+		held = a.held
+	}
+	return held, s.share()
+}
+
+// trim revokes ss's least recently mapped windows (Map and Pack windows,
+// mapped RevokeAfter ago or more) while it holds more than its share. It
+// runs on a goroutine of its own: it waits for the request ss is serving,
+// and no session waits for another's.
+func (ss *session) trim() {
+	s := ss.srv
+	ss.hmu.Lock()
+	defer func() {
+		ss.thaw()
+		ss.hmu.Unlock()
+		s.mu.Lock()
+		if a := s.accounts[ss]; a != nil {
+			a.trimming = false
+			s.forget(ss, a)
+		}
+		s.mu.Unlock()
+	}()
+	for {
+		held, share := s.held(ss)
+		if held <= share {
+			return
+		}
+		var oh *handle
+		var ow *window
+		cutoff := time.Now().Add(-s.cfg.RevokeAfter)
+		for _, h := range ss.handles {
+			if !h.file() && !h.packed {
+				continue // a walk's windows are its batches', a push's staging its own
+			}
+			for _, w := range h.windows {
+				if w.size > 0 && !w.at.After(cutoff) && (ow == nil || w.at.Before(ow.at) || w.at.Equal(ow.at) && w.id < ow.id) {
+					oh, ow = h, w
+				}
+			}
+		}
+		if ow == nil {
+			return // nothing old enough: a later refusal tries again
+		}
+		ss.log.Info("window revoked: the session holds more than its share of the window budget, and another session was refused",
+			"path", oh.path, "window", ow.id, "bytes", ow.size, "held", held, "share", share, "mapped_for", time.Since(ow.at).Round(time.Millisecond))
+		ss.unmap(oh, ow)
+	}
+}
+
+// digestBytes is the memory h's chunk digests take (chunks × digest
+// size): all of a file's from its Open, a push's as its chunks arrive.
+func (h *handle) digestBytes() uint64 {
+	switch {
+	case h.push != nil:
+		return uint64(h.push.layout.Chunks()) * uint64(h.push.alg.Size())
+	case h.file():
+		return uint64(len(h.digests.Bytes()))
+	}
+	return 0
+}
+
+// digestRoom refuses a file of layout and alg whose digests would take
+// the session's over MaxDigestMemory (under hmu).
+func (ss *session) digestRoom(path string, layout chunker.Layout, alg chunker.Algorithm) *protocol.Error {
+	limit := ss.srv.cfg.MaxDigestMemory
+	need := uint64(layout.Chunks()) * uint64(alg.Size())
+	var held uint64
+	for _, h := range ss.handles {
+		held += h.digestBytes()
+	}
+	if need == 0 || held+need <= limit {
+		return nil
+	}
+	cs := layout.ChunkSize
+	// The chunk size that would fit, in powers of two above this one.
+	hint := ""
+	for c := cs * 2; c > 0 && c <= 1<<30; c *= 2 {
+		l := chunker.Layout{Size: layout.Size, ChunkSize: c}
+		if held+uint64(l.Chunks())*uint64(alg.Size()) <= limit {
+			hint = fmt.Sprintf(" (--chunk-size %s would do)", sizeString(c))
+			break
+		}
+	}
+	return errf(protocol.CodeTooMany, "%s: %d chunks of %d bytes need %d bytes of %v digests, and this session's open files hold %d of the target's limit of %d (--max-digest-memory): use a larger --chunk-size%s, or fewer files open at once",
+		path, layout.Chunks(), cs, need, alg, held, limit, hint)
+}
+
+// sizeString writes n in the largest binary unit that divides it.
+func sizeString(n int64) string {
+	for _, u := range []struct {
+		s string
+		n int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.n && n%u.n == 0 {
+			return fmt.Sprintf("%d%s", n/u.n, u.s)
+		}
+	}
+	return fmt.Sprint(n)
 }
 
 // noteStaged logs, once, that windows go through bounce buffers.
@@ -308,7 +534,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{},
-		slots: map[*session]*slot{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs)}
+		slots: map[*session]*slot{}, accounts: map[*session]*account{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs)}
 	for _, e := range cfg.Exports {
 		x, err := openExport(e)
 		if err != nil {

@@ -180,9 +180,11 @@ func TestIdleSessionEnds(t *testing.T) {
 func TestWindowBudget(t *testing.T) {
 	cfg, _ := exportFile(t, 64<<10)
 	cfg.MaxWindow, cfg.WindowBudget = 32<<10, 32<<10
+	cfg.RevokeAfter = time.Hour // a's window is not revoked for b
 	addr := serve(t, cfg)
-	a, b := newPeer(t, addr), newPeer(t, addr)
-	ha, wa := a.mapFile("data/f", 32<<10)
+	a := newPeer(t, addr)
+	ha, wa := a.mapFile("data/f", 32<<10) // alone, a's share is all of the budget
+	b := newPeer(t, addr)
 	m, _ := b.call(&protocol.Open{Path: "data/f"})
 	hb := m.(*protocol.OpenReply).Handle
 	_, err := b.call(&protocol.Map{Handle: hb, Length: 32 << 10})
@@ -271,13 +273,19 @@ func TestPackSpareHoldsNoBudget(t *testing.T) {
 	if err := pack([]byte("first pack")); err != nil {
 		t.Fatal(err)
 	}
-	hb, wb := b.mapFile("data/f", 64<<10) // all of the budget
+	// Each session's share is half the budget: b's window and a's take
+	// all of it, whole, with a's spare kept.
+	_, wb := b.mapFile("data/f", 64<<10)
+	ha, wa := a.mapFile("data/f", 64<<10)
+	if wb.Length != 32<<10 || wa.Length != 32<<10 {
+		t.Fatalf("windows of %d and %d bytes, want half the budget each", wb.Length, wa.Length)
+	}
 	err := pack([]byte("second"))
 	var pe *protocol.Error
 	if !errors.As(err, &pe) || pe.Code != protocol.CodeTooMany {
 		t.Fatalf("pack while the budget is in use: %v", err)
 	}
-	b.call(&protocol.Unmap{Handle: hb, WindowID: wb.ID})
+	a.call(&protocol.Unmap{Handle: ha, WindowID: wa.ID})
 	if err := pack([]byte("third")); err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,9 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
 			&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
-			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered"},
+			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered; each session's share is the budget over the sessions there are (at least --min-window-share)"},
+			&cli.StringFlag{Name: "min-window-share", Usage: "least share of --window-budget every session is entitled to, at most the budget over --max-sessions (default: 2 × --max-window, capped at that)"},
+			&cli.StringFlag{Name: "max-digest-memory", Value: "64MiB", Usage: "bytes of chunk digests one session's open files may hold; an open over it is refused, asking for a larger --chunk-size"},
 			&cli.DurationFlag{Name: "idle-timeout", Value: 5 * time.Minute, Usage: "end a session (revoking its keys) after this long without a request"},
 			&cli.IntFlag{Name: "max-sessions", Value: 64, Usage: "authenticated sessions at once; more are refused \"too many sessions\""},
 			&cli.IntFlag{Name: "max-sessions-per-addr", Value: 16, Usage: "authenticated sessions from one IP address (at most --max-sessions)"},
@@ -117,6 +119,9 @@ type serveFile struct {
 	Checksum     string `json:"checksum"`
 	MaxWindow    string `json:"max_window"`
 	WindowBudget string `json:"window_budget"`
+	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
+	MinWindowShare  string `json:"min_window_share"`
+	MaxDigestMemory string `json:"max_digest_memory"`
 	// Admission limits (target.Config); zero or absent: the flag's value.
 	MaxSessions          int    `json:"max_sessions"`
 	MaxSessionsPerAddr   int    `json:"max_sessions_per_addr"`
@@ -213,6 +218,22 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return usagef("--window-budget: %v", err)
 	}
+	var share int64
+	if v := pick("min-window-share", file.MinWindowShare); v != "" {
+		if share, err = parseSize(v); err != nil {
+			return usagef("--min-window-share: %v", err)
+		}
+		if share < 1 {
+			return usagef("--min-window-share %q: want at least 1 byte", v)
+		}
+	}
+	digestMem, err := parseSize(pick("max-digest-memory", file.MaxDigestMemory))
+	if err != nil {
+		return usagef("--max-digest-memory: %v", err)
+	}
+	if digestMem < 1 {
+		return usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
+	}
 	alg, err := chunker.ParseAlgorithm(pick("checksum", file.Checksum))
 	if err != nil {
 		return usagef("--checksum: %v", err)
@@ -245,6 +266,7 @@ func runServe(c *cli.Context) error {
 	}
 	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
+		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
 		DrainTimeout: drainTimeout, Logger: log,
 		MaxSessions: lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
 		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})
