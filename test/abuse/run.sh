@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# test/abuse/run.sh - rdmacp's abuse suite (issue 14): a real `rdmacp
-# serve` on 127.0.0.1 under a 30 s flood of 200 connections that complete
-# the MPA exchange and never send Hello (from 127.0.0.2-5, reconnecting
-# as they time out or are refused), while 8 `rdmacp cp` copies run from
-# 127.0.0.1. Checks: every copy byte-exact; the daemon's RSS and
-# descriptors under their bounds, descriptors back to the baseline after;
-# fewer than 20 log lines a second. Prints a table of the figures. About
-# 35 s.
+# test/abuse/run.sh - rdmacp's abuse suite (issue 14), against real
+# `rdmacp serve` and `rdmacp cp` processes on loopback, every loop bounded
+# in count and time. About 70 s on 2 cores. Each test prints a table of
+# its figures.
+#   - a 30 s flood of 200 connections that complete the MPA exchange and
+#     never send Hello (from 127.0.0.2-5), while 8 copies run from
+#     127.0.0.1: every copy byte-exact; the daemon's RSS and descriptors
+#     under their bounds, descriptors back to the baseline after; fewer
+#     than 20 log lines a second.
+#   - a single-file export swapped after start (a symlink to a secret,
+#     then another regular file): refused, exit 5, nothing at DEST.
+#   - a procfs file (exported itself, and bind-mounted into a directory
+#     export: root) refused, exit 5, "pseudo file system"; cp -r reports
+#     it failed, never ok with 0 bytes.
+#   - an in-place edit keeping size and mtime (touch -r) after the
+#     digests were cached: the next copies byte-exact.
+#   - a cp SIGSTOPped mid-copy against --idle-timeout 3s: the daemon's
+#     descriptors back to the baseline within the idle timeout + 2 s.
+#   - 100,000 connections (at most 60 s) that each get a control QP and
+#     close at once, from 127.0.0.10-25: RSS flat (within 16 MiB of the
+#     10k sample), descriptors back to the baseline.
 #
 # usage: test/abuse/run.sh [go test flags]
 #   RDMACP_BIN=/path/to/rdmacp   test that binary instead of building ./cmd/rdmacp
