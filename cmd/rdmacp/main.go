@@ -33,6 +33,7 @@ const (
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
 	exitPartial    = 23  // a tree or manifest copied some files but others failed (as rsync's 23); if none was copied, the first failure's code
+	exitBusy       = 75  // the target is busy (its window budget, or this session's share of it, in use): try again later (EX_TEMPFAIL)
 	exitInterrupts = 130 // SIGINT or SIGTERM
 )
 
@@ -79,6 +80,8 @@ func exitCode(ctx context.Context, err error) int {
 			return exitChanged
 		case protocol.CodeNoSpace:
 			return exitLocalIO // the destination, on the target, is full
+		case protocol.CodeTooMany:
+			return exitBusy // a capacity problem, not a path's
 		}
 		return exitRemote
 	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
