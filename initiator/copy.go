@@ -393,7 +393,7 @@ type landing struct {
 	f       *os.File
 	dst     string
 	device  bool
-	discard bool // /dev/null: nothing to sync
+	discard bool     // /dev/null: nothing to sync
 	partial *resumer // with --partial: kept on failure, for a later run
 	remove  func()   // if set, how abort removes the file
 }
