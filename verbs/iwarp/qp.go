@@ -70,7 +70,8 @@ type qp struct {
 	readMSN uint32
 	dead    bool
 	err     error
-	half    bool // Disconnect was called: half-close, let the peer finish
+	cause   error // why this side is terminating, set before it says so (blame)
+	half    bool  // Disconnect was called: half-close, let the peer finish
 
 	// Reader-only state.
 	recvMSN, recvMO uint32
@@ -169,10 +170,19 @@ func (q *qp) fail(err error, culprit *swr, status verbs.Status) {
 
 func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 	if q.dead {
+		// The reader sees a socket the kernel aborted as a plain end of
+		// stream once the writer has taken its error (ETIMEDOUT, say):
+		// the writer's more specific word, if it comes, replaces it.
+		if errors.Is(q.err, errPeerClosed) && err != nil && !errors.Is(err, errPeerClosed) && q.cause == nil {
+			q.err = err
+		}
 		return
 	}
 	q.dead = true
 	q.err = err
+	if q.cause != nil {
+		q.err = q.cause
+	}
 	for _, s := range q.sq {
 		if s.done || (s.writing && s != culprit) {
 			// The writer has this one: if its bytes went out, it
@@ -710,8 +720,9 @@ func (q *qp) writer() {
 				var te *termError
 				switch {
 				case errors.As(err, &te):
-					q.terminate(f, te)
 					err = q.explain(te)
+					q.blame(err) // before the Terminate: the peer hangs up on it
+					q.terminate(f, te)
 				case errors.Is(err, errDeregistered):
 					err = q.deregistered("memory being sent to")
 				default:
@@ -841,6 +852,16 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 }
 
 // terminate tells the peer why the connection ends (RFC 5040 section 7).
+// blame records why this side is about to terminate the connection, so
+// that Err says so even if the peer's hang-up is seen first.
+func (q *qp) blame(err error) {
+	q.mu.Lock()
+	if q.cause == nil {
+		q.cause = err
+	}
+	q.mu.Unlock()
+}
+
 func (q *qp) terminate(f *fpdus, te *termError) {
 	if te.remote {
 		return
@@ -1170,6 +1191,7 @@ func (q *qp) reader() {
 		q.fail(q.explain(te), q.culprit(), termStatus(te))
 	case errors.As(err, &te):
 		f := &fpdus{crc: q.crc}
+		q.blame(q.explain(te))
 		q.terminate(f, te)
 		q.fail(q.explain(te), nil, 0)
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
