@@ -205,7 +205,9 @@ kill_target() {
 	start_target "$dir" "${PORT[$dir]}" "$tbin" "${targs[@]}" || return
 	pid=$(eval echo "\$SRV_$dir")
 	rm -f "$DST/orphan"
-	timeout -k 5 120 "$cbin" cp "$@" --secret-file "$W/secret" --json --qps 4 --depth 8 "$SIW_ADDR:${PORT[$dir]}:data/big" "$DST/orphan" >"$W/orphan.$dir" 2>&1 &
+	# cp re-establishes a lost session for --retry-for (2 min by
+	# default): 5 s here, then it must give up with exit 3.
+	timeout -k 5 120 "$cbin" cp "$@" --secret-file "$W/secret" --json --qps 4 --depth 8 --retry-for 5s "$SIW_ADDR:${PORT[$dir]}:data/big" "$DST/orphan" >"$W/orphan.$dir" 2>&1 &
 	c=$!
 	for _ in $(seq 200); do
 		grep -q '"message_type":"status".*"bytes":[1-9]' "$W/orphan.$dir" 2>/dev/null && break
