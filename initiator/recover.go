@@ -19,12 +19,16 @@ import (
 // recoverable reports whether err is a broken session, which a new one
 // may get past: not a refusal, a verify failure or a local error.
 func recoverable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, ErrAuth) || errors.Is(err, ErrVerify) || errors.Is(err, ErrChanged) ||
-		errors.Is(err, reads.ErrRefused) {
+	if ctx.Err() != nil || errors.Is(err, ErrAuth) || errors.Is(err, ErrVerify) || errors.Is(err, ErrChanged) {
 		return false
 	}
+	// A READ the target refused (reads.ErrRefused) is not sent on another
+	// QP, but a new session is worth a try: the target revokes keys (a
+	// window trimmed to its session's share, a target that died and came
+	// back), and an export that is gone fails the new session's Open
+	// with a clear error.
 	return errors.Is(err, ErrConnect) || errors.Is(err, reads.ErrNoPath) || errors.Is(err, reads.ErrTimeout) ||
-		errors.Is(err, protocol.ErrClosed) || errors.Is(err, protocol.ErrTimeout)
+		errors.Is(err, reads.ErrRefused) || errors.Is(err, protocol.ErrClosed) || errors.Is(err, protocol.ErrTimeout)
 }
 
 // reconnectBackoff is the wait after a failed attempt, doubling to
