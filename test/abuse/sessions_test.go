@@ -47,7 +47,6 @@ func TestStoppedClientReleasesFDs(t *testing.T) {
 		dest    string
 		stopped time.Time
 		atBytes int64
-		peakFDs int
 		done    chan error
 		out     *lockedBuf
 	}

@@ -65,7 +65,6 @@ var (
 	srcDir    string
 	srcSum    string
 	setupErr  error
-	netnsOK   bool
 )
 
 const howToRun = "run it with RDMACP_FAULTS=1 go test -v -count=1 -timeout 20m ./test/faults/ (or test/faults/run.sh)"
