@@ -248,8 +248,8 @@ func (st *pullState) verified() int {
 	return n
 }
 
-// open sends Open for src and checks the reply adds up and, on a session
-// after the first, that the source is the one we started on.
+// openFile sends Open for src and checks the reply adds up and, on a
+// session after the first, that the source is the one we started on.
 func (s *Session) openFile(ctx context.Context, src string, st *pullState) (*protocol.OpenReply, chunker.Layout, error) {
 	m, err := s.call(ctx, &protocol.Open{Path: src, Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize)})
 	if err != nil {
@@ -259,25 +259,28 @@ func (s *Session) openFile(ctx context.Context, src string, st *pullState) (*pro
 	if !ok {
 		return nil, chunker.Layout{}, unexpected(m)
 	}
-	alg := chunker.Algorithm(or.Algorithm)
 	layout := chunker.Layout{Size: int64(or.Entry.Size), ChunkSize: int64(or.ChunkSize)}
-	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || alg != s.cfg.Algorithm {
+	if err := s.checkOpen(or, layout, src, st); err != nil {
 		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
-		return nil, layout, fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
-	}
-	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
-		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
-		return nil, layout, fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
-	}
-	if st.land != nil {
-		e := st.entry
-		if e.Size != or.Entry.Size || e.MtimeNs != or.Entry.MtimeNs || int64(len(st.have)) != int64(layout.Chunks()) {
-			s.tidy(ctx, &protocol.Close{Handle: or.Handle})
-			return nil, layout, fmt.Errorf("%w: %s is not the file it was when the connection broke (size %d, mtime %d; now %d, %d)",
-				ErrChanged, src, e.Size, e.MtimeNs, or.Entry.Size, or.Entry.MtimeNs)
-		}
+		return nil, layout, err
 	}
 	return or, layout, nil
+}
+
+// checkOpen refuses an OpenReply that does not add up, or that is not
+// the file a broken session was copying.
+func (s *Session) checkOpen(or *protocol.OpenReply, layout chunker.Layout, src string, st *pullState) error {
+	if err := layout.Validate(); err != nil || layout.Chunks() != int(or.Chunks) || chunker.Algorithm(or.Algorithm) != s.cfg.Algorithm {
+		return fmt.Errorf("%w: target's layout for %s does not add up (%v)", protocol.ErrMalformed, src, err)
+	}
+	if t := or.Entry.Type; t != protocol.FileRegular && t != protocol.FileBlockDev {
+		return fmt.Errorf("%w: %s is a %v", protocol.ErrMalformed, src, t)
+	}
+	if e := st.entry; st.land != nil && (e.Size != or.Entry.Size || e.MtimeNs != or.Entry.MtimeNs || len(st.have) != layout.Chunks()) {
+		return fmt.Errorf("%w: %s is not the file it was when the connection broke (size %d, mtime %d; now %d, %d)",
+			ErrChanged, src, e.Size, e.MtimeNs, or.Entry.Size, or.Entry.MtimeNs)
+	}
+	return nil
 }
 
 // pullOnce is one session's go at a pull: it carries on from st.
@@ -297,34 +300,13 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
-	if st.land == nil {
-		land, err := sp.land(or, layout)
-		if errors.Is(err, errSame) {
-			res.Skipped = true
-			res.Bytes = layout.Size
-			res.Digest = chunker.FormatDigest(alg, or.FileDigest)
-			return errSame
-		}
-		if err != nil {
-			return err
-		}
-		st.land, st.entry = land, or.Entry
-		st.have = make([]bool, layout.Chunks())
-		st.sums = make([]byte, layout.Chunks()*alg.Size())
-		if sp.resume != nil {
-			if rs := sp.resume(); rs != nil {
-				f.have, f.pre, f.onDone = rs.have, rs.pre, rs.done
-			}
-		}
-	} else {
-		// Chunks this command verified are trusted as they are: the
-		// source has the same size and mtime.
-		f.have, f.pre, f.trusted = st.have, st.sums, true
-		if sp.resume != nil {
-			if rs := sp.resume(); rs != nil {
-				f.onDone = rs.done
-			}
-		}
+	if err := st.arm(f, sp, or, layout); errors.Is(err, errSame) {
+		res.Skipped = true
+		res.Bytes = layout.Size
+		res.Digest = chunker.FormatDigest(alg, or.FileDigest)
+		return errSame
+	} else if err != nil {
+		return err
 	}
 	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
 	f.out = out
@@ -366,6 +348,34 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	}
 	res.Bytes = layout.Size
 	res.Digest = chunker.FormatDigest(alg, local)
+	return nil
+}
+
+// arm sets f up to carry on from st: on the first session's go the
+// landing is opened (with --partial's chunks, if any); on a later one
+// the chunks verified so far are trusted as they are, the source having
+// the same size and mtime.
+func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout chunker.Layout) error {
+	first := st.land == nil
+	if first {
+		land, err := sp.land(or, layout)
+		if err != nil {
+			return err
+		}
+		st.land, st.entry = land, or.Entry
+		st.have = make([]bool, layout.Chunks())
+		st.sums = make([]byte, layout.Chunks()*f.alg.Size())
+	} else {
+		f.have, f.pre, f.trusted = st.have, st.sums, true
+	}
+	if sp.resume != nil {
+		if rs := sp.resume(); rs != nil {
+			if first {
+				f.have, f.pre = rs.have, rs.pre
+			}
+			f.onDone = rs.done
+		}
+	}
 	return nil
 }
 
