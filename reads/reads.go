@@ -457,7 +457,7 @@ func (e *Engine) poll() (int, error) {
 // on another QP.
 func (e *Engine) complete(c verbs.Completion) {
 	q, gen, r, ok := e.parse(c.WRID)
-	if !ok || r >= len(e.recs) || !e.recs[r].on || e.recs[r].q != q || e.recs[r].gen != gen {
+	if !ok || !e.recs[r].on || e.recs[r].q != q { // parse has checked r and the generation
 		return // an earlier engine's, or another user's of the CQ
 	}
 	p := e.recs[r].p

@@ -30,7 +30,6 @@ type Set struct {
 	hushed bool // no reports, no replacements: the owner is going away
 	qps    []verbs.QP
 	gens   []uint32
-	busy   []bool // a replacement is under way
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -76,8 +75,8 @@ func (o Outcome) String() string {
 // the set.
 func NewSet(qps []verbs.QP, replace func(ctx context.Context, i int) (verbs.QP, error), report func(Event)) *Set {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Set{Replace: replace, Report: report, qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps)),
-		busy: make([]bool, len(qps)), ctx: ctx, cancel: cancel}
+	s := &Set{Replace: replace, Report: report, ctx: ctx, cancel: cancel,
+		qps: append([]verbs.QP(nil), qps...), gens: make([]uint32, len(qps))}
 	for i, qp := range qps {
 		s.watch(i, 0, qp)
 	}
@@ -159,9 +158,10 @@ func (s *Set) Failed(i int, gen uint32, err error) {
 	s.qps[i] = nil
 	s.gens[i]++
 	hushed := s.hushed
-	replace := s.Replace != nil && !s.busy[i] && s.ctx.Err() == nil && !hushed
+	// A slot whose replacement is under way is empty, so it can't fail
+	// again before it is done.
+	replace := s.Replace != nil && s.ctx.Err() == nil && !hushed
 	if replace {
-		s.busy[i] = true
 		s.wg.Add(1) // for the replacement, under the lock Close takes first
 	}
 	s.wg.Add(1)
@@ -208,22 +208,15 @@ func (s *Set) replace(i int, cause error) {
 			}
 			s.qps[i] = qp
 			s.gens[i]++
-			s.busy[i] = false
 			s.watch(i, s.gens[i], qp)
 			s.mu.Unlock()
 			s.report(Event{Slot: i, Cause: cause, Outcome: Replaced, Try: try})
 			return
 		}
 		if errors.Is(err, ErrNoReplace) {
-			s.mu.Lock()
-			s.busy[i] = false
-			s.mu.Unlock()
 			return
 		}
 		if try >= tries {
-			s.mu.Lock()
-			s.busy[i] = false
-			s.mu.Unlock()
 			s.report(Event{Slot: i, Cause: cause, Outcome: Gone, Try: try, Err: err})
 			return
 		}
@@ -231,9 +224,6 @@ func (s *Set) replace(i int, cause error) {
 		select {
 		case <-time.After(backoff):
 		case <-s.ctx.Done():
-			s.mu.Lock()
-			s.busy[i] = false
-			s.mu.Unlock()
 			return
 		}
 	}
