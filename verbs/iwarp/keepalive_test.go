@@ -134,3 +134,31 @@ func TestFrozenPeerTimesOut(t *testing.T) {
 		t.Fatalf("a QP whose peer reads nothing is alive %v on (user timeout %v)", ut+3*time.Second, ut)
 	}
 }
+
+// The kernel tells only the first of reader and writer why it aborted a
+// socket; whichever order they fail in, Err ends up with the reason.
+func TestMoreSpecificErrWins(t *testing.T) {
+	q := &qp{dev: &device{cfg: Config{UserTimeout: 2 * time.Second}}}
+	timeout := q.netErr(fmt.Errorf("read: %w", unix.ETIMEDOUT))
+	pipe := q.netErr(fmt.Errorf("writev: %w", unix.EPIPE))
+	for _, tc := range []struct {
+		name       string
+		first, sec error
+		want       error
+	}{
+		{"EOF then timeout", errPeerClosed, timeout, timeout},
+		{"EPIPE then timeout", pipe, timeout, timeout},
+		{"timeout then EPIPE", timeout, pipe, timeout},
+		{"timeout then EOF", timeout, errPeerClosed, timeout},
+		{"EOF then EPIPE", errPeerClosed, pipe, pipe},
+		{"EPIPE then EOF", pipe, errPeerClosed, pipe},
+	} {
+		got := tc.first
+		if moreSpecific(tc.sec, tc.first) {
+			got = tc.sec
+		}
+		if got != tc.want {
+			t.Errorf("%s: Err %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -170,10 +170,11 @@ func (q *qp) fail(err error, culprit *swr, status verbs.Status) {
 
 func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 	if q.dead {
-		// The reader sees a socket the kernel aborted as a plain end of
-		// stream once the writer has taken its error (ETIMEDOUT, say):
-		// the writer's more specific word, if it comes, replaces it.
-		if errors.Is(q.err, errPeerClosed) && err != nil && !errors.Is(err, errPeerClosed) && q.cause == nil {
+		// A socket the kernel aborted reports its reason (ETIMEDOUT, say)
+		// once, to whichever of reader and writer asks first; the other
+		// sees a plain end of stream or EPIPE. The more specific word,
+		// if it comes second, replaces the plain one.
+		if q.cause == nil && err != nil && moreSpecific(err, q.err) {
 			q.err = err
 		}
 		return
@@ -204,6 +205,20 @@ func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 	q.recvCQ.push(cs...)
 	q.reads = nil
 	q.irq = nil
+}
+
+// moreSpecific says whether err explains a dead connection better than
+// old: any word beats a plain end of stream, and one in words (a
+// *connError: a timeout, a Terminate) beats a bare socket error.
+func moreSpecific(err, old error) bool {
+	if errors.Is(err, errPeerClosed) {
+		return false
+	}
+	if errors.Is(old, errPeerClosed) {
+		return true
+	}
+	var ce *connError
+	return !errors.As(old, &ce) && errors.As(err, &ce)
 }
 
 // linger is how long a disconnect waits for the peer to read what was
