@@ -188,7 +188,7 @@ run_method() {
   settle
   case $1 in
   rdmacp) copy_rdmacp ;;
-  rdmacp_none) copy_rdmacp --checksum none ;;
+  rdmacp_none) copy_rdmacp --digest none ;;
   rdmacp_q*) copy_rdmacp --qps "${1#rdmacp_q}" ;;
   nc) copy_nc 0 ;;
   nc_fsync) copy_nc 1 ;;
@@ -387,7 +387,7 @@ mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
 label() {
   case $1 in
   rdmacp) echo "rdmacp cp (crc32c, verified, fsync)" ;;
-  rdmacp_none) echo "rdmacp cp --checksum none (fsync)" ;;
+  rdmacp_none) echo "rdmacp cp --digest none (fsync)" ;;
   nc) echo "cat \| nc" ;;
   nc_fsync) echo "cat \| nc + fsync" ;;
   cp) echo "cp (copy_file_range)" ;;
@@ -453,7 +453,7 @@ stack share the same cores, so these numbers measure CPU cost more than any netw
 | \`rdmacp cp\` ≥ 0.9 × Go TCP file copier, 4 streams, both fsync | $(one copy.rdmacp) vs $(one copy.go) MB/s | $r_go | $(verdict "$r_go" 0.9) |
 | … against the copier without fsync | $(one copy.rdmacp) vs $(one copy.go_nosync) MB/s | $r_gons | $(verdict "$r_gons" 0.9) |
 | verification costs ≤ 10%: its share of the copy's CPU | crc32c at $(one crc.mbps) MB/s = $v_cpu s/GB, of $(one cpui.rdmacp %.2f) + $(one cput.rdmacp %.2f) s/GB (initiator + target) | $(awk -v v="$v_share" 'BEGIN { if (v == "–") print v; else printf "%.0f%%", v * 100 }') | $(verdict "$v_share" 0.10 le) |
-| … and in wall-clock time (crc32c vs \`--checksum none\`) | $(one copy.rdmacp) vs $(one copy.rdmacp_none) MB/s | $verify_pct | $(verdict "$verify_cost ${r_verify#* }" 0.10 le) |
+| … and in wall-clock time (crc32c vs \`--digest none\`) | $(one copy.rdmacp) vs $(one copy.rdmacp_none) MB/s | $verify_pct | $(verdict "$verify_cost ${r_verify#* }" 0.10 le) |
 EOF
   if [ "$big" -gt 0 ]; then
     cat <<EOF
@@ -466,7 +466,7 @@ EOF
 ## Copying a $size MiB page-cached file
 
 Wall-clock time of the whole command, process start to exit, destination on the
-same disk. rdmacp cp always verifies every chunk (unless \`--checksum none\`),
+same disk. rdmacp cp always verifies every chunk (unless \`--digest none\`),
 fsyncs the destination and renames it into place; \`cat | nc\`, \`cp\` and rsync
 don't fsync unless their "+ fsync" row says so (\`sync FILE\` after, or rsync \`--fsync\`).
 CPU is user+system seconds per GB: the initiator (receiving side) from

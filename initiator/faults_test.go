@@ -78,7 +78,7 @@ func TestPersistentCorruptionFails(t *testing.T) {
 }
 
 func TestNoVerifyMissesCorruption(t *testing.T) {
-	// The control for the two tests above: with --checksum none the
+	// The control for the two tests above: with --digest none the
 	// same fault goes unseen, so they really test verification.
 	e, inj := faultyEnv(t)
 	want := randomFile(t, filepath.Join(e.dir, "f"), 256<<10)

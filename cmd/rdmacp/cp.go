@@ -34,7 +34,7 @@ func cpCommand() *cli.Command {
 			&cli.StringFlag{Name: "shard", Usage: "`I/N`: copy only the files (of a tree) or lines (of a manifest) whose source path hashes to I mod N"},
 			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a DEST.rdmacp-partial sidecar; a rerun reads only what is missing"},
 			&cli.BoolFlag{Name: "no-pack", Usage: "with -r or --from, copy small files one by one instead of many per round trip"},
-			&cli.BoolFlag{Name: "skip-same", Aliases: []string{"c"}, Usage: "skip files whose size and whole-file digest already match (computed locally)"},
+			&cli.BoolFlag{Name: "checksum", Aliases: []string{"c", "skip-same"}, Usage: "skip files whose size and whole-file digest already match (computed locally), as rsync -c"},
 			&cli.BoolFlag{Name: "no-direct", Usage: "write with buffered I/O instead of O_DIRECT (which cp uses where the file system takes it); leaves DEST in the page cache"},
 		),
 		Action: runCp,
@@ -165,7 +165,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 // pushOne pushes the local file srcArg to the target's writable export,
 // which READs it from this side's registered windows.
 func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer) error {
-	for _, f := range []string{"recursive", "partial", "skip-same", "force"} {
+	for _, f := range []string{"recursive", "partial", "checksum", "force"} {
 		if c.Bool(f) {
 			if f == "recursive" {
 				return usagef("cp -r copies remote trees only: push files one at a time (LOCAL HOST:EXPORT/PATH)")

@@ -55,7 +55,7 @@ func checkCpFlags(c *cli.Context) error {
 }
 
 func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.GetOptions {
-	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("skip-same"), NoDirect: c.Bool("no-direct")}
+	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("checksum"), NoDirect: c.Bool("no-direct")}
 }
 
 // fileLine is the --json line for one file of a tree or manifest.
@@ -191,7 +191,7 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, std
 		r.update(p)
 	}
 	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
-		Progress: progress, Shard: shard(c), SkipSame: c.Bool("skip-same"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
+		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
 		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
 	})
 	r.finish()
@@ -305,7 +305,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		}
 	}
 	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
-		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("skip-same"),
+		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("checksum"),
 		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"),
 		Progress: func(int) func(initiator.Progress) {
 			done()

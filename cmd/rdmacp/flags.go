@@ -14,7 +14,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.IntFlag{Name: "depth", Value: 4, Usage: "RDMA READs in flight per queue pair"},
 		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ"},
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk (default: the target's, 4MiB)"},
-		&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none"},
+		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again"},
 		secretFlag(),
 	}, timeoutFlags()...)
@@ -35,8 +35,8 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 			return cfg, usagef("--chunk-size: %v", err)
 		}
 	}
-	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("checksum")); err != nil {
-		return cfg, usagef("--checksum: %v", err)
+	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("digest")); err != nil {
+		return cfg, usagef("--digest: %v", err)
 	}
 	if cfg.Secret, err = readSecret(c); err != nil {
 		return cfg, err

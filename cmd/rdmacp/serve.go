@@ -34,7 +34,7 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
 			secretFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
-			&cli.StringFlag{Name: "checksum", Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
+			&cli.StringFlag{Name: "digest", Aliases: []string{"checksum"}, Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
 			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered; each session's share is the budget over the sessions there are (at least --min-window-share)"},
 			&cli.StringFlag{Name: "min-window-share", Usage: "least share of --window-budget every session is entitled to, at most the budget over --max-sessions (default: 2 × --max-window, capped at that)"},
@@ -234,7 +234,7 @@ func runServe(c *cli.Context) error {
 	if digestMem < 1 {
 		return usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
 	}
-	alg, err := chunker.ParseAlgorithm(pick("checksum", file.Checksum))
+	alg, err := chunker.ParseAlgorithm(pick("digest", file.Checksum))
 	if err != nil {
 		return usagef("--checksum: %v", err)
 	}

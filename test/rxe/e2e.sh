@@ -313,16 +313,16 @@ if [ "$PERF" = 1 ]; then
 	# The same copy without chunk digests: how much verification costs.
 	: >"$W/cpr.none"
 	for i in $(seq "$RUNS"); do
-		cpbw "$W/cpr.none" --qps 4 --checksum none
+		cpbw "$W/cpr.none" --qps 4 --digest none
 	done
-	echo "e2e: perf cp --qps 4 --checksum none: $(tr '\n' ' ' <"$W/cpr.none")MB/s"
+	echo "e2e: perf cp --qps 4 --digest none: $(tr '\n' ' ' <"$W/cpr.none")MB/s"
 	IB[4n]=${IB[4]}
 	CP[4n]=$(median <"$W/cpr.none")
 	cmp -s "$SRC/big" "$DST/big" || fail "perf: the last copy of big differs from its source"
 	echo "e2e: bandwidth on $KERNEL ($RXE_DEV, median of $RUNS; MB = 10^6 bytes, ib_read_bw's MiB/s converted):"
 	printf 'e2e: | %-25s | %-23s | %-22s | %-17s |\n' QPs "ib_read_bw MB/s (MiB/s)" "rdmacp cp MB/s" "rdmacp/ib_read_bw"
 	for q in 4 1 4n; do
-		awk -v q="${q/4n/4 (cp --checksum none)}" -v ib="${IB[$q]}" -v cp="${CP[$q]}" 'BEGIN {
+		awk -v q="${q/4n/4 (cp --digest none)}" -v ib="${IB[$q]}" -v cp="${CP[$q]}" 'BEGIN {
 			if (ib == "-" || cp == "-") { printf "e2e: | %-25s | %-23s | %-22s | %-17s |\n", q, ib, cp, "-"; exit }
 			mb = ib * 1.048576
 			printf "e2e: | %-25s | %-23s | %-22s | %-17s |\n", q, sprintf("%.1f (%.1f)", mb, ib), sprintf("%.1f", cp), sprintf("%.2f", cp / mb) }'
