@@ -193,7 +193,16 @@ kill_initiator() {
 		fail "[$dir] initiator killed mid-copy: session end seen=$ok, dest exists=$([ -e "$DST/killed" ] && echo yes || echo no)"
 		tail -3 "$log"
 	fi
-	cpcheck "$dir" odd "$bin" "$@" >/dev/null && pass "[$dir] ... and the target serves the next copy" || fail "[$dir] target does not serve after the killed initiator"
+	local said
+	if said=$(cpcheck "$dir" odd "$bin" "$@"); then
+		pass "[$dir] ... and the target serves the next copy"
+	else
+		# cpcheck ran in a subshell: its FAIL line says how the copy failed, and it is counted here.
+		echo "$said"
+		note "[$dir] target does not serve after the killed initiator; its log ends:"
+		tail -5 "$log" | sed 's/^/interop:     /'
+		FAILS=$((FAILS + 1))
+	fi
 }
 
 # kill_target DIR TBINARY CBINARY "TARGS" CARGS...: the target killed mid-copy.
