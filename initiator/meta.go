@@ -280,6 +280,9 @@ func (m *treeMeta) take(it item) bool {
 // waiting that did not fail), then makes the hard links to those that
 // landed. It returns the links' results.
 func (m *treeMeta) placed(root *os.Root, waiting []pending) []FileResult {
+	if len(m.entries) == 0 && len(m.links) == 0 {
+		return nil // nothing beyond what landing set
+	}
 	ok := map[string]bool{}
 	for i := range waiting {
 		p := &waiting[i]
@@ -323,6 +326,9 @@ func (m *treeMeta) set(root *os.Root, rel string, e protocol.Entry) error {
 // dir sets a directory's owner, mode and xattrs (its mtime is the
 // caller's, last).
 func (m *treeMeta) dir(root *os.Root, rel string, e protocol.Entry) error {
+	if a := m.s.cfg.Archive; !a.Perms && !a.needsMeta() {
+		return nil // the caller's chmod was all
+	}
 	if rel == "." {
 		d, err := root.Open(".")
 		if err != nil {
