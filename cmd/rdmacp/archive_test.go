@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	le "encoding/binary"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -167,5 +169,45 @@ func TestCpArchiveOwnerByName(t *testing.T) {
 	}
 	if st := lstat(t, dst); int(st.Uid) != uid {
 		t.Errorf("uid %d, want nobody's %d", st.Uid, uid)
+	}
+}
+
+// aclXattr is a POSIX ACL in the kernel's xattr form (version 2, then
+// tag, perm, id per entry): user::rw- user:12345:r-- group::r-- mask::r-- other::---.
+func aclXattr() []byte {
+	b := le.LittleEndian.AppendUint32(nil, 2)
+	for _, e := range [][3]uint32{{0x01, 6, 0xffffffff}, {0x02, 4, 12345}, {0x04, 4, 0xffffffff}, {0x10, 4, 0xffffffff}, {0x20, 0, 0xffffffff}} {
+		b = le.LittleEndian.AppendUint16(b, uint16(e[0]))
+		b = le.LittleEndian.AppendUint16(b, uint16(e[1]))
+		b = le.LittleEndian.AppendUint32(b, e[2])
+	}
+	return b
+}
+
+// -A keeps a POSIX ACL; -X alone does not.
+func TestCpACLs(t *testing.T) {
+	dir, _ := archiveTree(t)
+	p := filepath.Join(dir, "tree", "plain")
+	if err := unix.Setxattr(p, "system.posix_acl_access", aclXattr(), 0); err != nil {
+		t.Skipf("no POSIX ACLs on this file system: %v", err)
+	}
+	want := make([]byte, 256)
+	n, _ := unix.Getxattr(p, "system.posix_acl_access", want)
+	want = want[:n]
+	s := serve(t, dir, nil)
+	out := t.TempDir()
+	if _, errs, code := run(t, "cp", "-a", "-A", "-q", s.addr+":data/tree", filepath.Join(out, "a")); code != 0 {
+		t.Fatalf("cp -aA: exit %d: %s", code, errs)
+	}
+	got := make([]byte, 256)
+	n, err := unix.Getxattr(filepath.Join(out, "a", "plain"), "system.posix_acl_access", got)
+	if err != nil || !bytes.Equal(got[:n], want) {
+		t.Errorf("ACL % x, %v; want % x", got[:max(n, 0)], err, want)
+	}
+	if _, errs, code := run(t, "cp", "-a", "-X", "-q", s.addr+":data/tree", filepath.Join(out, "x")); code != 0 {
+		t.Fatalf("cp -aX: exit %d: %s", code, errs)
+	}
+	if _, err := unix.Getxattr(filepath.Join(out, "x", "plain"), "system.posix_acl_access", got); err != unix.ENODATA {
+		t.Errorf("an ACL without -A: %v", err)
 	}
 }
