@@ -146,6 +146,11 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		land.abort()
 		return res, err
 	}
+	if !land.device {
+		if err := s.fileMeta(res.Dest, res.entry); err != nil {
+			return res, err
+		}
+	}
 	res.Elapsed = time.Since(res.start)
 	return res, nil
 }

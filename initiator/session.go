@@ -51,6 +51,9 @@ type Config struct {
 	// data QP replaced, a session re-established. It is called from
 	// the session's goroutines and must not block.
 	Recovered func(Recovery)
+	// Archive is what copies keep beyond bytes, modes & 0777 and mtimes;
+	// the session asks the target for what it needs of that in Hello.
+	Archive Archive
 }
 
 // Recovery reports one step of recovering from a fault.
@@ -166,6 +169,7 @@ type Session struct {
 	// using the session (a tree listed directory by directory while its
 	// files are copied): it is not re-established under them.
 	sharing atomic.Int32
+	meta    metaState
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -323,7 +327,7 @@ func (e *timeoutErr) Unwrap() error { return e.err }
 
 func (s *Session) hello(ctx context.Context) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
-		Client: protocol.ClientString("rdmacp", protocol.FeatureWorking)}
+		Client: protocol.ClientString("rdmacp", s.cfg.Archive.features()...)}
 	m, err := s.call(ctx, h)
 	if err != nil {
 		var pe *protocol.Error

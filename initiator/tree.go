@@ -268,7 +268,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	dr := &dirRoots{root: root, m: map[string]*os.Root{}, fds: map[string]*os.File{}, final: stage != ""}
 	defer dr.close()
 	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, dr: dr, tr: tr,
-		dirs: []item{{rel: ".", entry: topEntry}}, failedDirs: map[string]bool{}}
+		dirs: []item{{rel: ".", entry: topEntry}}, failedDirs: map[string]bool{}, meta: newTreeMeta(s)}
 	defer c.flush.wait()
 	defer func() {
 		for _, p := range c.waiting {
@@ -358,7 +358,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			f.Close()
 		}
 	}
-	done := make([]FileResult, 0, len(waiting)+len(c.dirs))
+	done := c.meta.placed(root, waiting) // the hard links' results
 	for _, p := range waiting {
 		done = append(done, *p.res)
 	}
@@ -367,7 +367,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	for i := len(c.dirs) - 1; i >= 0; i-- {
 		d := c.dirs[i]
 		mt := time.Unix(0, d.entry.MtimeNs)
-		err := root.Chmod(d.rel, fs.FileMode(d.entry.Mode&0o777))
+		err := root.Chmod(d.rel, fileMode(d.entry.Mode&c.s.cfg.Archive.modeMask()))
+		if err == nil {
+			err = c.meta.dir(root, d.rel, d.entry)
+		}
 		if err == nil {
 			err = root.Chtimes(d.rel, mt, mt)
 		}
@@ -415,6 +418,7 @@ type treeCopy struct {
 	flush      flusher
 	dirs       []item // made, for their modes and mtimes at the end
 	failedDirs map[string]bool
+	meta       *treeMeta // owners, links, xattrs: set once in place
 }
 
 func (c *treeCopy) wait(p pending) {
@@ -473,6 +477,9 @@ func (c *treeCopy) place(it item) bool {
 		fr.Err = fmt.Errorf("%s: its directory could not be made", it.rel)
 		c.report(fr)
 		return false
+	}
+	if c.meta.take(it) {
+		return false // a hard link, made once its file is in place
 	}
 	switch it.entry.Type {
 	case protocol.FileDir:

@@ -12,6 +12,12 @@ import (
 const (
 	// FeatureWorking: the initiator understands Working messages.
 	FeatureWorking = "working"
+	// FeatureMeta: the initiator wants every Entry's Meta (owner, inode,
+	// link count), in messages with FlagMeta.
+	FeatureMeta = "meta"
+	// FeatureXattrs: the initiator wants extended attributes (and so
+	// POSIX ACLs) in Meta too. It implies FeatureMeta.
+	FeatureXattrs = "xattrs"
 )
 
 // WorkingInterval is how long a target serves a request before it sends

@@ -100,13 +100,16 @@ type Entry struct {
 	MtimeNs int64 // modification time, nanoseconds since the Unix epoch
 	Name    string
 	Target  string
+	// Meta: owner, inode and extended attributes, only for an initiator
+	// that announced FeatureMeta (nil otherwise).
+	Meta *Meta
 }
 
 // entryMin is the encoded size of an Entry with empty strings.
 const entryMin = 1 + 4 + 8 + 8 + 2 + 2
 
 // EntrySize is the number of bytes e takes in a ListReply.
-func EntrySize(e Entry) int { return entryMin + len(e.Name) + len(e.Target) }
+func EntrySize(e Entry) int { return entryMin + len(e.Name) + len(e.Target) + MetaSize(e.Meta) }
 
 // ListReplyOverhead is the size of a ListReply with no entries: a page of
 // entries fits if ListReplyOverhead plus their EntrySizes is at most
@@ -344,7 +347,7 @@ const packedMin = 2 + 8 + 4 + entryMin + 2
 
 // PackedFileSize is the number of bytes f takes in a PackReply.
 func PackedFileSize(f PackedFile) int {
-	return packedMin + len(f.Digest) + len(f.Entry.Name) + len(f.Entry.Target) + len(f.Message)
+	return packedMin + len(f.Digest) + len(f.Entry.Name) + len(f.Entry.Target) + MetaSize(f.Entry.Meta) + len(f.Message)
 }
 
 // PackReplyOverhead is the size of a PackReply with no files, whose
@@ -667,6 +670,9 @@ func encodeEntry(e *encoder, x *Entry) {
 	e.i64(x.MtimeNs)
 	e.str(x.Name)
 	e.str(x.Target)
+	if e.meta {
+		encodeMeta(e, x.Meta)
+	}
 }
 
 func decodeEntry(d *decoder, x *Entry) {
@@ -676,6 +682,9 @@ func decodeEntry(d *decoder, x *Entry) {
 	x.MtimeNs = d.i64()
 	x.Name = d.str()
 	x.Target = d.str()
+	if d.meta {
+		x.Meta = decodeMeta(d)
+	}
 }
 
 func (m *Stat) encode(e *encoder)      { e.str(m.Path) }

@@ -227,7 +227,7 @@ type Message interface {
 type Header struct {
 	Version   uint8
 	Type      Type
-	Flags     uint16 // none are defined; must be 0
+	Flags     uint16 // FlagMeta, on messages that carry entries; no others are defined
 	RequestID uint32
 }
 
@@ -250,7 +250,7 @@ func ParseHeader(b []byte) (Header, error) {
 	if len(b) > MaxMessage {
 		return h, fmt.Errorf("%w: %d bytes is over MaxMessage", ErrMalformed, len(b))
 	}
-	if h.Flags != 0 {
+	if h.Flags&^FlagMeta != 0 {
 		return h, fmt.Errorf("%w: unknown flags %#04x", ErrMalformed, h.Flags)
 	}
 	return h, nil
@@ -284,8 +284,14 @@ func Unmarshal(b []byte) (Message, error) {
 	if m == nil {
 		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: unknown message type %d", ErrMalformed, uint8(h.Type))}
 	}
-	d := decoder{b: b, off: HeaderSize}
+	d := decoder{b: b, off: HeaderSize, meta: h.Flags&FlagMeta != 0}
+	if d.meta && !carriesEntries(h.Type) {
+		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: %s with FlagMeta, which only messages with entries take", ErrMalformed, h.Type)}
+	}
 	m.decode(&d)
+	if d.err == nil && d.meta && !hasMeta(m) {
+		d.err = fmt.Errorf("FlagMeta but no entries") // Marshal would not set it: one encoding per message
+	}
 	if d.err == nil && d.off != len(b) {
 		d.err = fmt.Errorf("%d trailing bytes", len(b)-d.off)
 	}
@@ -309,10 +315,14 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 		return dst, errors.New("protocol: marshal of nil message")
 	}
 	start := len(dst)
-	e := encoder{b: dst}
+	e := encoder{b: dst, meta: hasMeta(m)}
+	var flags uint16
+	if e.meta {
+		flags = FlagMeta
+	}
 	e.u8(Version)
 	e.u8(uint8(m.Type()))
-	e.u16(0)
+	e.u16(flags)
 	e.u32(m.ID())
 	m.encode(&e)
 	if e.err != nil {
@@ -326,8 +336,9 @@ func AppendMarshal(dst []byte, m Message) ([]byte, error) {
 
 // encoder appends fields to b, remembering the first error.
 type encoder struct {
-	b   []byte
-	err error
+	b    []byte
+	err  error
+	meta bool // FlagMeta: each Entry is followed by its Meta
 }
 
 func (e *encoder) u8(v uint8)   { e.b = append(e.b, v) }
@@ -382,9 +393,10 @@ func (e *encoder) count(n int) {
 // decoder reads fields from b starting at off, remembering the first
 // error; after an error every read returns a zero value.
 type decoder struct {
-	b   []byte
-	off int
-	err error
+	b    []byte
+	off  int
+	err  error
+	meta bool // FlagMeta: each Entry is followed by its Meta
 }
 
 func (d *decoder) fail(format string, args ...any) {

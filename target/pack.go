@@ -117,6 +117,12 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 			break
 		}
 		pf, pk, ok := ss.packOne(p, &x0, dirs)
+		ss.withMeta(&pf.Entry, func() *protocol.Meta { // a file that failed: a zero one
+			if ok {
+				return ss.fdMeta(pk.fd)
+			}
+			return nil
+		})
 		if ok && pk.size > 0 && total+uint64(pk.size) > cfg.MaxWindow {
 			if uint64(pk.size) > cfg.MaxWindow {
 				unix.Close(pk.fd)

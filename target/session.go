@@ -31,6 +31,9 @@ type session struct {
 	// working: the initiator understands Working (set by hello, before
 	// any request is served)
 	working bool
+	// want: the metadata the initiator asked for in Hello (wantOf)
+	want  metaWant
+	names idNames
 
 	dataSCQ verbs.CQ // binds and invalidations on data QPs
 	dataRCQ verbs.CQ
@@ -280,6 +283,7 @@ func (ss *session) hello(ctx context.Context) error {
 	}
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
+	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
 		if err := ss.setAuthed(); err != nil {
 			return ss.refuse(ctx, h.ID(), err)
@@ -487,6 +491,7 @@ func (ss *session) list(m *protocol.List) protocol.Message {
 		if all, err = x.list(rel); err != nil {
 			return fsError(m.Path, err)
 		}
+		ss.listMeta(x, rel, all)
 	}
 	if m.Cookie > uint64(len(all)) {
 		return errf(protocol.CodeBadRequest, "list cookie %d past the end", m.Cookie)
@@ -517,6 +522,7 @@ func (ss *session) stat(m *protocol.Stat) protocol.Message {
 	if err != nil {
 		return fsError(m.Path, err)
 	}
+	ss.withMeta(&e, func() *protocol.Meta { return ss.pathMeta(x, rel) })
 	return &protocol.StatReply{Entry: e}
 }
 
@@ -633,6 +639,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	ss.handles[h.id] = h
 	e := entryOf(fi.Name(), fi)
 	e.Size = uint64(size)
+	ss.withMeta(&e, func() *protocol.Meta { return ss.fdMeta(int(f.Fd())) })
 	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg, "digests_cached", cached)
 	return &protocol.OpenReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
 		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}

@@ -35,6 +35,9 @@ type walker struct {
 	stack   []*walkDir  // the walk's path, from its root
 	held    []walkEntry // made but not yet sent
 	buf     []byte      // for getdents
+	// meta sets an entry's Meta from name in directory dirfd, for an
+	// initiator that asked for it (nil: none did).
+	meta func(e *protocol.Entry, dirfd int, name string)
 }
 
 type walkDir struct {
@@ -177,6 +180,9 @@ func (w *walker) next() (walkEntry, bool) {
 			}
 		}
 		we, sub := w.entry(d, de)
+		if w.meta != nil {
+			w.meta(&we.e.Entry, d.fd, de.name)
+		}
 		if we.e.Entry.Type == protocol.FileDir {
 			w.dirs++ // every directory entry sent takes a Dir number
 			if sub != nil {
@@ -454,6 +460,11 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 	w, err := newWalker(x, rel, m, cfg.MaxWindow)
 	if err != nil {
 		return fsError(m.Path, err)
+	}
+	if ss.want != 0 {
+		w.meta = func(e *protocol.Entry, dirfd int, name string) {
+			ss.withMeta(e, func() *protocol.Meta { return ss.metaAt(dirfd, name) })
+		}
 	}
 	h := &handle{id: ss.nextHandle, export: x, path: m.Path, walk: w, windows: map[uint32]*window{}}
 	ss.nextHandle++

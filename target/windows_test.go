@@ -25,7 +25,10 @@ type peer struct {
 	buf  []byte
 }
 
-func newPeer(t *testing.T, addr string) *peer {
+func newPeer(t *testing.T, addr string) *peer { t.Helper(); return newPeerAs(t, addr, "") }
+
+// newPeerAs is newPeer with Hello.Client client, to announce features.
+func newPeerAs(t *testing.T, addr, client string) *peer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -43,7 +46,7 @@ func newPeer(t *testing.T, addr string) *peer {
 		t.Fatal(err)
 	}
 	ch.Attach(qp)
-	m, err := ch.Call(ctx, &protocol.Hello{MinVersion: 1, MaxVersion: 1})
+	m, err := ch.Call(ctx, &protocol.Hello{MinVersion: 1, MaxVersion: 1, Client: client})
 	if err != nil {
 		t.Fatal(err)
 	}

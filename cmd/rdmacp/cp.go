@@ -25,7 +25,7 @@ func cpCommand() *cli.Command {
 			"With a local SOURCE and a remote DEST, pushes the file into an export the target serves\n" +
 			"--writable: the target READs it from this side's registered windows, verifies every\n" +
 			"chunk and renames it into place only when it is complete.",
-		Flags: append(append(initiatorFlags(), transportFlags()...),
+		Flags: append(append(append(initiatorFlags(), transportFlags()...), archiveFlags()...),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines (status while running, one summary) on stdout"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "allow DEST to be a block device, overwritten in place (never a mounted one, or one smaller than the source)"},
@@ -114,6 +114,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	cfg.Archive = archiveOptions(c)
 	jsonOut := c.Bool("json")
 	s, _, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {
@@ -125,7 +126,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return err
 	}
 	if e.Type == protocol.FileDir {
-		if !c.Bool("recursive") {
+		if !recursive(c) {
 			return &protocol.Error{Code: protocol.CodeIsDir, Message: src.path + " is a directory (add -r to copy the tree)"}
 		}
 		return copyTree(c, s, srcArg, src.path, dst, stdout)

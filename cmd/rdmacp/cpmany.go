@@ -287,6 +287,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	cfg.Archive = archiveOptions(c)
 	t := newTally(c, stdout)
 	s, _, closeSession, err := dialSession(c, addr, cfg, t.jsonOut)
 	if err != nil {

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	le "encoding/binary"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// archiveTree makes the tree the -a tests copy, as root: setuid,
+// setgid and sticky modes, files owned by others, a hard link pair, a
+// symlink with an old mtime and a user.* xattr (false if the file
+// system has none).
+func archiveTree(t *testing.T) (dir string, xattrs bool) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: setuid bits and owners")
+	}
+	dir = t.TempDir()
+	root := filepath.Join(dir, "tree")
+	os.MkdirAll(filepath.Join(root, "tmp"), 0o755)
+	for name, mode := range map[string]os.FileMode{"suid": 0o4755, "sgid": 0o2755, "plain": 0o640, "a": 0o644, "owned": 0o600} {
+		p := filepath.Join(root, name)
+		if err := os.WriteFile(p, []byte(name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Chmod(p, uint32(mode)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unix.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	os.Chown(filepath.Join(root, "owned"), 12345, 12346)
+	if err := os.Link(filepath.Join(root, "a"), filepath.Join(root, "tmp", "b")); err != nil {
+		t.Fatal(err)
+	}
+	sl := filepath.Join(root, "sl")
+	os.Symlink("a", sl)
+	old := unix.NsecToTimespec(time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, sl, []unix.Timespec{old, old}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		t.Fatal(err)
+	}
+	xattrs = unix.Setxattr(filepath.Join(root, "plain"), "user.k", []byte("v"), 0) == nil
+	return dir, xattrs
+}
+
+func lstat(t *testing.T, p string) unix.Stat_t {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// cp -a keeps setuid, setgid and sticky, owners, symlink mtimes; -H
+// hard links; -X user.* xattrs.
+func TestCpArchive(t *testing.T) {
+	dir, xattrs := archiveTree(t)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "out")
+	if _, errs, code := run(t, "cp", "-a", "-H", "-X", "-q", s.addr+":data/tree", dst); code != 0 {
+		t.Fatalf("cp -a: exit %d: %s", code, errs)
+	}
+	for name, want := range map[string]uint32{"suid": 0o4755, "sgid": 0o2755, "tmp": 0o1777, "plain": 0o640} {
+		if st := lstat(t, filepath.Join(dst, name)); st.Mode&0o7777 != want {
+			t.Errorf("%s: mode %#o, want %#o", name, st.Mode&0o7777, want)
+		}
+	}
+	src := filepath.Join(dir, "tree")
+	for _, name := range []string{"owned", "suid", "tmp", "sl", "."} {
+		want, got := lstat(t, filepath.Join(src, name)), lstat(t, filepath.Join(dst, name))
+		if got.Uid != want.Uid || got.Gid != want.Gid {
+			t.Errorf("%s: owned by %d:%d, want %d:%d", name, got.Uid, got.Gid, want.Uid, want.Gid)
+		}
+		if got.Mtim != want.Mtim {
+			t.Errorf("%s: mtime %v, want %v", name, got.Mtim, want.Mtim)
+		}
+	}
+	a, b := lstat(t, filepath.Join(dst, "a")), lstat(t, filepath.Join(dst, "tmp", "b"))
+	if a.Ino != b.Ino || a.Nlink != 2 {
+		t.Errorf("a and tmp/b: inodes %d and %d, nlink %d: not one file", a.Ino, b.Ino, a.Nlink)
+	}
+	if xattrs {
+		buf := make([]byte, 8)
+		if n, err := unix.Getxattr(filepath.Join(dst, "plain"), "user.k", buf); err != nil || string(buf[:n]) != "v" {
+			t.Errorf("plain: user.k = %q, %v", buf[:n], err)
+		}
+	} else {
+		t.Log("no user xattrs on this file system: -X not checked")
+	}
+}
+
+// Without -a the default is as it was: mode & 0777 and mtimes kept,
+// owners the copier's, hard links split, no xattrs.
+func TestCpDefaultMeta(t *testing.T) {
+	dir, xattrs := archiveTree(t)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "out")
+	if _, errs, code := run(t, "cp", "-r", "-q", s.addr+":data/tree", dst); code != 0 {
+		t.Fatalf("cp -r: exit %d: %s", code, errs)
+	}
+	for name, want := range map[string]uint32{"suid": 0o755, "sgid": 0o755, "tmp": 0o777, "plain": 0o640} {
+		if st := lstat(t, filepath.Join(dst, name)); st.Mode&0o7777 != want {
+			t.Errorf("%s: mode %#o, want %#o", name, st.Mode&0o7777, want)
+		}
+	}
+	src := filepath.Join(dir, "tree")
+	if got, want := lstat(t, filepath.Join(dst, "plain")), lstat(t, filepath.Join(src, "plain")); got.Mtim != want.Mtim {
+		t.Errorf("plain: mtime %v, want %v", got.Mtim, want.Mtim)
+	}
+	if st := lstat(t, filepath.Join(dst, "owned")); st.Uid != 0 {
+		t.Errorf("owned: uid %d without -o", st.Uid)
+	}
+	if a, b := lstat(t, filepath.Join(dst, "a")), lstat(t, filepath.Join(dst, "tmp", "b")); a.Ino == b.Ino {
+		t.Error("a hard link without -H")
+	}
+	if _, err := unix.Getxattr(filepath.Join(dst, "plain"), "user.k", nil); xattrs && err != unix.ENODATA {
+		t.Errorf("an xattr without -X: %v", err)
+	}
+}
+
+// Single files honour -p, -o and -g (and -X) too.
+func TestCpArchiveSingleFile(t *testing.T) {
+	dir, xattrs := archiveTree(t)
+	s := serve(t, dir, nil)
+	out := t.TempDir()
+	if _, errs, code := run(t, "cp", "-p", "-q", s.addr+":data/tree/suid", filepath.Join(out, "suid")); code != 0 {
+		t.Fatalf("cp -p: exit %d: %s", code, errs)
+	}
+	if st := lstat(t, filepath.Join(out, "suid")); st.Mode&0o7777 != 0o4755 {
+		t.Errorf("suid: mode %#o", st.Mode&0o7777)
+	}
+	if _, errs, code := run(t, "cp", "-o", "-g", "--numeric-ids", "-X", "-q", s.addr+":data/tree/owned", filepath.Join(out, "owned")); code != 0 {
+		t.Fatalf("cp -og: exit %d: %s", code, errs)
+	}
+	if st := lstat(t, filepath.Join(out, "owned")); st.Uid != 12345 || st.Gid != 12346 {
+		t.Errorf("owned: %d:%d", st.Uid, st.Gid)
+	}
+	if xattrs {
+		if _, errs, code := run(t, "cp", "-X", "-q", s.addr+":data/tree/plain", filepath.Join(out, "plain")); code != 0 {
+			t.Fatalf("cp -X: exit %d: %s", code, errs)
+		}
+		if _, err := unix.Getxattr(filepath.Join(out, "plain"), "user.k", nil); err != nil {
+			t.Errorf("plain: user.k: %v", err)
+		}
+	}
+}
+
+// Owners go by name: a source file owned by nobody lands owned by this
+// side's nobody.
+func TestCpArchiveOwnerByName(t *testing.T) {
+	dir, _ := archiveTree(t)
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	p := filepath.Join(dir, "tree", "plain")
+	os.Lchown(p, uid, -1)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "plain")
+	if _, errs, code := run(t, "cp", "-o", "-q", s.addr+":data/tree/plain", dst); code != 0 {
+		t.Fatalf("cp -o: exit %d: %s", code, errs)
+	}
+	if st := lstat(t, dst); int(st.Uid) != uid {
+		t.Errorf("uid %d, want nobody's %d", st.Uid, uid)
+	}
+}
+
+// aclXattr is a POSIX ACL in the kernel's xattr form (version 2, then
+// tag, perm, id per entry): user::rw- user:12345:r-- group::r-- mask::r-- other::---.
+func aclXattr() []byte {
+	b := le.LittleEndian.AppendUint32(nil, 2)
+	for _, e := range [][3]uint32{{0x01, 6, 0xffffffff}, {0x02, 4, 12345}, {0x04, 4, 0xffffffff}, {0x10, 4, 0xffffffff}, {0x20, 0, 0xffffffff}} {
+		b = le.LittleEndian.AppendUint16(b, uint16(e[0]))
+		b = le.LittleEndian.AppendUint16(b, uint16(e[1]))
+		b = le.LittleEndian.AppendUint32(b, e[2])
+	}
+	return b
+}
+
+// -A keeps a POSIX ACL; -X alone does not.
+func TestCpACLs(t *testing.T) {
+	dir, _ := archiveTree(t)
+	p := filepath.Join(dir, "tree", "plain")
+	if err := unix.Setxattr(p, "system.posix_acl_access", aclXattr(), 0); err != nil {
+		t.Skipf("no POSIX ACLs on this file system: %v", err)
+	}
+	want := make([]byte, 256)
+	n, _ := unix.Getxattr(p, "system.posix_acl_access", want)
+	want = want[:n]
+	s := serve(t, dir, nil)
+	out := t.TempDir()
+	if _, errs, code := run(t, "cp", "-a", "-A", "-q", s.addr+":data/tree", filepath.Join(out, "a")); code != 0 {
+		t.Fatalf("cp -aA: exit %d: %s", code, errs)
+	}
+	got := make([]byte, 256)
+	n, err := unix.Getxattr(filepath.Join(out, "a", "plain"), "system.posix_acl_access", got)
+	if err != nil || !bytes.Equal(got[:n], want) {
+		t.Errorf("ACL % x, %v; want % x", got[:max(n, 0)], err, want)
+	}
+	if _, errs, code := run(t, "cp", "-a", "-X", "-q", s.addr+":data/tree", filepath.Join(out, "x")); code != 0 {
+		t.Fatalf("cp -aX: exit %d: %s", code, errs)
+	}
+	if _, err := unix.Getxattr(filepath.Join(out, "x", "plain"), "system.posix_acl_access", got); err != unix.ENODATA {
+		t.Errorf("an ACL without -A: %v", err)
+	}
+}
