@@ -90,14 +90,14 @@ type fileLine struct {
 
 // manySummary is the --json summary of a tree or manifest.
 type manySummary struct {
-	Type      string  `json:"message_type"`
-	Status    string  `json:"status"` // ok, partial or failed
-	Source    string  `json:"source,omitempty"`
-	Dest      string  `json:"dest,omitempty"`
-	Files     int     `json:"files"` // every entry: regular files, directories, symlinks, special files
-	OK        int     `json:"files_ok"`
-	Failed    int     `json:"files_failed"`
-	Skipped   int     `json:"files_skipped"`
+	Type    string `json:"message_type"`
+	Status  string `json:"status"` // ok, partial or failed
+	Source  string `json:"source,omitempty"`
+	Dest    string `json:"dest,omitempty"`
+	Files   int    `json:"files"` // every entry: regular files, directories, symlinks, special files
+	OK      int    `json:"files_ok"`
+	Failed  int    `json:"files_failed"`
+	Skipped int    `json:"files_skipped"`
 	// Of Files, by type, and those found already in place (status
 	// unchanged: the quick check, or a directory or symlink already there).
 	Regular   int `json:"regular_files"`
@@ -105,8 +105,8 @@ type manySummary struct {
 	Links     int `json:"symlinks"`
 	Unchanged int `json:"files_unchanged"`
 	// Deleted: entries --delete removed (with --dry-run, would remove).
-	Deleted int  `json:"deleted"`
-	DryRun  bool `json:"dry_run,omitempty"`
+	Deleted   int     `json:"deleted"`
+	DryRun    bool    `json:"dry_run,omitempty"`
 	Bytes     int64   `json:"bytes"`
 	BytesRead int64   `json:"bytes_read"`
 	Seconds   float64 `json:"seconds"`
