@@ -41,7 +41,7 @@ func cpCommand() *cli.Command {
 			&cli.BoolFlag{Name: "delete", Usage: "with -r, remove what DEST has and the source does not (but what --exclude protects), after the copy and only if no file failed"},
 			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list what would be copied or deleted, and change nothing"},
 			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "list each file as it lands (\"deleting PATH\" for what --delete removes)"},
-			&cli.BoolFlag{Name: "progress", Usage: "with -r, add the file in flight to the tree's progress line"},
+			&cli.BoolFlag{Name: "progress", Usage: "with -r, add the file in flight to the tree's progress line (so does -v)"},
 			&cli.BoolFlag{Name: "P", Usage: "--partial --progress"},
 			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see the README)", rules, ruleExclude),
 			filterFlag("include", "keep what matches `PATTERN`, even if a later --exclude matches it (the first rule that matches wins)", rules, ruleInclude),

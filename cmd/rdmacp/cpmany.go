@@ -317,7 +317,7 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, fil
 	case t.jsonOut: // status lines for the files copied on their own
 		progress = newRenderer(true, false, stdout).update
 	case showBar(t.quiet):
-		bar = newTreeBar(counts, c.Bool("progress") || c.Bool("P"))
+		bar = newTreeBar(counts, c.Bool("progress") || c.Bool("P") || c.Bool("verbose"))
 		t.bar = bar.line
 		progress = bar.progress
 	}
