@@ -128,9 +128,10 @@ type TreeResult struct {
 	Dest                string
 	Files               []FileResult
 	OK, Failed, Skipped int
-	Unchanged, Deleted  int
-	Bytes, BytesRead    int64
-	Elapsed             time.Duration
+	// Unchanged (of OK): found in place; Deleted: removed by Delete.
+	Unchanged, Deleted int
+	Bytes, BytesRead   int64
+	Elapsed            time.Duration
 	// Cleaned: leftovers of killed runs that were removed.
 	Cleaned []string
 	// DeleteHeld: Delete was asked for, but not done because entries
@@ -539,7 +540,8 @@ func (c *treeCopy) report(fr FileResult) {
 		tr.Failed++
 	case StatusSkipped:
 		tr.Skipped++
-	case StatusUnchanged:
+	case StatusUnchanged: // in place: ok, and counted apart
+		tr.OK++
 		tr.Unchanged++
 	case StatusDeleted, StatusWouldDelete:
 		tr.Deleted++
