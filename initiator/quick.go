@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -28,6 +30,40 @@ func sameMeta(fi fs.FileInfo, e protocol.Entry) bool {
 	return fi.Mode().IsRegular() && fi.Size() == int64(e.Size) && fi.ModTime().UnixNano() == e.MtimeNs
 }
 
+// sameStat is sameMeta for a stat(2) answer.
+func sameStat(st *unix.Stat_t, e protocol.Entry) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && st.Mtim.Nano() == e.MtimeNs
+}
+
+// lstat is lstat(2) of rel in the destination, through its directory,
+// kept open for the next file in it (main loop only).
+func (c *treeCopy) lstat(rel string) (*unix.Stat_t, error) {
+	dir := path.Dir(rel)
+	f := c.statDirs[dir]
+	if f == nil {
+		if len(c.statDirs) >= dirCacheMax {
+			c.closeStatDirs()
+		}
+		var err error
+		if f, err = c.root.Open(dir); err != nil {
+			return nil, err
+		}
+		c.statDirs[dir] = f
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(f.Fd()), path.Base(rel), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, &fs.PathError{Op: "lstat", Path: rel, Err: err}
+	}
+	return &st, nil
+}
+
+func (c *treeCopy) closeStatDirs() {
+	for _, f := range c.statDirs {
+		f.Close()
+	}
+	clear(c.statDirs)
+}
+
 // sameLink reports whether it, a symlink, is already at the destination
 // with the same target.
 func sameLink(root *os.Root, it item) bool {
@@ -44,12 +80,12 @@ func (c *treeCopy) unchanged(it item) bool {
 	if !c.quick() {
 		return false
 	}
-	fi, err := c.root.Lstat(it.rel)
-	if err != nil || !sameMeta(fi, it.entry) {
+	st, err := c.lstat(it.rel)
+	if err != nil || !sameStat(st, it.entry) {
 		return false
 	}
 	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size)}
-	if want := fs.FileMode(it.entry.Mode & 0o777); fi.Mode().Perm() != want {
+	if want := fs.FileMode(it.entry.Mode & 0o777); fs.FileMode(st.Mode&0o777) != want {
 		if err := c.root.Chmod(it.rel, want); err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
@@ -114,17 +150,17 @@ func (c *treeCopy) keep(it item) bool {
 	return !c.opt.Filter.Excluded(it.rel, it.entry.Type == protocol.FileDir)
 }
 
-// entries hands emit the tree's entries, without any file's data: with
-// Walk where the target has it, else listing it directory by directory.
-func (c *treeCopy) entries(ctx context.Context, l lister, emit func(item) error) error {
+// entries hands emit the tree's entries, in batches, without any file's
+// data: with Walk where the target has it, else listing it directory by
+// directory.
+func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) error) error {
 	if c.s.lister == nil && !c.s.noWalk {
 		err := c.s.walk(ctx, c.src, 0, c.opt.Shard, func(batch []walked) error {
-			for _, w := range batch {
-				if err := emit(w.it); err != nil {
-					return err
-				}
+			items := make([]item, len(batch))
+			for i, w := range batch {
+				items[i] = w.it
 			}
-			return nil
+			return emit(items)
 		})
 		if !errors.Is(err, errNoWalk) {
 			return err
@@ -136,7 +172,7 @@ func (c *treeCopy) entries(ctx context.Context, l lister, emit func(item) error)
 	if !c.opt.Filter.Empty() {
 		keep = c.keep
 	}
-	return walkTreeKeep(ctx, l, c.src, c.opt.Shard, keep, emit)
+	return walkTreeKeep(ctx, l, c.src, c.opt.Shard, keep, func(it item) error { return emit([]item{it}) })
 }
 
 // clean removes the leftovers of killed runs from directory rel of the
@@ -184,39 +220,10 @@ func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt Tr
 		defer root.Close()
 	}
 	c := newTreeCopy(s, ctx, src, opt, root, tr)
-	err := c.entries(ctx, l, func(it item) error {
-		if c.excluded(it) {
-			return nil
+	err := c.entries(ctx, l, func(batch []item) error {
+		for _, it := range batch {
+			c.dryEntry(root, it)
 		}
-		fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusWouldCopy}
-		var fi fs.FileInfo
-		if root != nil {
-			fi, _ = root.Lstat(it.rel)
-		}
-		switch t := it.entry.Type; {
-		case it.err != nil || c.underFailed(it.rel):
-			fr.Status, fr.Err = StatusFailed, cmpErr(it.err, fmt.Errorf("%s: refused", it.rel))
-			if t == protocol.FileDir {
-				c.failedDirs[it.rel] = true
-			}
-		case t == protocol.FileDir:
-			if fi != nil && fi.IsDir() {
-				fr.Status = StatusUnchanged
-			}
-		case t == protocol.FileRegular:
-			fr.Bytes = int64(it.entry.Size)
-			c.found(it)
-			if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry) {
-				fr.Status = StatusUnchanged
-			}
-		case t == protocol.FileSymlink:
-			if sameLink(root, it) {
-				fr.Status = StatusUnchanged
-			}
-		default:
-			fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.rel, t)
-		}
-		c.report(fr)
 		return nil
 	})
 	if opt.Counts != nil {
@@ -240,6 +247,43 @@ func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt Tr
 	}
 	tr.Elapsed = time.Since(start)
 	return tr, err
+}
+
+// dryEntry reports what a copy would do with it.
+func (c *treeCopy) dryEntry(root *os.Root, it item) {
+	if c.excluded(it) {
+		return
+	}
+	opt := c.opt
+	fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusWouldCopy}
+	var fi fs.FileInfo
+	if root != nil {
+		fi, _ = root.Lstat(it.rel)
+	}
+	switch t := it.entry.Type; {
+	case it.err != nil || c.underFailed(it.rel):
+		fr.Status, fr.Err = StatusFailed, cmpErr(it.err, fmt.Errorf("%s: its directory could not be read", it.rel))
+		if t == protocol.FileDir {
+			c.failedDirs[it.rel] = true
+		}
+	case t == protocol.FileDir:
+		if fi != nil && fi.IsDir() {
+			fr.Status = StatusUnchanged
+		}
+	case t == protocol.FileRegular:
+		fr.Bytes = int64(it.entry.Size)
+		c.found(it)
+		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry) {
+			fr.Status = StatusUnchanged
+		}
+	case t == protocol.FileSymlink:
+		if sameLink(root, it) {
+			fr.Status = StatusUnchanged
+		}
+	default:
+		fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.rel, t)
+	}
+	c.report(fr)
 }
 
 // cmpErr is the first error that is not nil.

@@ -511,10 +511,14 @@ type treeCopy struct {
 	// Delete every path the source has.
 	exDirs map[string]bool
 	seen   map[string]bool
+	// statDirs: the destination's directories, open for the quick
+	// check's fstatat (one system call a file, not a path walk).
+	statDirs map[string]*os.File
 }
 
 func newTreeCopy(s *Session, ctx context.Context, src string, opt TreeOptions, root *os.Root, tr *TreeResult) *treeCopy {
-	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, tr: tr, failedDirs: map[string]bool{}, exDirs: map[string]bool{}}
+	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, tr: tr, failedDirs: map[string]bool{}, exDirs: map[string]bool{},
+		statDirs: map[string]*os.File{}}
 	if opt.Delete {
 		c.seen = map[string]bool{}
 	}
@@ -675,15 +679,15 @@ func (c *treeCopy) viaList(l lister) error {
 	defer c.s.sharing.Add(-1)
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
-	items := make(chan item, 256)
+	items := make(chan []item, 16) // in batches: a hand-over per entry costs more than a quick check
 	var planErr error
 	planned := make(chan struct{})
 	go func() {
 		defer close(planned)
 		defer close(items)
-		planErr = c.entries(ctx, l, func(it item) error {
+		planErr = c.entries(ctx, l, func(batch []item) error {
 			select {
-			case items <- it:
+			case items <- batch:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
@@ -708,17 +712,21 @@ func (c *treeCopy) viaList(l lister) error {
 		}
 		<-planned
 	}()
-	for it := range items {
-		if c.excluded(it) || !c.place(it) || c.unchanged(it) {
-			continue
-		}
-		if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
-			if !feed.put(it) { // the packer stopped: its error says why
-				break
+	defer c.closeStatDirs()
+take:
+	for batch := range items {
+		for _, it := range batch {
+			if c.excluded(it) || !c.place(it) || c.unchanged(it) {
+				continue
 			}
-			continue
+			if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
+				if !feed.put(it) { // the packer stopped: its error says why
+					break take
+				}
+				continue
+			}
+			c.large = append(c.large, it)
 		}
-		c.large = append(c.large, it)
 	}
 	feed.close()
 	err := <-packErr
