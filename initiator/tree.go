@@ -283,6 +283,13 @@ type pending struct {
 // behind, and the others go on: GetTree returns an error only for what
 // stops the whole tree (the connection, an interrupt, the destination
 // itself), having removed every temporary file.
+//
+// Into a destination tree that exists, with QuickCheck, the tree is
+// walked for its metadata only and a file already in place (size and
+// mtime) is neither read nor hashed on either side; only the others are
+// copied. Filter, Delete and DryRun are rsync's --exclude/--include,
+// --delete(-after) and -n. Temporary files that killed runs left in the
+// directories the copy goes through are removed (TreeResult.Cleaned).
 func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions) (*TreeResult, error) {
 	start := time.Now()
 	top := DestPath(src, dst)

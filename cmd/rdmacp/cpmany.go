@@ -419,7 +419,9 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		}
 	}
 	if len(jobs) == 0 {
-		fmt.Fprintln(c.App.ErrWriter, "manifest: nothing to copy")
+		if !c.Bool("quiet") {
+			fmt.Fprintln(c.App.ErrWriter, "manifest: nothing to copy")
+		}
 		return nil
 	}
 	cfg, err := initiatorConfig(c)
