@@ -60,11 +60,11 @@ var alive = func(pid int) bool {
 	return err == nil || errors.Is(err, unix.EPERM)
 }
 
-// Leftover reports whether name (one path element) is the temporary file
+// isLeftover reports whether name (one path element) is the temporary file
 // of a run of rdmacp on this host that is no longer running: a run that
 // was killed before it could clean up. A name of another host, of a
 // live process (or of one that reuses a dead run's pid) is never one.
-func Leftover(name string) bool {
+func isLeftover(name string) bool {
 	m := tempRE.FindStringSubmatch(name)
 	if m == nil || m[3] != hostTag() {
 		return false
@@ -104,7 +104,7 @@ func cleanIn(root *os.Root, dir, base string) []string {
 	f.Close()
 	var gone []string
 	for _, n := range names {
-		if !Leftover(n) || base != "" && tempRE.FindStringSubmatch(n)[1] != base {
+		if !isLeftover(n) || base != "" && tempRE.FindStringSubmatch(n)[1] != base {
 			continue
 		}
 		p := path.Join(dir, n)

@@ -52,8 +52,8 @@ func TestLeftoverLiveness(t *testing.T) {
 		{".f.rdmacp-0abc84dac5da.part", false}, // an older run's: no pid
 		{"f", false},
 	} {
-		if got := Leftover(tc.name); got != tc.want {
-			t.Errorf("Leftover(%q) = %v, want %v", tc.name, got, tc.want)
+		if got := isLeftover(tc.name); got != tc.want {
+			t.Errorf("isLeftover(%q) = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -429,3 +429,36 @@ func TestCpCleansKilledRunsLeftovers(t *testing.T) {
 		t.Errorf("a live run's temporary file in the tree went (even with --delete): %v", err)
 	}
 }
+
+// A fresh tree copy SIGKILLed halfway leaves its staged tree (a
+// temporary directory beside DEST); the next run removes it and says so.
+func TestCpCleansKilledTreeStage(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
+	writeFile(t, filepath.Join(src, "tree", "big"), 48<<20)
+	s := serve(t, src, nil)
+	dir := t.TempDir()
+	stages := func() []string {
+		m, _ := filepath.Glob(filepath.Join(dir, ".tree.rdmacp-*.part"))
+		return m
+	}
+	cp := rdmacp("cp", "-r", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/tree", dir)
+	killed, _ := runUntil(t, cp, func(line []byte) bool { return isStatus(line) && len(stages()) == 1 }, func() { cp.Process.Kill() })
+	if !killed {
+		t.Skip("the copy finished before it could be killed")
+	}
+	left := stages()
+	if len(left) != 1 {
+		t.Fatalf("the killed run left %v", left)
+	}
+	_, errs, code := run(t, "cp", "-r", s.addr+":data/tree", dir)
+	if code != 0 || !strings.Contains(errs, "removed "+left[0]+", left by a run that was killed") {
+		t.Fatalf("rerun: exit %d: %q", code, errs)
+	}
+	if got := stages(); len(got) != 0 {
+		t.Fatalf("still there: %v", got)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "tree", "big")); err != nil || fi.Size() != 48<<20 {
+		t.Fatalf("rerun's copy: %v", err)
+	}
+}
