@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/user"
 	"path"
@@ -242,6 +243,7 @@ type treeMeta struct {
 	entries map[string]protocol.Entry // by rel: files and symlinks
 	first   map[[2]uint64]string      // the rel copied of each linked inode
 	links   []hardLink
+	kept    map[string]bool // files found in place (quick check): links may point at them
 }
 
 type hardLink struct {
@@ -250,7 +252,21 @@ type hardLink struct {
 }
 
 func newTreeMeta(s *Session) *treeMeta {
-	return &treeMeta{s: s, entries: map[string]protocol.Entry{}, first: map[[2]uint64]string{}}
+	return &treeMeta{s: s, entries: map[string]protocol.Entry{}, first: map[[2]uint64]string{}, kept: map[string]bool{}}
+}
+
+// inPlace sets the metadata of a file the quick check left in place, at
+// once (it is not waiting to be renamed), and lets links point at it.
+func (m *treeMeta) inPlace(root *os.Root, rel string) error {
+	if e, has := m.entries[rel]; has {
+		if err := m.set(root, rel, e); err != nil {
+			return err
+		}
+	}
+	if m.s.cfg.Archive.HardLinks {
+		m.kept[rel] = true
+	}
+	return nil
 }
 
 // take notes an entry the tree copies (a file or symlink), and reports
@@ -283,7 +299,7 @@ func (m *treeMeta) placed(root *os.Root, waiting []pending) []FileResult {
 	if len(m.entries) == 0 && len(m.links) == 0 {
 		return nil // nothing beyond what landing set
 	}
-	ok := map[string]bool{}
+	ok := maps.Clone(m.kept)
 	for i := range waiting {
 		p := &waiting[i]
 		if p.res.Status != StatusOK {

@@ -17,6 +17,9 @@ type ManifestOptions struct {
 	// line copied as a file; Partial, SkipSame and NoDirect are the
 	// trees' too.
 	Force, Partial, SkipSame, NoDirect bool
+	// QuickCheck: see GetOptions.QuickCheck; for lines copied as files
+	// one by one or as trees (packed lines are always copied).
+	QuickCheck bool
 	// NoPack copies every line on its own (and a tree's small files one
 	// by one), instead of runs of small files many to a request.
 	NoPack bool
@@ -112,7 +115,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		return fr, nil
 	case lineTree:
 		fr.Type = e.Type
-		_, err := s.GetTree(ctx, src, dst, TreeOptions{SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect,
+		_, err := s.GetTree(ctx, src, dst, TreeOptions{SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck,
 			File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {
@@ -127,7 +130,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 	if opt.Progress != nil {
 		progress = opt.Progress(i)
 	}
-	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect})
+	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck})
 	if res != nil {
 		fr.BytesRead = res.BytesRead
 		if res.Dest != "" {
@@ -142,7 +145,10 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		return fr, nil
 	}
 	fr.Status, fr.Bytes, fr.Digest = StatusOK, res.Bytes, res.Digest
-	if res.Skipped {
+	switch {
+	case res.Unchanged:
+		fr.Status = StatusUnchanged
+	case res.Skipped:
 		fr.Status = StatusSame
 	}
 	return fr, nil

@@ -56,6 +56,14 @@ const (
 	StatusFailed  = "failed"
 	StatusSkipped = "skipped" // a special file, not copied
 	StatusSame    = "same"    // SkipSame found it already in place
+	// StatusUnchanged: QuickCheck found it in place (size and mtime), or
+	// a symlink or directory is already there; nothing was read.
+	StatusUnchanged = "unchanged"
+	// StatusDeleted: Delete removed it from the destination.
+	StatusDeleted = "deleted"
+	// With DryRun: what a copy would do.
+	StatusWouldCopy   = "would-copy"
+	StatusWouldDelete = "would-delete"
 )
 
 // FileResult is the outcome for one entry of a tree.
@@ -85,6 +93,34 @@ type TreeOptions struct {
 	Partial bool
 	// NoDirect: see GetOptions.NoDirect.
 	NoDirect bool
+	// QuickCheck skips, without reading it, a regular file whose
+	// destination already has its size and mtime (to the nanosecond):
+	// rsync's quick check. SkipSame, which compares digests, wins.
+	QuickCheck bool
+	// Filter leaves out what its rules exclude (see Filter).
+	Filter *Filter
+	// Delete removes what the destination tree has and the source does
+	// not (but what Filter excludes), once everything else is in place,
+	// and only if no entry failed: rsync's --delete-after.
+	Delete bool
+	// DryRun reports what a copy would do (StatusWouldCopy,
+	// StatusWouldDelete, StatusUnchanged) and touches nothing.
+	DryRun bool
+	// Counts, if set, is kept up to date as the copy goes, for a progress
+	// display to read.
+	Counts *TreeCounts
+}
+
+// TreeCounts are a tree copy's running totals, safe to read while it
+// runs.
+type TreeCounts struct {
+	// Files and Bytes: the regular files the walk has found so far.
+	Files, Bytes atomic.Int64
+	// DoneFiles and DoneBytes: of them, the ones copied (verified, to be
+	// renamed into place at the end) or found unchanged.
+	DoneFiles, DoneBytes atomic.Int64
+	// Walked: the walk is over, so Files and Bytes are the totals.
+	Walked atomic.Bool
 }
 
 // TreeResult sums up a tree copy.
@@ -92,8 +128,15 @@ type TreeResult struct {
 	Dest                string
 	Files               []FileResult
 	OK, Failed, Skipped int
-	Bytes, BytesRead    int64
-	Elapsed             time.Duration
+	// Unchanged (of OK): found in place; Deleted: removed by Delete.
+	Unchanged, Deleted int
+	Bytes, BytesRead   int64
+	Elapsed            time.Duration
+	// Cleaned: leftovers of killed runs that were removed.
+	Cleaned []string
+	// DeleteHeld: Delete was asked for, but not done because entries
+	// failed.
+	DeleteHeld bool
 }
 
 // lister is what planning a tree needs from a session.
@@ -104,9 +147,10 @@ type lister interface {
 
 // item is one entry of a tree's plan.
 type item struct {
-	rel   string // '/'-separated, relative to the tree's root
-	entry protocol.Entry
-	err   error // the entry is refused
+	rel     string // '/'-separated, relative to the tree's root
+	entry   protocol.Entry
+	err     error // the entry is refused
+	existed bool  // a directory that was at the destination already
 }
 
 // walkTree lists the remote directory src recursively with List, parents
@@ -116,6 +160,12 @@ type item struct {
 // goes on. Directories are kept whatever the shard; other entries only if
 // the shard has them. An error emit returns stops the walk.
 func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(item) error) error {
+	return walkTreeKeep(ctx, l, src, sh, nil, emit)
+}
+
+// walkTreeKeep is walkTree leaving out, when keep is set, the entries
+// keep is false for: a directory left out is not listed.
+func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func(item) bool, emit func(item) error) error {
 	// Listings are fetched ahead, several at once: a directory's
 	// subdirectories are all asked for before the first is walked.
 	type listing struct {
@@ -150,12 +200,19 @@ func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(ite
 		kids := map[string]*listing{}
 		for i, e := range ls.ents {
 			items[i] = listed(rel, e, seen)
+			if items[i].err == nil && keep != nil && !keep(items[i]) {
+				items[i].err = errLeftOut
+				continue
+			}
 			if items[i].err == nil && e.Type == protocol.FileDir {
 				kids[e.Name] = start(remote + "/" + e.Name)
 			}
 		}
 		for i, e := range ls.ents {
 			it := items[i]
+			if it.err == errLeftOut {
+				continue
+			}
 			if it.err != nil {
 				if err := emit(it); err != nil {
 					return err
@@ -196,6 +253,9 @@ func listed(dir string, e protocol.Entry, seen map[string]bool) item {
 	return it
 }
 
+// errLeftOut marks, within walkTreeKeep, an entry keep left out.
+var errLeftOut = errors.New("left out")
+
 // listAhead is how many List requests a tree copy keeps outstanding.
 const listAhead = 8
 
@@ -223,6 +283,13 @@ type pending struct {
 // behind, and the others go on: GetTree returns an error only for what
 // stops the whole tree (the connection, an interrupt, the destination
 // itself), having removed every temporary file.
+//
+// Into a destination tree that exists, with QuickCheck, the tree is
+// walked for its metadata only and a file already in place (size and
+// mtime) is neither read nor hashed on either side; only the others are
+// copied. Filter, Delete and DryRun are rsync's --exclude/--include,
+// --delete(-after) and -n. Temporary files that killed runs left in the
+// directories the copy goes through are removed (TreeResult.Cleaned).
 func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions) (*TreeResult, error) {
 	start := time.Now()
 	top := DestPath(src, dst)
@@ -238,16 +305,23 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if topEntry.Type != protocol.FileDir {
 		return tr, &protocol.Error{Code: protocol.CodeNotDir, Message: src + " is not a directory"}
 	}
+	// As cp -r and rsync: DEST itself is made, not the directories above.
+	if err := destDirExists(top); err != nil {
+		return tr, err
+	}
+	if opt.DryRun {
+		return s.dryTree(ctx, l, src, top, opt, tr)
+	}
+	tr.Cleaned = cleanLeftovers(filepath.Dir(top), filepath.Base(top)) // staged trees
 	// A tree whose destination does not exist yet is staged in a
 	// directory of its own and renamed into place at the end: its files
 	// need no temporary names, and it appears whole or not at all.
 	// Otherwise each file lands beside its destination under a temporary
 	// name (and --partial needs those names to resume).
 	stage := ""
-	if _, err := os.Lstat(top); errors.Is(err, fs.ErrNotExist) && !opt.Partial {
-		if err := os.MkdirAll(filepath.Dir(top), 0o700); err != nil {
-			return tr, err
-		}
+	_, err = os.Lstat(top)
+	topExisted := err == nil
+	if errors.Is(err, fs.ErrNotExist) && !opt.Partial {
 		stage = filepath.Join(filepath.Dir(top), tempName(filepath.Base(top)))
 		if err := os.Mkdir(stage, 0o700); err != nil {
 			return tr, err
@@ -267,8 +341,11 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	defer root.Close()
 	dr := &dirRoots{root: root, m: map[string]*os.Root{}, fds: map[string]*os.File{}, final: stage != ""}
 	defer dr.close()
-	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, dr: dr, tr: tr,
-		dirs: []item{{rel: ".", entry: topEntry}}, failedDirs: map[string]bool{}, meta: newTreeMeta(s)}
+	c := newTreeCopy(s, ctx, src, opt, root, tr)
+	c.dr, c.meta, c.dirs = dr, newTreeMeta(s), []item{{rel: ".", entry: topEntry, existed: topExisted}}
+	if !dr.final {
+		c.clean(".")
+	}
 	defer c.flush.wait()
 	defer func() {
 		for _, p := range c.waiting {
@@ -281,7 +358,11 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 	}()
 
-	if err := c.fill(l); err != nil {
+	err = c.fill(l)
+	if opt.Counts != nil {
+		opt.Counts.Walked.Store(true)
+	}
+	if err != nil {
 		return tr, err
 	}
 	// The files too large to pack, one at a time (each one uses all the
@@ -295,6 +376,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			c.report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
 			continue
 		}
+		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
 			c.report(*p.res)
 			continue
@@ -318,8 +400,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	}
 	// All data durable, then every name in place.
 	c.flush.wait()
-	if err := syncRoot(root); err != nil {
-		return tr, err
+	if len(waiting) > 0 {
+		if err := syncRoot(root); err != nil {
+			return tr, err
+		}
 	}
 	touched := map[string]bool{}
 	for i := range waiting {
@@ -359,10 +443,22 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 	}
 	done := c.meta.placed(root, waiting) // the hard links' results
+	failed := c.failed()
 	for _, p := range waiting {
 		done = append(done, *p.res)
+		if p.res.Status == StatusFailed {
+			failed++
+		}
 	}
 	c.waiting = nil
+	var deleted []FileResult
+	if opt.Delete && stage == "" {
+		if failed > 0 {
+			tr.DeleteHeld = true
+		} else if deleted, err = c.deleteExtra(); err != nil {
+			return tr, err
+		}
+	}
 	// Directories' modes and mtimes, children before parents.
 	for i := len(c.dirs) - 1; i >= 0; i-- {
 		d := c.dirs[i]
@@ -375,6 +471,9 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			err = root.Chtimes(d.rel, mt, mt)
 		}
 		fr := FileResult{Path: d.rel, Type: protocol.FileDir, Status: StatusOK}
+		if d.existed {
+			fr.Status = StatusUnchanged
+		}
 		if err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
@@ -394,7 +493,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			f.Close()
 		}
 	}
-	for _, fr := range done {
+	for _, fr := range append(done, deleted...) {
 		c.report(fr)
 	}
 	tr.Elapsed = time.Since(start)
@@ -418,7 +517,23 @@ type treeCopy struct {
 	flush      flusher
 	dirs       []item // made, for their modes and mtimes at the end
 	failedDirs map[string]bool
-	meta       *treeMeta // owners, links, xattrs: set once in place
+	// Of the main loop only: the directories Filter excluded, and with
+	// Delete every path the source has.
+	exDirs map[string]bool
+	seen   map[string]bool
+	// statDirs: the destination's directories, open for the quick
+	// check's fstatat (one system call a file, not a path walk).
+	statDirs map[string]*os.File
+	meta     *treeMeta // owners, links, xattrs: set once in place
+}
+
+func newTreeCopy(s *Session, ctx context.Context, src string, opt TreeOptions, root *os.Root, tr *TreeResult) *treeCopy {
+	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, tr: tr, failedDirs: map[string]bool{}, exDirs: map[string]bool{},
+		statDirs: map[string]*os.File{}}
+	if opt.Delete {
+		c.seen = map[string]bool{}
+	}
+	return c
 }
 
 func (c *treeCopy) wait(p pending) {
@@ -440,6 +555,11 @@ func (c *treeCopy) report(fr FileResult) {
 		tr.Failed++
 	case StatusSkipped:
 		tr.Skipped++
+	case StatusUnchanged: // in place: ok, and counted apart
+		tr.OK++
+		tr.Unchanged++
+	case StatusDeleted, StatusWouldDelete:
+		tr.Deleted++
 	}
 	tr.BytesRead += fr.BytesRead
 	if c.opt.File != nil {
@@ -483,17 +603,28 @@ func (c *treeCopy) place(it item) bool {
 	}
 	switch it.entry.Type {
 	case protocol.FileDir:
-		if err := mkdirIn(c.root, it.rel); err != nil {
+		existed, err := mkdirIn(c.root, it.rel)
+		if err != nil {
 			c.failedDirs[it.rel] = true
 			fr.Err = err
 			c.report(fr)
 			return false
 		}
+		if existed {
+			c.clean(it.rel)
+		}
+		it.existed = existed
 		c.dirs = append(c.dirs, it)
 	case protocol.FileSymlink:
+		if c.quick() && sameLink(c.root, it) {
+			fr.Status = StatusUnchanged
+			c.report(fr)
+			return false
+		}
 		fr.Status = StatusOK
 		c.wait(pending{res: &fr, rel: it.rel, link: it.entry.Target})
 	case protocol.FileRegular:
+		c.found(it)
 		return true
 	default:
 		fr.Status = StatusSkipped
@@ -513,7 +644,7 @@ func (c *treeCopy) packs() bool {
 // leaves in c.large: with Walk where the target has it, else listing it
 // with l and packing its small files with Pack.
 func (c *treeCopy) fill(l lister) error {
-	if c.s.lister == nil && !c.s.noWalk {
+	if c.s.lister == nil && !c.s.noWalk && !c.quick() {
 		err := c.viaWalk()
 		if !errors.Is(err, errNoWalk) {
 			return err
@@ -535,7 +666,7 @@ func (c *treeCopy) viaWalk() error {
 		c.dr.trim()
 		var jobs []packedJob
 		for _, w := range batch {
-			if !c.place(w.it) {
+			if c.excluded(w.it) || !c.place(w.it) {
 				continue
 			}
 			if !w.packed {
@@ -562,15 +693,15 @@ func (c *treeCopy) viaList(l lister) error {
 	defer c.s.sharing.Add(-1)
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
-	items := make(chan item, 256)
+	items := make(chan []item, 16) // in batches: a hand-over per entry costs more than a quick check
 	var planErr error
 	planned := make(chan struct{})
 	go func() {
 		defer close(planned)
 		defer close(items)
-		planErr = walkTree(ctx, l, c.src, c.opt.Shard, func(it item) error {
+		planErr = c.entries(ctx, l, func(batch []item) error {
 			select {
-			case items <- it:
+			case items <- batch:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
@@ -595,17 +726,21 @@ func (c *treeCopy) viaList(l lister) error {
 		}
 		<-planned
 	}()
-	for it := range items {
-		if !c.place(it) {
-			continue
-		}
-		if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
-			if !feed.put(it) { // the packer stopped: its error says why
-				break
+	defer c.closeStatDirs()
+take:
+	for batch := range items {
+		for _, it := range batch {
+			if c.excluded(it) || !c.place(it) || c.unchanged(it) {
+				continue
 			}
-			continue
+			if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
+				if !feed.put(it) { // the packer stopped: its error says why
+					break take
+				}
+				continue
+			}
+			c.large = append(c.large, it)
 		}
-		c.large = append(c.large, it)
 	}
 	feed.close()
 	err := <-packErr
@@ -632,6 +767,11 @@ func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 				return err
 			}
 			c.report(FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+			return nil
+		}
+		c.landed(p.res.Bytes)
+		if p.tmp == "" && !p.placed { // already the same
+			c.report(*p.res)
 			return nil
 		}
 		c.wait(p)
@@ -738,6 +878,7 @@ func (c *treeCopy) writeJobs(jobs []packedJob) {
 		}
 		n := int64(len(j.f.data))
 		fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
+		c.landed(n)
 		// The digest of the file's bytes, which they matched: for crc32c
 		// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
 		// file, not the chunk-list form a file copied with Open reports.
@@ -836,27 +977,18 @@ func (d *dirRoots) close() {
 	}
 }
 
-// mkdirIn makes directory rel in root, or accepts one already there.
-func mkdirIn(root *os.Root, rel string) error {
-	err := root.Mkdir(rel, 0o700)
+// mkdirIn makes directory rel in root, or accepts one already there
+// (existed).
+func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
+	err = root.Mkdir(rel, 0o700)
 	if errors.Is(err, fs.ErrExist) {
 		fi, serr := root.Lstat(rel)
 		if serr == nil && fi.IsDir() {
-			return nil
+			return true, nil
 		}
-		return fmt.Errorf("%s exists and is not a directory", rel)
+		return false, fmt.Errorf("%s exists and is not a directory", rel)
 	}
-	return err
-}
-
-func tempName(rel string) string {
-	var r [6]byte
-	randRead(r[:])
-	base := path.Base(rel)
-	if len(base) > 200 {
-		base = base[:200] // room for the rest within NAME_MAX
-	}
-	return path.Join(path.Dir(rel), "."+base+".rdmacp-"+fmt.Sprintf("%x", r)+".part")
+	return false, err
 }
 
 // renameNew renames the staged tree stage to top, which must not exist:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 
 	"github.com/urfave/cli/v2"
 
@@ -14,6 +15,7 @@ import (
 )
 
 func cpCommand() *cli.Command {
+	rules := &filterRules{}
 	return &cli.Command{
 		Name:      "cp",
 		Usage:     "copy a remote file to a local path, or push a local file to a writable export",
@@ -27,7 +29,7 @@ func cpCommand() *cli.Command {
 			"chunk and renames it into place only when it is complete.",
 		Flags: append(append(append(initiatorFlags(), transportFlags()...), archiveFlags()...),
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines (status while running, one summary) on stdout"},
-			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print nothing but errors and warnings: no progress, no summary"},
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "allow DEST to be a block device, overwritten in place (never a mounted one, or one smaller than the source)"},
 			&cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy a directory tree: files, directories and symlinks (as links), with modes and mtimes"},
 			&cli.StringFlag{Name: "from", Usage: "copy the SRC DEST pairs of a manifest (`FILE`, or - for stdin), one per line or as JSON lines {\"src\":..,\"dest\":..}"},
@@ -35,6 +37,15 @@ func cpCommand() *cli.Command {
 			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a DEST.rdmacp-partial sidecar; a rerun reads only what is missing"},
 			&cli.BoolFlag{Name: "no-pack", Usage: "with -r or --from, copy small files one by one instead of many per round trip"},
 			&cli.BoolFlag{Name: "checksum", Aliases: []string{"c", "skip-same"}, Usage: "skip files whose size and whole-file digest already match (computed locally), as rsync -c"},
+			&cli.BoolFlag{Name: "ignore-times", Aliases: []string{"I"}, Usage: "copy files even when DEST has their size and mtime (by default, such files are skipped without being read: rsync's quick check)"},
+			&cli.BoolFlag{Name: "delete", Usage: "with -r, remove what DEST has and the source does not (but what --exclude protects), after the copy and only if no file failed"},
+			&cli.BoolFlag{Name: "dry-run", Aliases: []string{"n"}, Usage: "list what would be copied or deleted, and change nothing"},
+			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "list each file as it lands (\"deleting PATH\" for what --delete removes)"},
+			&cli.BoolFlag{Name: "progress", Usage: "with -r, add the file in flight to the tree's progress line (so does -v)"},
+			&cli.BoolFlag{Name: "P", Usage: "--partial --progress"},
+			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see the README)", rules, ruleExclude),
+			filterFlag("include", "keep what matches `PATTERN`, even if a later --exclude matches it (the first rule that matches wins)", rules, ruleInclude),
+			filterFlag("exclude-from", "--exclude each pattern in `FILE`, one a line (# and ; start comments)", rules, ruleExcludeFrom),
 			&cli.BoolFlag{Name: "no-direct", Usage: "write with buffered I/O instead of O_DIRECT (which cp uses where the file system takes it); leaves DEST in the page cache"},
 		),
 		Action: runCp,
@@ -57,6 +68,9 @@ type summaryLine struct {
 	Digest    string  `json:"digest"`
 	BytesRead int64   `json:"bytes_read"`
 	Skipped   bool    `json:"skipped,omitempty"`
+	// Unchanged: skipped by the quick check (size and mtime), unread.
+	Unchanged bool `json:"unchanged,omitempty"`
+	DryRun    bool `json:"dry_run,omitempty"`
 	// Recoveries: data QPs replaced and sessions re-established.
 	Recoveries int `json:"recoveries"`
 }
@@ -110,13 +124,17 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		}
 		return pushOne(c, srcArg, dst, to, stdout)
 	}
+	filter, err := cpFilter(c)
+	if err != nil {
+		return err
+	}
 	cfg, err := initiatorConfig(c)
 	if err != nil {
 		return err
 	}
 	cfg.Archive = archiveOptions(c)
-	jsonOut := c.Bool("json")
-	s, _, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
+	jsonOut, quiet := c.Bool("json"), c.Bool("quiet")
+	s, _, closeSession, err := dialSession(c, src.addr, cfg, jsonOut || quiet)
 	if err != nil {
 		return err
 	}
@@ -129,26 +147,36 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		if !recursive(c) {
 			return &protocol.Error{Code: protocol.CodeIsDir, Message: src.path + " is a directory (add -r to copy the tree)"}
 		}
-		return copyTree(c, s, srcArg, src.path, dst, stdout)
+		return copyTree(c, s, srcArg, src.path, dst, filter, stdout)
 	}
 	if sh := shard(c); !sh.Has(src.path) {
-		fmt.Fprintf(c.App.ErrWriter, "%s is not in shard %d/%d: nothing to do\n", srcArg, sh.I, sh.N)
+		if !quiet {
+			fmt.Fprintf(c.App.ErrWriter, "%s is not in shard %d/%d: nothing to do\n", srcArg, sh.I, sh.N)
+		}
 		return nil
 	}
-	r := newRenderer(jsonOut, c.Bool("quiet"), stdout)
+	if filter.Excluded(path.Base(src.path), false) {
+		if !quiet {
+			fmt.Fprintf(c.App.ErrWriter, "%s is excluded: nothing to do\n", srcArg)
+		}
+		return nil
+	}
+	r := newRenderer(jsonOut, quiet, stdout)
 	res, err := s.Get(ctx, src.path, dst, getOptions(c, r.update))
 	r.finish()
 	if err != nil {
 		return err
 	}
-	if res.Skipped {
-		if jsonOut {
-			return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
-				Bytes: res.Bytes, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
-				ChunkSize: res.ChunkSize, Digest: res.Digest, Skipped: true})
+	if !quiet {
+		for _, p := range res.Cleaned {
+			fmt.Fprintf(c.App.ErrWriter, "rdmacp: removed %s, left by a run that was killed\n", p)
 		}
-		fmt.Fprintf(stdout, "%s -> %s: already the same (%s), skipped\n", srcArg, res.Dest, res.Digest)
-		return nil
+	}
+	if c.Bool("dry-run") || res.Skipped {
+		return skippedSummary(c, s, srcArg, res, stdout)
+	}
+	if c.Bool("verbose") && !quiet && !jsonOut {
+		fmt.Fprintln(stdout, res.Dest)
 	}
 	secs := res.Elapsed.Seconds()
 	mbps := float64(res.Bytes) / 1e6 / max(secs, 1e-9)
@@ -158,15 +186,41 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
 			Recoveries: recoveriesOf(c).Count()})
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
-		srcArg, res.Dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+	if quiet {
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
+		srcArg, res.Dest, formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+	return nil
+}
+
+// skippedSummary ends a single-file copy that copied nothing: DEST was
+// already the same (-c), unchanged (the quick check), or it was a dry run.
+func skippedSummary(c *cli.Context, s *initiator.Session, srcArg string, res *initiator.Result, stdout io.Writer) error {
+	dry := c.Bool("dry-run")
+	if c.Bool("json") {
+		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
+			Bytes: res.Bytes, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
+			ChunkSize: res.ChunkSize, Digest: res.Digest, Skipped: res.Skipped, Unchanged: res.Unchanged, DryRun: dry})
+	}
+	if c.Bool("quiet") {
+		return nil
+	}
+	switch {
+	case res.Unchanged:
+		fmt.Fprintf(stdout, "%s -> %s: unchanged (same size and mtime), skipped\n", srcArg, res.Dest)
+	case res.Skipped:
+		fmt.Fprintf(stdout, "%s -> %s: already the same (%s), skipped\n", srcArg, res.Dest, res.Digest)
+	default:
+		fmt.Fprintf(stdout, "%s\n%s -> %s: %s to copy (dry run: nothing changed)\n", res.Dest, srcArg, res.Dest, formatSI(res.Bytes))
+	}
 	return nil
 }
 
 // pushOne pushes the local file srcArg to the target's writable export,
 // which READs it from this side's registered windows.
 func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer) error {
-	for _, f := range []string{"recursive", "partial", "checksum", "force"} {
+	for _, f := range []string{"recursive", "partial", "checksum", "force", "delete", "dry-run", "P"} {
 		if c.Bool(f) {
 			if f == "recursive" {
 				return usagef("cp -r copies remote trees only: push files one at a time (LOCAL HOST:EXPORT/PATH)")
@@ -185,7 +239,7 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 		return err
 	}
 	jsonOut := c.Bool("json")
-	s, _, closeSession, err := dialSession(c, to.addr, cfg, jsonOut)
+	s, _, closeSession, err := dialSession(c, to.addr, cfg, jsonOut || c.Bool("quiet"))
 	if err != nil {
 		return err
 	}
@@ -205,8 +259,11 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
 			Recoveries: recoveriesOf(c).Count()})
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.0f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries%s\n",
-		srcArg, dest, formatBytes(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
+	if c.Bool("quiet") {
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries%s\n",
+		srcArg, dest, formatSI(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
 	return nil
 }
 
@@ -216,4 +273,80 @@ func recoveredText(c *cli.Context) string {
 		return fmt.Sprintf(", %d recoveries", n)
 	}
 	return ""
+}
+
+// Filter rules keep the order they were given in across --exclude,
+// --include and --exclude-from, which rsync's first-match rule needs:
+// the three flags append to one list.
+type ruleKind int
+
+const (
+	ruleExclude ruleKind = iota
+	ruleInclude
+	ruleExcludeFrom
+)
+
+type filterRule struct {
+	kind ruleKind
+	arg  string
+}
+
+type filterRules struct{ list []filterRule }
+
+// ruleValue is one of the flags' cli.Generic.
+type ruleValue struct {
+	rules *filterRules
+	kind  ruleKind
+	n     int // the flag's own count, for String
+}
+
+func (v *ruleValue) Set(s string) error {
+	v.rules.list = append(v.rules.list, filterRule{v.kind, s})
+	v.n++
+	return nil
+}
+
+func (v *ruleValue) String() string { return "" }
+
+func filterFlag(name, usage string, rules *filterRules, kind ruleKind) cli.Flag {
+	return &cli.GenericFlag{Name: name, Usage: usage, Value: &ruleValue{rules: rules, kind: kind}}
+}
+
+// cpFilter builds the --exclude, --include and --exclude-from rules, in
+// the order given; nil if there are none.
+func cpFilter(c *cli.Context) (*initiator.Filter, error) {
+	v, ok := c.Generic("exclude").(*ruleValue)
+	if !ok || len(v.rules.list) == 0 {
+		return nil, nil
+	}
+	f := &initiator.Filter{}
+	for _, r := range v.rules.list {
+		var err error
+		switch r.kind {
+		case ruleExclude, ruleInclude:
+			err = f.Add(r.arg, r.kind == ruleInclude)
+		case ruleExcludeFrom:
+			err = addRulesFrom(f, r.arg)
+		}
+		if err != nil {
+			return nil, usageError{err}
+		}
+	}
+	return f, nil
+}
+
+func addRulesFrom(f *initiator.Filter, name string) error {
+	var in io.Reader = os.Stdin
+	if name != "-" {
+		file, err := os.Open(name)
+		if err != nil {
+			return fmt.Errorf("--exclude-from: %w", err)
+		}
+		defer file.Close()
+		in = file
+	}
+	if err := f.AddFrom(in, false); err != nil {
+		return fmt.Errorf("--exclude-from %s: %w", name, err)
+	}
+	return nil
 }

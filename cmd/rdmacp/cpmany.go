@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // partialError reports a copy of many files of which some failed. With
@@ -51,11 +52,25 @@ func checkCpFlags(c *cli.Context) error {
 	if _, err := parseShard(c.String("shard")); err != nil {
 		return usageError{err}
 	}
+	switch {
+	case c.Bool("delete") && c.String("from") != "":
+		return usagef("--delete applies to cp -r SRC DEST, not to --from")
+	case c.Bool("delete") && !c.Bool("recursive"):
+		return usagef("--delete applies to trees: add -r")
+	case c.Bool("delete") && c.String("shard") != "":
+		return usagef("--delete cannot go with --shard: the other shards' files would look gone from the source")
+	case c.Bool("dry-run") && c.String("from") != "":
+		return usagef("--dry-run applies to cp SRC DEST, not yet to --from")
+	}
 	return nil
 }
 
+// partial is --partial, or -P.
+func partial(c *cli.Context) bool { return c.Bool("partial") || c.Bool("P") }
+
 func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.GetOptions {
-	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("checksum"), NoDirect: c.Bool("no-direct")}
+	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
+		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run")}
 }
 
 // fileLine is the --json line for one file of a tree or manifest.
@@ -75,14 +90,23 @@ type fileLine struct {
 
 // manySummary is the --json summary of a tree or manifest.
 type manySummary struct {
-	Type      string  `json:"message_type"`
-	Status    string  `json:"status"` // ok, partial or failed
-	Source    string  `json:"source,omitempty"`
-	Dest      string  `json:"dest,omitempty"`
-	Files     int     `json:"files"`
-	OK        int     `json:"files_ok"`
-	Failed    int     `json:"files_failed"`
-	Skipped   int     `json:"files_skipped"`
+	Type    string `json:"message_type"`
+	Status  string `json:"status"` // ok, partial or failed
+	Source  string `json:"source,omitempty"`
+	Dest    string `json:"dest,omitempty"`
+	Files   int    `json:"files"` // every entry: regular files, directories, symlinks, special files
+	OK      int    `json:"files_ok"`
+	Failed  int    `json:"files_failed"`
+	Skipped int    `json:"files_skipped"`
+	// Of Files, by type, and those found already in place (status
+	// unchanged: the quick check, or a directory or symlink already there).
+	Regular   int `json:"regular_files"`
+	Dirs      int `json:"dirs"`
+	Links     int `json:"symlinks"`
+	Unchanged int `json:"files_unchanged"`
+	// Deleted: entries --delete removed (with --dry-run, would remove).
+	Deleted   int     `json:"deleted"`
+	DryRun    bool    `json:"dry_run,omitempty"`
 	Bytes     int64   `json:"bytes"`
 	BytesRead int64   `json:"bytes_read"`
 	Seconds   float64 `json:"seconds"`
@@ -100,21 +124,75 @@ type tally struct {
 	c         *cli.Context
 	ctx       context.Context
 	jsonOut   bool
+	quiet     bool
+	verbose   bool // list each entry as it lands (-v), or would (-n)
 	out, errw io.Writer
 	start     time.Time
 	sum       manySummary
 	first     error
+	// bar, if set, is the progress line that other output must clear.
+	bar *statusLine
 }
 
 func newTally(c *cli.Context, stdout io.Writer) *tally {
-	return &tally{c: c, ctx: c.Context, jsonOut: c.Bool("json"), out: stdout, errw: c.App.ErrWriter, start: time.Now(), sum: manySummary{Type: "summary"}}
+	return &tally{c: c, ctx: c.Context, jsonOut: c.Bool("json"), quiet: c.Bool("quiet"), verbose: c.Bool("verbose") || c.Bool("dry-run"),
+		out: stdout, errw: c.App.ErrWriter, start: time.Now(), sum: manySummary{Type: "summary", DryRun: c.Bool("dry-run")}}
+}
+
+// say prints a line on w, above the progress line if there is one.
+func (t *tally) say(w io.Writer, format string, a ...any) {
+	if t.bar == nil {
+		fmt.Fprintf(w, format, a...)
+		return
+	}
+	t.bar.above(func() { fmt.Fprintf(w, format, a...) })
+}
+
+// listed is an entry's line for -v and -n, rsync's way: its path, with a
+// '/' for a directory; "deleting PATH" for one --delete removes.
+func listed(fr initiator.FileResult) (string, bool) {
+	p := fr.Path
+	if fr.Type == protocol.FileDir {
+		if p == "." {
+			return "", false
+		}
+		p += "/"
+	}
+	switch fr.Status {
+	case initiator.StatusOK, initiator.StatusWouldCopy:
+		return p, true
+	case initiator.StatusDeleted, initiator.StatusWouldDelete:
+		return "deleting " + p, true
+	}
+	return "", false
 }
 
 func (t *tally) file(fr initiator.FileResult, src, dst string) {
+	if fr.Status == initiator.StatusDeleted || fr.Status == initiator.StatusWouldDelete {
+		t.sum.Deleted++
+	} else {
+		t.count(fr)
+	}
+	t.show(fr, src, dst)
+}
+
+// count adds an entry of the source to the summary.
+func (t *tally) count(fr initiator.FileResult) {
 	t.sum.Files++
 	t.sum.BytesRead += fr.BytesRead
+	switch fr.Type {
+	case protocol.FileRegular:
+		t.sum.Regular++
+	case protocol.FileDir:
+		t.sum.Dirs++
+	case protocol.FileSymlink:
+		t.sum.Links++
+	}
 	switch fr.Status {
-	case initiator.StatusOK, initiator.StatusSame:
+	case initiator.StatusUnchanged:
+		t.sum.OK++
+		t.sum.Unchanged++
+	case initiator.StatusOK, initiator.StatusSame, initiator.StatusWouldCopy:
 		t.sum.OK++
 		t.sum.Bytes += fr.Bytes
 	case initiator.StatusSkipped:
@@ -125,6 +203,10 @@ func (t *tally) file(fr initiator.FileResult, src, dst string) {
 			t.first = fr.Err
 		}
 	}
+}
+
+// show prints an entry's line: --json's, -v's, or an error or warning.
+func (t *tally) show(fr initiator.FileResult, src, dst string) {
 	l := fileLine{Type: "file", Path: fr.Path, Source: src, Dest: dst, FileType: fr.Type.String(), Status: fr.Status,
 		Bytes: fr.Bytes, BytesRead: fr.BytesRead, Digest: fr.Digest}
 	if fr.Err != nil {
@@ -137,9 +219,23 @@ func (t *tally) file(fr initiator.FileResult, src, dst string) {
 	case t.jsonOut:
 		json.NewEncoder(t.out).Encode(l)
 	case fr.Status == initiator.StatusFailed:
-		fmt.Fprintf(t.errw, "rdmacp: %s: %v\n", fr.Path, fr.Err)
+		t.say(t.errw, "rdmacp: %s: %v\n", fr.Path, fr.Err)
 	case fr.Status == initiator.StatusSkipped:
-		fmt.Fprintf(t.errw, "rdmacp: warning: %v\n", fr.Err)
+		t.say(t.errw, "rdmacp: warning: %v\n", fr.Err)
+	case t.verbose && !t.quiet:
+		if s, ok := listed(fr); ok {
+			t.say(t.out, "%s\n", s)
+		}
+	}
+}
+
+// cleaned says which leftovers of killed runs were removed.
+func (t *tally) cleaned(paths []string) {
+	if t.quiet {
+		return
+	}
+	for _, p := range paths {
+		t.say(t.errw, "rdmacp: removed %s, left by a run that was killed\n", p)
 	}
 }
 
@@ -169,32 +265,75 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 	if fatal != nil {
 		return fatal // an error line follows with --json
 	}
-	if t.jsonOut {
+	switch {
+	case t.jsonOut:
 		json.NewEncoder(t.out).Encode(t.sum)
-	} else {
-		fmt.Fprintf(t.out, "%d files: %d ok, %d failed, %d skipped; %s in %.2fs (%.0f MB/s), %s read\n",
-			t.sum.Files, t.sum.OK, t.sum.Failed, t.sum.Skipped, formatBytes(t.sum.Bytes), secs, t.sum.MBps, formatBytes(t.sum.BytesRead))
+	case !t.quiet:
+		fmt.Fprintln(t.out, t.summary(secs))
 	}
 	return err
 }
 
-func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, stdout io.Writer) error {
+// summary is the closing line: what the source had, by type, then what
+// became of it.
+func (t *tally) summary(secs float64) string {
+	s := &t.sum
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, %s, %s: ", plural(s.Regular, "file"), plural(s.Dirs, "dir"), plural(s.Links, "link"))
+	copied := "copied"
+	if s.DryRun {
+		copied = "to copy"
+	}
+	fmt.Fprintf(&b, "%d %s, %d unchanged, %d failed, %d skipped", s.OK-s.Unchanged, copied, s.Unchanged, s.Failed, s.Skipped)
+	if s.Deleted > 0 || t.c.Bool("delete") {
+		deleted := "deleted"
+		if s.DryRun {
+			deleted = "to delete"
+		}
+		fmt.Fprintf(&b, ", %d %s", s.Deleted, deleted)
+	}
+	if s.DryRun {
+		fmt.Fprintf(&b, "; %s to copy (dry run: nothing changed)", formatSI(s.Bytes))
+		return b.String()
+	}
+	fmt.Fprintf(&b, "; %s in %.2fs (%.1f MB/s), %s read", formatSI(s.Bytes), secs, s.MBps, formatSI(s.BytesRead))
+	return b.String()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, filter *initiator.Filter, stdout io.Writer) error {
 	t := newTally(c, stdout)
 	t.sum.Source = srcArg
-	r := newRenderer(t.jsonOut, c.Bool("quiet"), stdout)
-	last := ""
-	progress := func(p initiator.Progress) {
-		if p.Path != last { // a bar per file
-			r.finish()
-			last = p.Path
-		}
-		r.update(p)
+	counts := &initiator.TreeCounts{}
+	var progress func(initiator.Progress)
+	var bar *treeBar
+	switch {
+	case t.jsonOut: // status lines for the files copied on their own
+		progress = newRenderer(true, false, stdout).update
+	case showBar(t.quiet):
+		bar = newTreeBar(counts, c.Bool("progress") || c.Bool("P") || c.Bool("verbose"))
+		t.bar = bar.line
+		progress = bar.progress
 	}
 	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
-		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: c.Bool("partial"), NoDirect: c.Bool("no-direct"),
+		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: partial(c), NoDirect: c.Bool("no-direct"),
+		QuickCheck: !c.Bool("ignore-times"), Filter: filter, Delete: c.Bool("delete"), DryRun: c.Bool("dry-run"), Counts: counts,
 		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
 	})
-	r.finish()
+	if bar != nil {
+		bar.finish()
+		t.bar = nil
+	}
+	t.cleaned(tr.Cleaned)
+	if tr.DeleteHeld {
+		fmt.Fprintf(t.errw, "rdmacp: warning: --delete skipped: %d entries failed, so nothing was deleted\n", tr.Failed)
+	}
 	t.sum.Dest = tr.Dest
 	return t.finish(s, err)
 }
@@ -280,7 +419,9 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		}
 	}
 	if len(jobs) == 0 {
-		fmt.Fprintln(c.App.ErrWriter, "manifest: nothing to copy")
+		if !c.Bool("quiet") {
+			fmt.Fprintln(c.App.ErrWriter, "manifest: nothing to copy")
+		}
 		return nil
 	}
 	cfg, err := initiatorConfig(c)
@@ -289,7 +430,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 	}
 	cfg.Archive = archiveOptions(c)
 	t := newTally(c, stdout)
-	s, _, closeSession, err := dialSession(c, addr, cfg, t.jsonOut)
+	s, _, closeSession, err := dialSession(c, addr, cfg, t.jsonOut || t.quiet)
 	if err != nil {
 		return err
 	}
@@ -306,8 +447,8 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		}
 	}
 	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
-		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: c.Bool("partial"), SkipSame: c.Bool("checksum"),
-		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"),
+		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
+		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"), QuickCheck: !c.Bool("ignore-times"),
 		Progress: func(int) func(initiator.Progress) {
 			done()
 			r = newRenderer(t.jsonOut, c.Bool("quiet"), stdout)

@@ -1,0 +1,113 @@
+package initiator_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/target"
+)
+
+func listTree(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && p != root {
+			rel, _ := filepath.Rel(root, p)
+			out = append(out, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	slices.Sort(out)
+	return out
+}
+
+// The quick check, filters and --delete, whether the target walks the
+// tree or it is listed.
+func TestGetTreeIncremental(t *testing.T) {
+	for _, tp := range treePaths {
+		t.Run(tp.name, func(t *testing.T) { testGetTreeIncremental(t, tp.noWalk) })
+	}
+}
+
+func testGetTreeIncremental(t *testing.T, noWalk bool) {
+	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
+	src := filepath.Join(e.dir, "t")
+	for _, p := range []string{"a", "big", "skip.o", "sub/b", "cache/c", "cache/deep/d"} {
+		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
+		n := 100
+		if p == "big" {
+			n = 3 << 20 // not packed
+		}
+		randomFile(t, filepath.Join(src, p), n)
+	}
+	s := e.dial(t, nil)
+	ctx := context.Background()
+	out := t.TempDir()
+	var f initiator.Filter
+	f.Add("*.o", false)
+	f.Add("cache/", false)
+	opt := initiator.TreeOptions{QuickCheck: true, Filter: &f, Delete: true}
+	if _, err := s.GetTree(ctx, "data/t", out, opt); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(out, "t")
+	want := []string{"a", "big", "sub", "sub/b"}
+	if got := listTree(t, dst); !slices.Equal(got, want) {
+		t.Fatalf("copied %v, want %v", got, want)
+	}
+	// Unchanged: nothing read. Extras go, excluded ones stay.
+	os.WriteFile(filepath.Join(dst, "extra"), nil, 0o644)
+	os.WriteFile(filepath.Join(dst, "sub", "local.o"), nil, 0o644)
+	before := s.BytesRead()
+	tr, err := s.GetTree(ctx, "data/t", out, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.BytesRead() - before; n != 0 || tr.BytesRead != 0 || tr.Unchanged != 5 || tr.Deleted != 1 {
+		t.Fatalf("second run read %d bytes: %+v", n, tr)
+	}
+	if got := listTree(t, dst); !slices.Equal(got, []string{"a", "big", "sub", "sub/b", "sub/local.o"}) {
+		t.Fatalf("after --delete: %v", got)
+	}
+	// A changed small file and a changed large one are read, alone.
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(filepath.Join(src, "a"), old, old)
+	os.Chtimes(filepath.Join(src, "big"), old, old)
+	before = s.BytesRead()
+	if tr, err = s.GetTree(ctx, "data/t", out, opt); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.BytesRead() - before; n < 3<<20+100 || n > 3<<20+100+64<<10 || tr.Unchanged != 3 {
+		t.Fatalf("after two changes: read %d bytes, %+v", n, tr)
+	}
+	if fi, _ := os.Stat(filepath.Join(dst, "a")); !fi.ModTime().Equal(old) {
+		t.Fatalf("a's mtime %v, want %v", fi.ModTime(), old)
+	}
+}
+
+// A failed entry holds --delete back: nothing is deleted.
+func TestGetTreeDeleteHeldOnFailure(t *testing.T) {
+	e := startTarget(t, nil)
+	os.Mkdir(filepath.Join(e.dir, "t"), 0o755)
+	randomFile(t, filepath.Join(e.dir, "t", "a"), 1000)
+	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 1000)
+	out := t.TempDir()
+	os.MkdirAll(filepath.Join(out, "t", "blocker", "x"), 0o755) // the file "blocker" cannot land
+	os.WriteFile(filepath.Join(out, "t", "extra"), nil, 0o644)
+	s := e.dial(t, nil)
+	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{QuickCheck: true, Delete: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Failed != 1 || !tr.DeleteHeld || tr.Deleted != 0 {
+		t.Fatalf("%+v", tr)
+	}
+	if _, err := os.Stat(filepath.Join(out, "t", "extra")); err != nil {
+		t.Fatal("deleted despite a failure")
+	}
+}

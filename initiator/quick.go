@@ -1,0 +1,305 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// Incremental tree copies: the quick check, filters, the dry run and the
+// progress counts, as the tree copy's main loop uses them.
+
+// quick reports whether regular files and symlinks already at the
+// destination are checked before they are copied.
+func (c *treeCopy) quick() bool {
+	return c.opt.QuickCheck && !c.opt.SkipSame && (c.dr == nil || !c.dr.final)
+}
+
+// sameMeta is rsync's quick check: fi, at the destination, is a regular
+// file with e's size and mtime.
+func sameMeta(fi fs.FileInfo, e protocol.Entry) bool {
+	return fi.Mode().IsRegular() && fi.Size() == int64(e.Size) && fi.ModTime().UnixNano() == e.MtimeNs
+}
+
+// sameStat is sameMeta for a stat(2) answer.
+func sameStat(st *unix.Stat_t, e protocol.Entry) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && st.Mtim.Nano() == e.MtimeNs
+}
+
+// lstat is lstat(2) of rel in the destination, through its directory,
+// kept open for the next file in it (main loop only).
+func (c *treeCopy) lstat(rel string) (*unix.Stat_t, error) {
+	dir := path.Dir(rel)
+	f := c.statDirs[dir]
+	if f == nil {
+		if len(c.statDirs) >= dirCacheMax {
+			c.closeStatDirs()
+		}
+		var err error
+		if f, err = c.root.Open(dir); err != nil {
+			return nil, err
+		}
+		c.statDirs[dir] = f
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(f.Fd()), path.Base(rel), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, &fs.PathError{Op: "lstat", Path: rel, Err: err}
+	}
+	return &st, nil
+}
+
+func (c *treeCopy) closeStatDirs() {
+	for _, f := range c.statDirs {
+		f.Close()
+	}
+	clear(c.statDirs)
+}
+
+// sameLink reports whether it, a symlink, is already at the destination
+// with the same target.
+func sameLink(root *os.Root, it item) bool {
+	if root == nil {
+		return false
+	}
+	t, err := root.Readlink(it.rel)
+	return err == nil && t == it.entry.Target
+}
+
+// unchanged reports (and reports to File) a regular file the quick check
+// finds in place. Its mode is set if it differs, as a copy would have.
+func (c *treeCopy) unchanged(it item) bool {
+	if !c.quick() {
+		return false
+	}
+	st, err := c.lstat(it.rel)
+	if err != nil || !sameStat(st, it.entry) {
+		return false
+	}
+	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size)}
+	mask := c.s.cfg.Archive.modeMask()
+	if want := it.entry.Mode & mask; st.Mode&mask != want {
+		if err := c.root.Chmod(it.rel, fileMode(want)); err != nil {
+			fr.Status, fr.Err = StatusFailed, err
+		}
+	}
+	if fr.Err == nil {
+		// -a's owners and xattrs, as rsync fixes them on a file it
+		// leaves; and a file that -H links to.
+		if err := c.meta.inPlace(c.root, it.rel); err != nil {
+			fr.Status, fr.Err = StatusFailed, err
+		}
+	}
+	c.landed(fr.Bytes)
+	c.report(fr)
+	return true
+}
+
+// found counts a regular file the walk found.
+func (c *treeCopy) found(it item) {
+	if n := c.opt.Counts; n != nil {
+		n.Files.Add(1)
+		n.Bytes.Add(int64(it.entry.Size))
+	}
+}
+
+// landed counts a regular file copied or found in place.
+func (c *treeCopy) landed(bytes int64) {
+	if n := c.opt.Counts; n != nil {
+		n.DoneFiles.Add(1)
+		n.DoneBytes.Add(bytes)
+	}
+}
+
+// failed is how many entries have failed so far.
+func (c *treeCopy) failed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tr.Failed
+}
+
+// excluded reports whether Filter leaves it out, or it is in a directory
+// that was left out. Otherwise, with Delete, it notes that the source has
+// it.
+func (c *treeCopy) excluded(it item) bool {
+	if !c.opt.Filter.Empty() && it.err == nil {
+		if c.underExcluded(it.rel) || c.opt.Filter.Excluded(it.rel, it.entry.Type == protocol.FileDir) {
+			if it.entry.Type == protocol.FileDir {
+				c.exDirs[it.rel] = true
+			}
+			return true
+		}
+	}
+	if c.seen != nil {
+		c.seen[it.rel] = true
+	}
+	return false
+}
+
+func (c *treeCopy) underExcluded(rel string) bool {
+	for d := path.Dir(rel); d != "."; d = path.Dir(d) {
+		if c.exDirs[d] {
+			return true
+		}
+	}
+	return false
+}
+
+// keep is Filter for walkTreeKeep.
+func (c *treeCopy) keep(it item) bool {
+	return !c.opt.Filter.Excluded(it.rel, it.entry.Type == protocol.FileDir)
+}
+
+// entries hands emit the tree's entries, in batches, without any file's
+// data: with Walk where the target has it, else listing it directory by
+// directory.
+func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) error) error {
+	if c.s.lister == nil && !c.s.noWalk {
+		err := c.s.walk(ctx, c.src, 0, c.opt.Shard, func(batch []walked) error {
+			items := make([]item, len(batch))
+			for i, w := range batch {
+				items[i] = w.it
+			}
+			return emit(items)
+		})
+		if !errors.Is(err, errNoWalk) {
+			return err
+		}
+		c.s.noWalk = true
+		c.s.cfg.Logger.Info("the target does not walk trees; listing them directory by directory")
+	}
+	var keep func(item) bool
+	if !c.opt.Filter.Empty() {
+		keep = c.keep
+	}
+	return walkTreeKeep(ctx, l, c.src, c.opt.Shard, keep, func(it item) error { return emit([]item{it}) })
+}
+
+// clean removes the leftovers of killed runs from directory rel of the
+// destination.
+func (c *treeCopy) clean(rel string) {
+	gone := cleanIn(c.root, rel, "")
+	if len(gone) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, g := range gone {
+		c.tr.Cleaned = append(c.tr.Cleaned, filepath.Join(c.tr.Dest, filepath.FromSlash(g)))
+	}
+}
+
+// ErrNoDir reports that DEST's directory does not exist.
+var ErrNoDir = errors.New("no such directory")
+
+// destDirExists checks that the directory dst is to be made in exists:
+// like cp and rsync, rdmacp makes DEST, not the directories above it.
+func destDirExists(dst string) error {
+	dir := filepath.Dir(dst)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %s: %w (the directory of %s; make it first)", ErrDest, dir, ErrNoDir, dst)
+	case err != nil:
+		return err
+	case !fi.IsDir():
+		return fmt.Errorf("%w: %s is not a directory (the directory of %s)", ErrDest, dir, dst)
+	}
+	return nil
+}
+
+// dryTree is GetTree with DryRun: it walks the source, compares it with
+// the destination, and reports what a copy would do.
+func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt TreeOptions, tr *TreeResult) (*TreeResult, error) {
+	start := time.Now()
+	var root *os.Root
+	if fi, err := os.Lstat(top); err == nil && fi.IsDir() {
+		if root, err = os.OpenRoot(top); err != nil {
+			return tr, err
+		}
+		defer root.Close()
+	}
+	c := newTreeCopy(s, ctx, src, opt, root, tr)
+	err := c.entries(ctx, l, func(batch []item) error {
+		for _, it := range batch {
+			c.dryEntry(root, it)
+		}
+		return nil
+	})
+	if opt.Counts != nil {
+		opt.Counts.Walked.Store(true)
+	}
+	fr := FileResult{Path: ".", Type: protocol.FileDir, Status: StatusWouldCopy}
+	if root != nil {
+		fr.Status = StatusUnchanged
+	}
+	c.report(fr)
+	if err == nil && opt.Delete && root != nil {
+		if tr.Failed > 0 {
+			tr.DeleteHeld = true
+		} else {
+			var deleted []FileResult
+			deleted, err = c.deleteExtra()
+			for _, fr := range deleted {
+				c.report(fr)
+			}
+		}
+	}
+	tr.Elapsed = time.Since(start)
+	return tr, err
+}
+
+// dryEntry reports what a copy would do with it.
+func (c *treeCopy) dryEntry(root *os.Root, it item) {
+	if c.excluded(it) {
+		return
+	}
+	opt := c.opt
+	fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusWouldCopy}
+	var fi fs.FileInfo
+	if root != nil {
+		fi, _ = root.Lstat(it.rel)
+	}
+	switch t := it.entry.Type; {
+	case it.err != nil || c.underFailed(it.rel):
+		fr.Status, fr.Err = StatusFailed, cmpErr(it.err, fmt.Errorf("%s: its directory could not be read", it.rel))
+		if t == protocol.FileDir {
+			c.failedDirs[it.rel] = true
+		}
+	case t == protocol.FileDir:
+		if fi != nil && fi.IsDir() {
+			fr.Status = StatusUnchanged
+		}
+	case t == protocol.FileRegular:
+		fr.Bytes = int64(it.entry.Size)
+		c.found(it)
+		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry) {
+			fr.Status = StatusUnchanged
+		}
+	case t == protocol.FileSymlink:
+		if sameLink(root, it) {
+			fr.Status = StatusUnchanged
+		}
+	default:
+		fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.rel, t)
+	}
+	c.report(fr)
+}
+
+// cmpErr is the first error that is not nil.
+func cmpErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
