@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -95,8 +96,7 @@ func exitCode(ctx context.Context, err error) int {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	app := newApp()
-	err := app.RunContext(ctx, os.Args)
+	err := runApp(ctx, newApp(), os.Args)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "rdmacp: interrupted")
@@ -105,6 +105,38 @@ func main() {
 	}
 	os.Exit(exitCode(ctx, err))
 }
+
+// runApp puts argv in urfave's shape (normalizeArgs) and runs app. With
+// --json, an error the command did not report itself is a JSON error line
+// on stdout, usage errors found before any command ran included.
+func runApp(ctx context.Context, app *cli.App, argv []string) error {
+	args, err := normalizeArgs(app, argv)
+	if err == nil {
+		err = app.RunContext(ctx, args)
+	}
+	var rep reportedError
+	if err != nil && jsonWanted(argv) && !errors.As(err, &rep) {
+		w := app.Writer
+		if w == nil {
+			w = os.Stdout
+		}
+		msg := err.Error()
+		if ctx.Err() != nil {
+			msg = "interrupted"
+		}
+		json.NewEncoder(w).Encode(errorLine{Type: "error", Error: msg, ExitCode: exitCode(ctx, err)})
+	}
+	return err
+}
+
+// reportedError is an error a command has printed as a JSON line itself.
+type reportedError struct{ error }
+
+func (e reportedError) Unwrap() error { return e.error }
+
+// reportsJSONErrors names the commands whose actions print their own
+// --json error line.
+var reportsJSONErrors = map[string]bool{"cp": true}
 
 func newApp() *cli.App {
 	onUsage := func(c *cli.Context, err error, _ bool) error { return usageError{err} }
@@ -115,13 +147,52 @@ func newApp() *cli.App {
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
 			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.\n" +
 			"Into exports served --writable, rdmacp cp LOCAL HOST:EXPORT/PATH pushes a file, which the target READs.",
-		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand()},
-		HideHelpCommand: true,
-		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits
-		OnUsageError:    onUsage,
+		Commands: []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand(),
+			completionCommand(), manCommand(), helpCommand()},
+		// Our own help command (helpCommand) keeps urfave from adding
+		// --help to the app: add it here.
+		Flags:                  []cli.Flag{cli.HelpFlag},
+		HideHelpCommand:        true,
+		UseShortOptionHandling: true,
+		ExitErrHandler:         func(*cli.Context, error) {}, // main prints and exits
+		OnUsageError:           onUsage,
 	}
 	for _, c := range app.Commands {
 		c.OnUsageError = onUsage
+		c.UseShortOptionHandling = true
+		// No "help" subcommand: an operand named help (or h) is an operand.
+		c.HideHelpCommand = true
+		c.Before = checkFlags
+		if reportsJSONErrors[c.Name] {
+			c.Action = reporting(c.Action)
+		}
 	}
 	return app
+}
+
+// reporting marks the errors of an action that prints its own --json
+// error line.
+func reporting(action cli.ActionFunc) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if err := action(c); err != nil {
+			return reportedError{err}
+		}
+		return nil
+	}
+}
+
+// helpCommand is "rdmacp help [CMD]". normalizeArgs turns it into
+// "CMD --help" before urfave sees it; this is what the app's help lists.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "help",
+		Usage:     "show the help of rdmacp or of a command (as CMD --help)",
+		ArgsUsage: "[COMMAND]",
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return cli.ShowAppHelp(c)
+			}
+			return cli.ShowCommandHelp(c, c.Args().First())
+		},
+	}
 }
