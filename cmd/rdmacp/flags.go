@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
-	
+
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/chunker"

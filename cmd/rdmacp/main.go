@@ -4,10 +4,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -110,16 +112,17 @@ func main() {
 // --json, an error the command did not report itself is a JSON error line
 // on stdout, usage errors found before any command ran included.
 func runApp(ctx context.Context, app *cli.App, argv []string) error {
+	if app.Writer == nil {
+		app.Writer = os.Stdout
+	}
+	w := &errorLines{w: app.Writer}
+	app.Writer = w
 	args, err := normalizeArgs(app, argv)
 	if err == nil {
 		err = app.RunContext(ctx, args)
 	}
-	var rep reportedError
-	if err != nil && jsonWanted(argv) && !errors.As(err, &rep) {
-		w := app.Writer
-		if w == nil {
-			w = os.Stdout
-		}
+	var part *partialError // its summary line says what failed
+	if err != nil && jsonWanted(argv) && !w.seen && !errors.As(err, &part) {
 		msg := err.Error()
 		if ctx.Err() != nil {
 			msg = "interrupted"
@@ -129,14 +132,19 @@ func runApp(ctx context.Context, app *cli.App, argv []string) error {
 	return err
 }
 
-// reportedError is an error a command has printed as a JSON line itself.
-type reportedError struct{ error }
+// errorLines notes whether a command printed its own --json error line
+// (cp does, for the errors its copy met), so that there is one.
+type errorLines struct {
+	w    io.Writer
+	seen bool
+}
 
-func (e reportedError) Unwrap() error { return e.error }
-
-// reportsJSONErrors names the commands whose actions print their own
-// --json error line.
-var reportsJSONErrors = map[string]bool{"cp": true}
+func (e *errorLines) Write(p []byte) (int, error) {
+	if bytes.HasPrefix(p, []byte(`{"message_type":"error"`)) {
+		e.seen = true
+	}
+	return e.w.Write(p)
+}
 
 func newApp() *cli.App {
 	onUsage := func(c *cli.Context, err error, _ bool) error { return usageError{err} }
@@ -163,22 +171,8 @@ func newApp() *cli.App {
 		// No "help" subcommand: an operand named help (or h) is an operand.
 		c.HideHelpCommand = true
 		c.Before = checkFlags
-		if reportsJSONErrors[c.Name] {
-			c.Action = reporting(c.Action)
-		}
 	}
 	return app
-}
-
-// reporting marks the errors of an action that prints its own --json
-// error line.
-func reporting(action cli.ActionFunc) cli.ActionFunc {
-	return func(c *cli.Context) error {
-		if err := action(c); err != nil {
-			return reportedError{err}
-		}
-		return nil
-	}
 }
 
 // helpCommand is "rdmacp help [CMD]". normalizeArgs turns it into
