@@ -107,15 +107,15 @@ func doctorAddr(s string) (string, error) {
 		}
 	}
 	r, ok, err := parseRemote(s)
-	if err != nil && strings.Contains(err.Error(), "no remote users") {
+	if errors.Is(err, errRemoteUser) {
 		return "", err
 	}
 	if err == nil && ok {
 		return r.addr, nil
 	}
 	h := strings.Trim(s, "[]")
-	if at := strings.LastIndex(h, "@"); at >= 0 {
-		return "", fmt.Errorf("%q: drop %q: rdmacp has no remote users; the target's secret decides access", s, h[:at+1])
+	if err := noUser(s, h); err != nil {
+		return "", err
 	}
 	if h == "" || strings.ContainsAny(h, "/ ") {
 		return "", fmt.Errorf("%q: want HOST[:PORT]", s)

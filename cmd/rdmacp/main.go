@@ -152,6 +152,9 @@ func newApp() *cli.App {
 		Name:    "rdmacp",
 		Usage:   "copy files and block devices with one-sided RDMA READs",
 		Version: version,
+		UsageText: "rdmacp COMMAND [FLAGS] OPERANDS...   (rdmacp help COMMAND)\n\n" +
+			"Flags may come before, between or after the operands, short ones bundled (-rq), values\n" +
+			"as --qps 2, --qps=2, -n 20 or -n20; -- ends the flags. Usage errors exit 2.",
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
 			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.\n" +
 			"Into exports served --writable, rdmacp cp LOCAL HOST:EXPORT/PATH pushes a file, which the target READs.",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -34,8 +35,8 @@ func parseRemote(s string) (remote, bool, error) {
 	if err != nil || !ok {
 		return remote{}, ok, err
 	}
-	if at := strings.LastIndex(host, "@"); at >= 0 {
-		return remote{}, false, fmt.Errorf("%q: drop %q: rdmacp has no remote users; the target's secret decides access", s, host[:at+1])
+	if err := noUser(s, host); err != nil {
+		return remote{}, false, err
 	}
 	if host == "" {
 		return remote{}, false, fmt.Errorf("%q: empty host: want HOST[:PORT]:EXPORT/PATH", s)
@@ -56,6 +57,17 @@ func parseRemote(s string) (remote, bool, error) {
 		port, rest = n, tail
 	}
 	return remote{addr: net.JoinHostPort(host, strconv.Itoa(port)), path: strings.Trim(rest, "/")}, true, nil
+}
+
+// errRemoteUser: an address named a user, which rdmacp has no use for.
+var errRemoteUser = errors.New("rdmacp has no remote users; the target's secret decides access")
+
+// noUser refuses "USER@" in host (rule 3); s is the whole operand.
+func noUser(s, host string) error {
+	if at := strings.LastIndex(host, "@"); at >= 0 {
+		return fmt.Errorf("%q: drop %q: %w", s, host[:at+1], errRemoteUser)
+	}
+	return nil
 }
 
 // splitHost splits "HOST:REST" or "[V6]:REST" (rules 1 and 2).
