@@ -220,7 +220,7 @@ rm -f "$dst"
 bench() { # qps depth
   local c0
   c0=$(pcpu $spid)
-  "$bin" bench --transport iwarp-soft --json -D "$secs" -q "$1" --depth "$2" -s 1MiB 127.0.0.1:$port:data/file >"$dir/bench.json" 2>/dev/null
+  "$bin" bench --transport iwarp-soft --json -D "$secs" --qps "$1" --depth "$2" -s 1MiB 127.0.0.1:$port:data/file >"$dir/bench.json" 2>/dev/null
   local ct
   ct=$(awk -v a="$c0" -v b="$(pcpu $spid)" 'BEGIN { printf "%.3f", b - a }')
   local k=bench.q$1.d$2
@@ -233,7 +233,7 @@ bench() { # qps depth
 bench_crc() { # the same READ test with MPA CRC asked for by the initiator
   local c0 ct
   c0=$(pcpu $spid)
-  "$bin" bench --transport iwarp-soft --mpa-crc on --json -D "$secs" -q 4 --depth 4 -s 1MiB 127.0.0.1:$port:data/file >"$dir/crc.json" 2>/dev/null
+  "$bin" bench --transport iwarp-soft --mpa-crc on --json -D "$secs" --qps 4 --depth 4 -s 1MiB 127.0.0.1:$port:data/file >"$dir/crc.json" 2>/dev/null
   ct=$(awk -v a="$c0" -v b="$(pcpu $spid)" 'BEGIN { printf "%.3f", b - a }')
   rec crcon.avg "$(jget avg_mb_per_s "$dir/crc.json")"
   rec crcon.min "$(jget min_mb_per_s "$dir/crc.json")"

@@ -23,7 +23,7 @@ for p in $p1 $p2; do
 done
 sleep 1
 bench() { # port qps -> MB/s
-  "$dir/rdmacp" bench --transport iwarp-soft --json -D "$secs" -q "$2" --depth 4 -s 1MiB 127.0.0.1:$1:data/file 2>/dev/null |
+  "$dir/rdmacp" bench --transport iwarp-soft --json -D "$secs" --qps "$2" --depth 4 -s 1MiB 127.0.0.1:$1:data/file 2>/dev/null |
     sed -n 's/.*"avg_mb_per_s":\([0-9.]*\).*/\1/p'
 }
 one=() two=()

@@ -12,7 +12,7 @@ func TestBenchCommand(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "f"), 2<<20)
 	s := serve(t, dir, nil)
 
-	out, errs, code := run(t, "bench", "-n", "20", "-s", "64K", "-q", "2", "--depth", "2", s.addr+":data/f")
+	out, errs, code := run(t, "bench", "-n", "20", "-s", "64K", "--qps", "2", "--depth", "2", s.addr+":data/f")
 	if code != 0 {
 		t.Fatalf("bench: exit %d: %s", code, errs)
 	}

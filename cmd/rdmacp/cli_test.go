@@ -339,7 +339,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
-	out, errs, code := run(t, "demo", "--size", "5MiB", "--quiet")
+	out, errs, code := run(t, "demo", "--size", "5MiB")
 	if code != 0 || !strings.Contains(out, "identical") {
 		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errs)
 	}

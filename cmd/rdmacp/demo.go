@@ -24,7 +24,7 @@ func demoCommand() *cli.Command {
 			&cli.StringFlag{Name: "size", Value: "256MiB", Usage: "size of the generated file"},
 			&cli.StringFlag{Name: "dir", Usage: "work directory (default: a new temporary one, removed after)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON lines on stdout"},
-			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
+			quietFlag(),
 		}, initiatorFlags()...), transportFlags()...),
 		Action: runDemo,
 	}
@@ -33,6 +33,9 @@ func demoCommand() *cli.Command {
 func runDemo(c *cli.Context) error {
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
+	if c.NArg() != 0 {
+		return usagef("demo takes no arguments, got %d (%q)", c.NArg(), c.Args().First())
+	}
 	size, err := parseSize(c.String("size"))
 	if err != nil {
 		return usagef("--size: %v", err)
@@ -69,7 +72,7 @@ func runDemo(c *cli.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
 	jsonOut := c.Bool("json")
-	if !jsonOut {
+	if !jsonOut && !quiet(c) {
 		fmt.Fprintf(c.App.ErrWriter, "target: serving demo=%s on %s over %s\n", exp, ln.Addr(), why)
 	}
 	remote := ln.Addr() + ":demo/demo.bin"
@@ -89,7 +92,7 @@ func runDemo(c *cli.Context) error {
 	if a != b {
 		return fmt.Errorf("%w: sha256 of the copy %s differs from the source's %s", initiator.ErrVerify, b, a)
 	}
-	if !jsonOut {
+	if !jsonOut && !quiet(c) {
 		fmt.Fprintf(c.App.Writer, "sha256 %s  source\nsha256 %s  copy: identical\n", a, b)
 	}
 	return nil

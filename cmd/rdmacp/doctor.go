@@ -36,6 +36,7 @@ func doctorCommand() *cli.Command {
 			"given a HOST, TCP reachability of the target and a real session hello. Exits 1 if a check failed.",
 		Flags: append([]cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per check, then a summary"},
+			quietFlag(),
 			&cli.IntFlag{Name: "qps", Value: 4, Usage: "data queue pairs cp will use (for the pinned-memory estimate)"},
 			&cli.IntFlag{Name: "depth", Value: 4, Usage: "READs in flight per queue pair (for the estimate)"},
 			&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per READ (for the estimate)"},
@@ -78,6 +79,7 @@ type doctorSummary struct {
 type doctor struct {
 	out    io.Writer
 	json   bool
+	quiet  bool // -q: only the warnings and failures
 	counts map[string]int
 }
 
@@ -85,6 +87,9 @@ func (d *doctor) report(name, status, detail, hint string) {
 	d.counts[status]++
 	if d.json {
 		json.NewEncoder(d.out).Encode(check{Type: "check", Name: name, Status: status, Detail: detail, Hint: hint})
+		return
+	}
+	if d.quiet && status != checkWarn && status != checkFail {
 		return
 	}
 	line := fmt.Sprintf("%-4s  %-24s %s", status, name, detail)
@@ -101,10 +106,17 @@ func doctorAddr(s string) (string, error) {
 			return s, nil
 		}
 	}
-	if r, ok, err := parseRemote(s); err == nil && ok {
+	r, ok, err := parseRemote(s)
+	if errors.Is(err, errRemoteUser) {
+		return "", err
+	}
+	if err == nil && ok {
 		return r.addr, nil
 	}
 	h := strings.Trim(s, "[]")
+	if err := noUser(s, h); err != nil {
+		return "", err
+	}
 	if h == "" || strings.ContainsAny(h, "/ ") {
 		return "", fmt.Errorf("%q: want HOST[:PORT]", s)
 	}
@@ -146,7 +158,7 @@ func runDoctor(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	d := &doctor{out: c.App.Writer, json: c.Bool("json"), counts: map[string]int{}}
+	d := &doctor{out: c.App.Writer, json: c.Bool("json"), quiet: quiet(c), counts: map[string]int{}}
 
 	// Transports and their devices.
 	for _, p := range registry().Providers() {
@@ -197,7 +209,7 @@ func runDoctor(c *cli.Context) error {
 
 	if d.json {
 		json.NewEncoder(d.out).Encode(doctorSummary{Type: "summary", OK: d.counts[checkOK], Warn: d.counts[checkWarn], Fail: d.counts[checkFail], Skip: d.counts[checkSkip]})
-	} else {
+	} else if !d.quiet {
 		fmt.Fprintf(d.out, "%d ok, %d warn, %d fail, %d skip\n", d.counts[checkOK], d.counts[checkWarn], d.counts[checkFail], d.counts[checkSkip])
 	}
 	if n := d.counts[checkFail]; n > 0 {

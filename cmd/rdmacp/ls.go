@@ -16,10 +16,14 @@ func lsCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "ls",
 		Usage:     "list a target's exports, or a directory of one",
-		ArgsUsage: "HOST[:PORT]:[EXPORT[/DIR]]",
+		ArgsUsage: "HOST[:PORT][:EXPORT[/DIR]]",
+		Description: "HOST or HOST: lists the target's exports; HOST:PORT (only digits after the colon) lists\n" +
+			"them on that port; HOST:EXPORT/DIR lists a directory. An export named like a port is\n" +
+			"HOST:7362/ or HOST:PORT:7362.",
 		Flags: append([]cli.Flag{
 			&cli.BoolFlag{Name: "long", Aliases: []string{"l"}, Usage: "mode, size and mtime too"},
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per entry"},
+			quietFlag(),
 			secretFlag(),
 		}, append(timeoutFlags(), transportFlags()...)...),
 		Action: runLs,
@@ -38,14 +42,11 @@ type entryLine struct {
 
 func runLs(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return usagef("ls wants one HOST:[EXPORT[/DIR]] argument")
+		return usagef("ls wants one HOST[:PORT][:EXPORT[/DIR]] argument, got %d", c.NArg())
 	}
-	r, ok, err := parseRemote(c.Args().First())
+	r, err := parseListTarget(c.Args().First())
 	if err != nil {
 		return usageError{err}
-	}
-	if !ok {
-		return usagef("%q is not a remote path: want HOST[:PORT]:[EXPORT[/DIR]]", c.Args().First())
 	}
 	secret, err := readSecret(c)
 	if err != nil {
@@ -55,7 +56,7 @@ func runLs(c *cli.Context) error {
 	if err := timeoutConfig(c, &cfg); err != nil {
 		return err
 	}
-	s, _, closeSession, err := dialSession(c, r.addr, cfg, c.Bool("json"))
+	s, _, closeSession, err := dialSession(c, r.addr, cfg, c.Bool("json") || quiet(c))
 	if err != nil {
 		return err
 	}

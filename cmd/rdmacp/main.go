@@ -4,9 +4,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -95,8 +98,7 @@ func exitCode(ctx context.Context, err error) int {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	app := newApp()
-	err := app.RunContext(ctx, os.Args)
+	err := runApp(ctx, newApp(), os.Args)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "rdmacp: interrupted")
@@ -106,22 +108,88 @@ func main() {
 	os.Exit(exitCode(ctx, err))
 }
 
+// runApp puts argv in urfave's shape (normalizeArgs) and runs app. With
+// --json, an error the command did not report itself is a JSON error line
+// on stdout, usage errors found before any command ran included.
+func runApp(ctx context.Context, app *cli.App, argv []string) error {
+	if app.Writer == nil {
+		app.Writer = os.Stdout
+	}
+	w := &errorLines{w: app.Writer}
+	app.Writer = w
+	args, err := normalizeArgs(app, argv)
+	if err == nil {
+		err = app.RunContext(ctx, args)
+	}
+	var part *partialError // its summary line says what failed
+	if err != nil && jsonWanted(argv) && !w.seen && !errors.As(err, &part) {
+		msg := err.Error()
+		if ctx.Err() != nil {
+			msg = "interrupted"
+		}
+		json.NewEncoder(w).Encode(errorLine{Type: "error", Error: msg, ExitCode: exitCode(ctx, err)})
+	}
+	return err
+}
+
+// errorLines notes whether a command printed its own --json error line
+// (cp does, for the errors its copy met), so that there is one.
+type errorLines struct {
+	w    io.Writer
+	seen bool
+}
+
+func (e *errorLines) Write(p []byte) (int, error) {
+	if bytes.HasPrefix(p, []byte(`{"message_type":"error"`)) {
+		e.seen = true
+	}
+	return e.w.Write(p)
+}
+
 func newApp() *cli.App {
 	onUsage := func(c *cli.Context, err error, _ bool) error { return usageError{err} }
 	app := &cli.App{
 		Name:    "rdmacp",
 		Usage:   "copy files and block devices with one-sided RDMA READs",
 		Version: version,
+		UsageText: "rdmacp COMMAND [FLAGS] OPERANDS...   (rdmacp help COMMAND)\n\n" +
+			"Flags may come before, between or after the operands, short ones bundled (-rq), values\n" +
+			"as --qps 2, --qps=2, -n 20 or -n20; -- ends the flags. Usage errors exit 2.",
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
 			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.\n" +
 			"Into exports served --writable, rdmacp cp LOCAL HOST:EXPORT/PATH pushes a file, which the target READs.",
-		Commands:        []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand()},
-		HideHelpCommand: true,
-		ExitErrHandler:  func(*cli.Context, error) {}, // main prints and exits
-		OnUsageError:    onUsage,
+		Commands: []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand(),
+			completionCommand(), manCommand(), helpCommand()},
+		// Our own help command (helpCommand) keeps urfave from adding
+		// --help to the app: add it here.
+		Flags:                  []cli.Flag{cli.HelpFlag},
+		HideHelpCommand:        true,
+		UseShortOptionHandling: true,
+		ExitErrHandler:         func(*cli.Context, error) {}, // main prints and exits
+		OnUsageError:           onUsage,
 	}
 	for _, c := range app.Commands {
 		c.OnUsageError = onUsage
+		c.UseShortOptionHandling = true
+		// No "help" subcommand: an operand named help (or h) is an operand.
+		c.HideHelpCommand = true
+		c.Before = checkFlags
 	}
 	return app
+}
+
+// helpCommand is "rdmacp help [CMD]". normalizeArgs turns it into
+// "CMD --help" before urfave sees it; this is what the app's help lists.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "help",
+		Usage:     "show the help of rdmacp or of a command (as CMD --help)",
+		ArgsUsage: "[COMMAND]",
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return cli.ShowAppHelp(c)
+			}
+			return cli.ShowCommandHelp(c, c.Args().First())
+		},
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -15,37 +16,106 @@ type remote struct {
 	path string // EXPORT/PATH, possibly empty
 }
 
-// parseRemote reads HOST[:PORT]:PATH, with [v6] hosts in brackets. It
-// reports ok=false for a local path (no colon before the first slash).
+// parseRemote reads an operand as scp does, with rdmacp's port. The rules,
+// in order (TestParseRemoteRules has one case for each):
+//
+//  1. No colon, or a slash before the first colon: a local path (ok=false).
+//     "./a:b" and "dir/a:b" are local.
+//  2. "[V6]" opens with a bracketed host, which must be followed by ":".
+//  3. "USER@HOST:..." is refused: rdmacp has no remote users (the
+//     target's secret decides access).
+//  4. After HOST:, "DIGITS:REST" makes DIGITS the port and REST the path;
+//     a bare "DIGITS" (nothing after) is the port too, with no path:
+//     "host:7362" lists host's exports on port 7362. An export literally
+//     named 7362 is "host:7362/" or "host:PORT:7362".
+//  5. Otherwise the port is target.DefaultPort and the rest is the path,
+//     its leading and trailing slashes trimmed.
 func parseRemote(s string) (remote, bool, error) {
-	var host, rest string
+	host, rest, ok, err := splitHost(s)
+	if err != nil || !ok {
+		return remote{}, ok, err
+	}
+	if err := noUser(s, host); err != nil {
+		return remote{}, false, err
+	}
+	if host == "" {
+		return remote{}, false, fmt.Errorf("%q: empty host: want HOST[:PORT]:EXPORT/PATH", s)
+	}
+	port := target.DefaultPort
+	p, tail, hasPort := strings.Cut(rest, ":")
+	if hasPort && strings.Contains(p, "/") {
+		hasPort = false // a colon inside the path: "host:data/a:b"
+	}
+	if !hasPort && allDigits(rest) {
+		p, tail, hasPort = rest, "", true
+	}
+	if hasPort {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return remote{}, false, fmt.Errorf("%q: bad port %q: want 1..65535", s, p)
+		}
+		port, rest = n, tail
+	}
+	return remote{addr: net.JoinHostPort(host, strconv.Itoa(port)), path: strings.Trim(rest, "/")}, true, nil
+}
+
+// errRemoteUser: an address named a user, which rdmacp has no use for.
+var errRemoteUser = errors.New("rdmacp has no remote users; the target's secret decides access")
+
+// noUser refuses "USER@" in host (rule 3); s is the whole operand.
+func noUser(s, host string) error {
+	if at := strings.LastIndex(host, "@"); at >= 0 {
+		return fmt.Errorf("%q: drop %q: %w", s, host[:at+1], errRemoteUser)
+	}
+	return nil
+}
+
+// splitHost splits "HOST:REST" or "[V6]:REST" (rules 1 and 2).
+func splitHost(s string) (host, rest string, ok bool, err error) {
+	// A user part may come before a bracketed host: root@[::1]:x.
+	user := ""
+	if at := strings.Index(s, "@["); at >= 0 && !strings.ContainsAny(s[:at], "/:") {
+		user, s = s[:at+1], s[at+1:]
+	}
 	if strings.HasPrefix(s, "[") {
 		end := strings.Index(s, "]")
 		if end < 0 {
-			return remote{}, false, fmt.Errorf("%q: missing ]", s)
+			return "", "", false, fmt.Errorf("%q: missing ]", user+s)
 		}
-		host, rest = s[1:end], s[end+1:]
-		if !strings.HasPrefix(rest, ":") {
-			return remote{}, false, fmt.Errorf("%q: want [HOST]:EXPORT/PATH", s)
+		if !strings.HasPrefix(s[end+1:], ":") {
+			return "", "", false, fmt.Errorf("%q: want [HOST]:EXPORT/PATH", user+s)
 		}
-		rest = rest[1:]
-	} else {
-		i := strings.Index(s, ":")
-		if i < 0 || (strings.Contains(s[:i], "/")) {
-			return remote{}, false, nil
-		}
-		host, rest = s[:i], s[i+1:]
+		return user + s[1:end], s[end+2:], true, nil
 	}
-	if host == "" {
-		return remote{}, false, fmt.Errorf("%q: empty host", s)
+	i := strings.Index(s, ":")
+	if i < 0 || strings.Contains(s[:i], "/") {
+		return "", "", false, nil
 	}
-	port := target.DefaultPort
-	if i := strings.Index(rest, ":"); i >= 0 && !strings.Contains(rest[:i], "/") {
-		p, err := strconv.Atoi(rest[:i])
-		if err != nil || p < 1 || p > 65535 {
-			return remote{}, false, fmt.Errorf("%q: bad port %q", s, rest[:i])
+	return s[:i], s[i+1:], true, nil
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
 		}
-		port, rest = p, rest[i+1:]
 	}
-	return remote{addr: net.JoinHostPort(host, strconv.Itoa(port)), path: strings.Trim(rest, "/")}, true, nil
+	return true
+}
+
+// parseListTarget reads ls's operand: a remote path, or a bare HOST
+// (or [V6]) whose exports are listed.
+func parseListTarget(s string) (remote, error) {
+	bare := !strings.Contains(s, ":") && s != "" && !strings.ContainsAny(s, "/ ")
+	if bare || strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		s += ":"
+	}
+	r, ok, err := parseRemote(s)
+	if err == nil && !ok {
+		err = fmt.Errorf("%q is not a remote path: want HOST, HOST:PORT or HOST[:PORT]:[EXPORT[/DIR]]", s)
+	}
+	return r, err
 }

@@ -47,6 +47,7 @@ func serveCommand() *cli.Command {
 			&cli.DurationFlag{Name: "hello-timeout", Value: 5 * time.Second, Usage: "a connection that has not authenticated this long after it was accepted is dropped"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log warnings and errors only (--log-level warn)"},
 		}, transportFlags()...),
 		Action: runServe,
 	}
@@ -185,6 +186,9 @@ func exportsOf(c *cli.Context, file serveFile) ([]target.Export, error) {
 }
 
 func runServe(c *cli.Context) error {
+	if c.NArg() != 0 {
+		return usagef("serve takes no arguments, got %q: exports are --export NAME=PATH", c.Args().First())
+	}
 	file, err := readServeFile(c)
 	if err != nil {
 		return err
@@ -242,7 +246,11 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(c.String("log-format"), c.String("log-level"))
+	level := c.String("log-level")
+	if quiet(c) && !c.IsSet("log-level") {
+		level = "warn"
+	}
+	log, err := newLogger(c.String("log-format"), level)
 	if err != nil {
 		return err
 	}

@@ -118,14 +118,14 @@ func secretFlag() cli.Flag {
 }
 
 // dialSession opens the transport the flags ask for, says which (and
-// why) on stderr unless quiet, and opens a session to addr over it.
-// close ends both.
-func dialSession(c *cli.Context, addr string, cfg initiator.Config, quiet bool) (s *initiator.Session, why string, close func(), err error) {
+// why) on stderr unless silent or -q, and opens a session to addr over
+// it. close ends both.
+func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool) (s *initiator.Session, why string, close func(), err error) {
 	dev, why, err := openTransport(c.Context, c)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	if !quiet {
+	if !silent && !quiet(c) {
 		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
 	}
 	cfg.Device = dev

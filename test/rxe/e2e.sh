@@ -298,7 +298,7 @@ if [ "$PERF" = 1 ]; then
 		for i in $(seq "$RUNS"); do
 			v=$(ibbw "$q") && echo "$v" >>"$W/ib.$q" || echo "e2e: note: ib_read_bw -q $q run $i gave no result"
 			cpbw "$W/cpr.$q" --qps "$q"
-			benchbw "$W/bn.$q" -q "$q"
+			benchbw "$W/bn.$q" --qps "$q"
 			echo "e2e: perf run $i -q $q: ib_read_bw $(tail -1 "$W/ib.$q") MiB/s, rdmacp bench $(tail -1 "$W/bn.$q") MB/s, rdmacp cp $(tail -1 "$W/cpr.$q") MB/s"
 		done
 		IB[$q]=$(median <"$W/ib.$q")

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The habits of cp, rsync, scp and perftest users, against the built
+// binary: flags anywhere, bundles, --, help CMD, usage errors, -q, and
+// the address forms.
+
+// runIn runs rdmacp in dir, within a bound.
+func runIn(t *testing.T, dir string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := rdmacp(args...)
+	cmd.Dir = dir
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("%v: still running after 30s", args)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return out.String(), errb.String(), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), 0
+}
+
+// hrun is run with a bound: a regression that connects where it should
+// not fails instead of waiting on the connect timeout case after case.
+func hrun(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	return runIn(t, "", args...)
+}
+
+func tree(t *testing.T) string {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "tree", "sub"), 0o755)
+	writeFile(t, filepath.Join(dir, "tree", "a"), 1000)
+	writeFile(t, filepath.Join(dir, "tree", "sub", "b"), 70000)
+	writeFile(t, filepath.Join(dir, "f"), 5000)
+	return dir
+}
+
+func TestFlagsAnywhere(t *testing.T) {
+	s := serve(t, tree(t), nil)
+	out := t.TempDir()
+	for i, args := range [][]string{
+		{"cp", s.addr + ":data/tree", filepath.Join(out, "t1"), "-r"},                       // after the operands
+		{"cp", s.addr + ":data/tree", "--qps", "2", filepath.Join(out, "t2"), "-r"},         // between and after
+		{"cp", "-rq", s.addr + ":data/tree", filepath.Join(out, "t3")},                      // a bundle
+		{"cp", s.addr + ":data/tree", filepath.Join(out, "t4"), "-qr", "--depth=2"},         // a bundle after
+		{"-r", "cp", s.addr + ":data/tree", filepath.Join(out, "t5"), "--read-size", "64K"}, // before the command
+	} {
+		_, errs, code := hrun(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		if _, err := os.Stat(filepath.Join(out, fmt.Sprintf("t%d", i+1), "sub", "b")); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	// -- ends the flags: "-q" is the destination's name.
+	_, errs, code := runIn(t, out, "cp", s.addr+":data/f", "--", "-q")
+	if fi, err := os.Stat(filepath.Join(out, "-q")); code != 0 || err != nil || fi.Size() != 5000 {
+		t.Errorf("cp SRC -- -q: exit %d, %v: %s", code, err, errs)
+	}
+	// ls and bench take flags after their operand too.
+	if o, errs, code := hrun(t, "ls", s.addr+":data", "-l"); code != 0 || !strings.Contains(o, "-rw-r--r--") {
+		t.Errorf("ls DIR -l: exit %d, %q %s", code, o, errs)
+	}
+	if o, errs, code := hrun(t, "bench", s.addr+":data/f", "-n", "5", "-s", "4K", "--qps", "1"); code != 0 || !strings.Contains(o, " 4096 ") {
+		t.Errorf("bench FILE -n 5: exit %d, %q %s", code, o, errs)
+	}
+}
+
+func TestHelpCommand(t *testing.T) {
+	for _, args := range [][]string{{"help", "cp"}, {"cp", "--help"}, {"cp", "-h"}, {"help", "cp", "extra"}} {
+		out, errs, code := hrun(t, args...)
+		if len(args) == 3 {
+			if code != exitUsage {
+				t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+			}
+			continue
+		}
+		if code != 0 || !strings.Contains(out, "rdmacp cp") || !strings.Contains(out, "--recursive") || errs != "" {
+			t.Errorf("%v: exit %d, %q, stderr %q", args, code, out, errs)
+		}
+	}
+	if out, _, code := hrun(t, "help"); code != 0 || !strings.Contains(out, "COMMANDS") {
+		t.Errorf("help: exit %d, %q", code, out)
+	}
+}
+
+// unroutable is TEST-NET-1: a connection attempt there hangs until the
+// connect timeout, so a fast exit means none was made.
+const unroutable = "192.0.2.1"
+
+func TestUsageErrorsExit2(t *testing.T) {
+	src := unroutable + ":data/f"
+	dst := filepath.Join(t.TempDir(), "x")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"cpp", src, dst}, `unknown command "cpp": did you mean "cp"?`},
+		{"unknown flag", []string{"cp", "--recursiv", src, dst}, "did you mean --recursive?"},
+		{"unknown short flag", []string{"cp", "-rz", src, dst}, "unknown flag -z"},
+		{"qps 0", []string{"cp", "--qps", "0", src, dst}, "--qps 0: want 1 to 64"},
+		{"qps 1000", []string{"cp", src, dst, "--qps", "1000"}, "--qps 1000: want 1 to 64"},
+		{"depth 0", []string{"cp", "--depth", "0", src, dst}, "--depth 0: want 1 to 1024"},
+		{"chunk-size 3", []string{"cp", "--chunk-size", "3", src, dst}, "--chunk-size 3: want a multiple of 4KiB"},
+		{"read-size 1", []string{"cp", "--read-size", "1", src, dst}, "--read-size 1: want 4KiB to 256MiB"},
+		{"retries -1", []string{"cp", "--retries", "-1", src, dst}, "--retries -1: want 0 to 1000"},
+		{"timeout 0", []string{"cp", "--timeout", "0", src, dst}, "--timeout"},
+		{"not a number", []string{"cp", "--qps", "four", src, dst}, `--qps "four": want a whole number`},
+		{"missing value", []string{"cp", src, dst, "--qps"}, "--qps needs a value"},
+		{"one operand", []string{"cp", src}, "got 1"},
+		{"three operands", []string{"cp", src, dst, dst}, "got 3"},
+		{"user@host", []string{"cp", "root@" + src, dst}, `drop "root@": rdmacp has no remote users; the target's secret decides access`},
+		{"old --checksum ALG", []string{"cp", "--checksum", "blake3", src, dst}, "--digest blake3"},
+		{"ls operands", []string{"ls", unroutable, unroutable}, "got 2"},
+		{"ls user@host", []string{"ls", "me@" + unroutable}, `drop "me@"`},
+		{"bench -q N", []string{"bench", "-q", "4", src}, "perftest's -q 4 is --qps 4"},
+		{"bench -n 0", []string{"bench", "-n", "0", src}, "-n 0: want at least 1"},
+		{"bench -a -s", []string{"bench", "-a", "-s", "4K", src}, "not both"},
+		{"bench -s 0", []string{"bench", "-s", "0", src}, "--size/-s 0"},
+		{"serve idle 0", []string{"serve", "--idle-timeout", "0", "-e", "x=" + t.TempDir()}, "--idle-timeout 0s"},
+		{"serve sessions 0", []string{"serve", "--max-sessions", "0", "-e", "x=" + t.TempDir()}, "--max-sessions 0"},
+		{"serve operand", []string{"serve", "x=/tmp"}, "serve takes no arguments"},
+		{"demo operand", []string{"demo", "extra"}, "demo takes no arguments"},
+		{"completion shell", []string{"completion", "tcsh"}, `"tcsh": want bash, zsh or fish`},
+	} {
+		start := time.Now()
+		out, errs, code := hrun(t, tc.args...)
+		lines := strings.Split(strings.TrimRight(errs, "\n"), "\n")
+		if code != exitUsage || len(lines) != 1 || !strings.HasPrefix(lines[0], "rdmacp: ") || !strings.Contains(errs, tc.want) || out != "" {
+			t.Errorf("%s: exit %d (want %d), stdout %q, stderr %q (want one line with %q)", tc.name, code, exitUsage, out, errs, tc.want)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("%s: took %v: a connection was tried", tc.name, d)
+		}
+		// With --json, the same error is a JSON line on stdout.
+		if tc.args[0] != "cp" && tc.args[0] != "bench" && tc.args[0] != "ls" {
+			continue
+		}
+		out, _, code = hrun(t, append([]string{tc.args[0], "--json"}, tc.args[1:]...)...)
+		var e errorLine
+		if err := json.Unmarshal([]byte(out), &e); err != nil || code != exitUsage || e.Type != "error" || e.ExitCode != exitUsage || !strings.Contains(e.Error, tc.want) {
+			t.Errorf("%s --json: exit %d, stdout %q (%v)", tc.name, code, out, err)
+		}
+	}
+}
+
+func TestQuiet(t *testing.T) {
+	s := serve(t, tree(t), nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	if _, errs, code := hrun(t, "cp", s.addr+":data/f", dst, "-q"); code != 0 || strings.Contains(errs, "transport:") {
+		t.Errorf("cp -q: exit %d, stderr %q", code, errs)
+	}
+	if out, errs, code := hrun(t, "ls", "-q", s.addr+":data"); code != 0 || errs != "" || out != "f\ntree/\n" {
+		t.Errorf("ls -q: exit %d, stdout %q (the listing is the result), stderr %q", code, out, errs)
+	}
+	out, errs, code := hrun(t, "bench", "-q", "-n", "3", "-s", "4K", s.addr+":data/f")
+	if code != 0 || errs != "" || strings.Contains(out, "transport") || !strings.Contains(out, "#bytes") {
+		t.Errorf("bench -q: exit %d, stdout %q (the table only), stderr %q", code, out, errs)
+	}
+	if out, errs, code := hrun(t, "demo", "-q", "--size", "1MiB"); code != 0 || errs != "" || strings.Contains(out, "sha256") {
+		t.Errorf("demo -q: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	// Without -q, the same commands say what they do.
+	if _, errs, _ := hrun(t, "ls", s.addr+":data"); !strings.Contains(errs, "transport:") {
+		t.Errorf("ls without -q: stderr %q lacks the transport line", errs)
+	}
+}
+
+func TestLsAddressForms(t *testing.T) {
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "inside"), 0o755)
+	s := serve(t, t.TempDir(), nil, "--export", "7362="+dir)
+	_, port, _ := strings.Cut(s.addr, ":")
+	// HOST:PORT: only digits after the colon is the port: the exports there.
+	if out, errs, code := hrun(t, "ls", s.addr); code != 0 || out != "data/\n7362/\n" {
+		t.Errorf("ls HOST:PORT: exit %d, %q %s", code, out, errs)
+	}
+	// An export named like a port: HOST:PORT:7362.
+	if out, errs, code := hrun(t, "ls", "127.0.0.1:"+port+":7362"); code != 0 || out != "inside/\n" {
+		t.Errorf("ls HOST:PORT:7362: exit %d, %q %s", code, out, errs)
+	}
+	// A bare HOST is the host on the default port, not a local path.
+	_, errs, code := hrun(t, "ls", "127.0.0.2", "--contimeout", "2s")
+	if code == exitUsage || strings.Contains(errs, "not a remote path") || !strings.Contains(errs, "127.0.0.2:7362") {
+		t.Errorf("ls HOST: exit %d, %q", code, errs)
+	}
+}
+
+func TestBenchPerftestSpellings(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 8<<20)
+	s := serve(t, dir, nil)
+	out, errs, code := hrun(t, "bench", "-a", "-D", "0.02", "--report_gbits", "-o", "2", "--qps", "1", s.addr+":data/f")
+	if code != 0 {
+		t.Fatalf("bench -a: exit %d: %s", code, errs)
+	}
+	for _, h := range []string{"#bytes", "#iterations", "BW peak[Gb/sec]", "BW average[Gb/sec]", "MsgRate[Mpps]", "2 READs in flight"} {
+		if !strings.Contains(out, h) {
+			t.Errorf("bench -a lacks %q:\n%s", h, out)
+		}
+	}
+	var sizes []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) >= 5 && f[0] != "#bytes" && f[0][0] >= '0' && f[0][0] <= '9' {
+			sizes = append(sizes, f[0])
+		}
+	}
+	var want []string
+	for n := 2; n <= 8<<20; n *= 2 {
+		want = append(want, fmt.Sprint(n))
+	}
+	if strings.Join(sizes, " ") != strings.Join(want, " ") {
+		t.Errorf("bench -a rows: %v, want %v", sizes, want)
+	}
+	// JSON: one summary per size.
+	out, errs, code = hrun(t, "bench", "-a", "-D", "0.01", "--json", s.addr+":data/f")
+	if n := strings.Count(out, `"message_type":"summary"`); code != 0 || n != len(want) {
+		t.Errorf("bench -a --json: exit %d, %d summaries (want %d): %s", code, n, len(want), errs)
+	}
+	// perftest's default: 1000 iterations per QP without -n or -D.
+	out, errs, code = hrun(t, "bench", "-s", "4K", "--qps", "2", s.addr+":data/f")
+	if code != 0 || !strings.Contains(out, " 2000 ") {
+		t.Errorf("bench without -n: exit %d, want 2000 READs:\n%s%s", code, out, errs)
+	}
+}
+
+func TestCompletionAndMan(t *testing.T) {
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		out, errs, code := hrun(t, "completion", sh)
+		if code != 0 || !strings.Contains(out, "recursive") || !strings.Contains(out, "qps") || !strings.Contains(out, "bench") {
+			t.Errorf("completion %s: exit %d, %d bytes: %s", sh, code, len(out), errs)
+		}
+	}
+	out, errs, code := hrun(t, "man")
+	if code != 0 || !strings.Contains(out, ".TH rdmacp 1") || !strings.Contains(out, "recursive") || !strings.Contains(out, "report-gbits") {
+		t.Errorf("man: exit %d, %d bytes: %s", code, len(out), errs)
+	}
+	if _, err := exec.LookPath("bash"); err == nil {
+		script, _, _ := hrun(t, "completion", "bash")
+		check := exec.Command("bash", "-n")
+		check.Stdin = strings.NewReader(script)
+		if b, err := check.CombinedOutput(); err != nil {
+			t.Errorf("bash -n: %v: %s", err, b)
+		}
+	}
+}
