@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 
@@ -228,11 +229,23 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 			return usagef("--%s applies to pulls only, not to a push (LOCAL HOST:EXPORT/PATH)", f)
 		}
 	}
+	for _, f := range []string{"archive", "perms", "owner", "group", "numeric-ids", "hard-links", "xattrs", "acls"} {
+		if c.Bool(f) {
+			return usagef("--%s applies to pulls only: a push keeps the mode and mtime, as a plain cp does", f)
+		}
+	}
 	if to.path == "" {
 		return usagef("%q names no export: want HOST[:PORT]:EXPORT/PATH", dstArg)
 	}
-	if fi, err := os.Stat(srcArg); err == nil && fi.IsDir() {
+	// The source is checked before anything connects.
+	fi, err := os.Stat(srcArg)
+	switch {
+	case err != nil:
+		return err // an fs.PathError: exit 8, a local file
+	case fi.IsDir():
 		return usagef("%s is a directory: push copies single files (cp -r copies remote trees only)", srcArg)
+	case !fi.Mode().IsRegular():
+		return &fs.PathError{Op: "push", Path: srcArg, Err: errors.New("not a regular file: push copies regular files only")}
 	}
 	cfg, err := initiatorConfig(c)
 	if err != nil {

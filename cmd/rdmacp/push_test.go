@@ -176,3 +176,34 @@ func TestInterruptedPushLeavesNothing(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A push's local source is checked before anything connects: the
+// address here routes nowhere, so a dial would be seen as a delay (and
+// exit 3), and -a's parts that a push can't keep are usage errors.
+func TestPushSourceCheckedFirst(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "f")
+	os.WriteFile(file, []byte("x"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{filepath.Join(dir, "missing")}, 8, "no such file"},
+		{[]string{fifo}, 8, "not a regular file"},
+		{[]string{dir}, 2, "is a directory"},
+		{[]string{"-a", file}, 2, "--archive applies to pulls only"},
+		{[]string{"-o", file}, 2, "--owner applies to pulls only"},
+	} {
+		start := time.Now()
+		args := append(append([]string{"cp", "--contimeout", "3s"}, tc.args...), "192.0.2.1:data/x")
+		_, errs, code := run(t, args...)
+		if code != tc.code || !strings.Contains(errs, tc.says) || time.Since(start) > 2*time.Second {
+			t.Errorf("%v: exit %d after %v: %q; want exit %d, at once, saying %q", tc.args, code, time.Since(start).Round(time.Millisecond), errs, tc.code, tc.says)
+		}
+	}
+}
