@@ -142,7 +142,7 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 			n := int64(len(f.data))
 			res.Status, res.Bytes, res.BytesRead = StatusOK, n, n
 			res.Digest = chunker.FormatDigest(s.cfg.Algorithm, f.digest)
-			put = append(put, placed{job: len(results) - 1, dir: d, tmp: name, name: filepath.Base(dst)})
+			put = append(put, placed{job: len(results) - 1, dir: d, tmp: name, name: filepath.Base(dst), entry: f.entry})
 		}
 		return nil
 	})
@@ -153,6 +153,9 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 		return 0, false, err
 	}
 	for _, p := range dirs.place(put) {
+		if p.err == nil {
+			p.err = s.packedMeta(p)
+		}
 		if p.err != nil {
 			res := &results[p.job]
 			res.Status, res.Bytes, res.Digest = StatusFailed, 0, ""
@@ -170,7 +173,16 @@ type placed struct {
 	job       int
 	dir       *os.File
 	tmp, name string
+	entry     protocol.Entry
 	err       error
+}
+
+// packedMeta gives a packed file, in place, what -a's parts keep.
+func (s *Session) packedMeta(p placed) error {
+	if a := s.cfg.Archive; !a.Perms && !a.needsMeta() {
+		return nil
+	}
+	return s.setMeta(p.dir, p.name, p.entry)
 }
 
 // destDirs are the directories a run of packed files lands in, each

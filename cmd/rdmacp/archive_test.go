@@ -235,3 +235,30 @@ func TestCpACLs(t *testing.T) {
 		t.Errorf("an ACL without -A: %v", err)
 	}
 }
+
+// A manifest's lines keep what -a keeps, packed (many small files in
+// one round trip) or copied one by one.
+func TestCpManifestArchive(t *testing.T) {
+	dir, _ := archiveTree(t)
+	s := serve(t, dir, nil)
+	out := t.TempDir()
+	for _, pack := range []string{"", "--no-pack"} {
+		dst := filepath.Join(out, "pack"+pack)
+		os.Mkdir(dst, 0o755)
+		manifest := filepath.Join(out, "m"+pack)
+		os.WriteFile(manifest, []byte(s.addr+":data/tree/suid "+dst+"/suid\n"+s.addr+":data/tree/owned "+dst+"/owned\n"), 0o600)
+		args := []string{"cp", "-a", "-q", "--from", manifest}
+		if pack != "" {
+			args = append(args, pack)
+		}
+		if _, errs, code := run(t, args...); code != 0 {
+			t.Fatalf("cp -a --from %s: exit %d: %s", pack, code, errs)
+		}
+		if st := lstat(t, filepath.Join(dst, "suid")); st.Mode&0o7777 != 0o4755 {
+			t.Errorf("%s: suid has mode %#o, want 04755", pack, st.Mode&0o7777)
+		}
+		if st := lstat(t, filepath.Join(dst, "owned")); st.Uid != 12345 || st.Gid != 12346 {
+			t.Errorf("%s: owned is %d:%d, want 12345:12346", pack, st.Uid, st.Gid)
+		}
+	}
+}
