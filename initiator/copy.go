@@ -116,6 +116,9 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		}
 	}
 	if r, ok, err := s.quickSkip(ctx, src, dst, opt); ok || err != nil {
+		if ok && err == nil && !opt.DryRun {
+			err = s.keepInPlace(dst, r.entry)
+		}
 		return r, err
 	}
 	if opt.DryRun {
@@ -198,6 +201,23 @@ func (s *Session) quickSkip(ctx context.Context, src, dst string, opt GetOptions
 		return nil, false, nil
 	}
 	return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Skipped: true, Unchanged: true, entry: e}, true, nil
+}
+
+// keepInPlace gives a file the quick check left what a copy would have:
+// its mode, and -a's owner and xattrs, as rsync fixes them on a file it
+// leaves.
+func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dst, &st); err != nil {
+		return &fs.PathError{Op: "lstat", Path: dst, Err: err}
+	}
+	mask := s.cfg.Archive.modeMask()
+	if want := e.Mode & mask; st.Mode&mask != want {
+		if err := os.Chmod(dst, fileMode(want)); err != nil {
+			return err
+		}
+	}
+	return s.fileMeta(dst, e)
 }
 
 // errSame is pull's way of saying the destination already holds the file.

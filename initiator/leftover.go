@@ -21,16 +21,23 @@ import (
 //
 //	.NAME.rdmacp-PID-HOST-RAND.part
 //
-// PID is the process that writes it, HOST a hash of its host's name (a
-// destination shared over NFS is written from several hosts, whose pids
-// mean nothing here) and RAND keeps two names of one run apart.
+// PID is the process that writes it, HOST a hash of where that pid means
+// something: the host's name, its boot and its pid namespace (a
+// destination shared over NFS is written from several hosts, and one
+// volume from several containers, whose pids mean nothing here), and RAND
+// keeps two names of one run apart.
 var tempRE = regexp.MustCompile(`^\.(.+)\.rdmacp-([0-9]+)-([0-9a-f]{8})-([0-9a-f]{8})\.part$`)
 
 // hostTag is this host's part of temporary names.
 var hostTag = sync.OnceValue(func() string {
 	h := fnv.New32a()
 	name, _ := os.Hostname()
-	h.Write([]byte(name))
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	pidns, _ := os.Readlink("/proc/self/ns/pid")
+	for _, part := range []string{name, string(boot), pidns} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
 	return fmt.Sprintf("%08x", h.Sum32())
 })
 

@@ -160,6 +160,10 @@ func (a Archive) keepXattr(name string) bool {
 	switch {
 	case name == "system.posix_acl_access" || name == "system.posix_acl_default":
 		return a.ACLs
+	case name == "security.capability":
+		// File capabilities grant privilege as setuid does: kept only
+		// when -p keeps setuid too.
+		return a.Xattrs && a.Perms && os.Geteuid() == 0
 	case strings.HasPrefix(name, "user."):
 		return a.Xattrs
 	case strings.HasPrefix(name, "trusted."), strings.HasPrefix(name, "security."):
@@ -179,7 +183,9 @@ func (s *Session) setMeta(dir *os.File, name string, e protocol.Entry) error {
 	a := s.cfg.Archive
 	fd := int(dir.Fd())
 	full := path.Join(dir.Name(), name)
-	if s.hasMeta(e) {
+	// A Meta with no links is the target's zero: it could not stat the
+	// file (a race with a delete). Its ids are not root's.
+	if s.hasMeta(e) && e.Meta.Nlink > 0 {
 		if uid, gid := s.ids(e.Meta); uid >= 0 || gid >= 0 {
 			if err := unix.Fchownat(fd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 				if !(errors.Is(err, unix.EPERM) && uid < 0) { // a group this user is not in: as rsync, not an error
@@ -240,6 +246,7 @@ func dirOf(root *os.Root, rel string) (*os.File, string, error) {
 // is set once they are in place, and the hard links to make.
 type treeMeta struct {
 	s       *Session
+	mu      sync.Mutex                // the packer reports files found the same (inPlace) too
 	entries map[string]protocol.Entry // by rel: files and symlinks
 	first   map[[2]uint64]string      // the rel copied of each linked inode
 	links   []hardLink
@@ -258,6 +265,8 @@ func newTreeMeta(s *Session) *treeMeta {
 // inPlace sets the metadata of a file the quick check left in place, at
 // once (it is not waiting to be renamed), and lets links point at it.
 func (m *treeMeta) inPlace(root *os.Root, rel string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if e, has := m.entries[rel]; has {
 		if err := m.set(root, rel, e); err != nil {
 			return err
@@ -273,6 +282,8 @@ func (m *treeMeta) inPlace(root *os.Root, rel string) error {
 // whether it is a hard link to a file copied already: that one is not
 // copied but linked, by links.
 func (m *treeMeta) take(it item) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	a := m.s.cfg.Archive
 	e := it.entry
 	if e.Type != protocol.FileRegular && e.Type != protocol.FileSymlink {
@@ -296,6 +307,8 @@ func (m *treeMeta) take(it item) bool {
 // waiting that did not fail), then makes the hard links to those that
 // landed. It returns the links' results.
 func (m *treeMeta) placed(root *os.Root, waiting []pending) []FileResult {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if len(m.entries) == 0 && len(m.links) == 0 {
 		return nil // nothing beyond what landing set
 	}

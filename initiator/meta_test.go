@@ -66,6 +66,9 @@ func TestKeepXattr(t *testing.T) {
 		{acl, "system.posix_acl_access", true},
 		{acl, "system.posix_acl_default", true},
 		{acl, "user.mime_type", false},
+		// File capabilities grant privilege as setuid does: only with -p.
+		{x, "security.capability", false},
+		{Archive{Xattrs: true, Perms: true}, "security.capability", root},
 	} {
 		if got := c.a.keepXattr(c.name); got != c.want {
 			t.Errorf("%+v keeps %s: %v, want %v", c.a, c.name, got, c.want)
@@ -83,7 +86,7 @@ func TestIDsByName(t *testing.T) {
 	}
 	want, _ := strconv.Atoi(nobody.Uid)
 	s := &Session{cfg: Config{Archive: Archive{Owner: true, Group: true}, Logger: slog.New(slog.DiscardHandler)}}
-	m := &protocol.Meta{UID: 4242, GID: 4343, User: "nobody", Group: "no-such-group-here"}
+	m := &protocol.Meta{Nlink: 1, UID: 4242, GID: 4343, User: "nobody", Group: "no-such-group-here"}
 	if uid, gid := s.ids(m); uid != want || gid != 4343 {
 		t.Errorf("by name: uid %d gid %d, want %d (nobody's) and 4343 (an unknown name goes by number)", uid, gid, want)
 	}
@@ -119,11 +122,11 @@ func TestTreeMeta(t *testing.T) {
 	os.Mkdir(outside, 0o755)
 	mt := time.Date(2001, 2, 3, 4, 5, 6, 7, time.UTC).UnixNano()
 	tree := metaLister{
-		top: protocol.Entry{Type: protocol.FileDir, Mode: 0o2775, MtimeNs: mt, Meta: &protocol.Meta{UID: 12345, GID: 12346}},
+		top: protocol.Entry{Type: protocol.FileDir, Mode: 0o2775, MtimeNs: mt, Meta: &protocol.Meta{Nlink: 1, UID: 12345, GID: 12346}},
 		fakeLister: fakeLister{"x/d": {
 			{Type: protocol.FileSymlink, Name: "esc", Target: outside, MtimeNs: mt,
-				Meta: &protocol.Meta{UID: 12345, GID: 12346, Xattrs: []protocol.Xattr{{Name: "user.k", Value: []byte("v")}}}},
-			{Type: protocol.FileDir, Name: "tmp", Mode: 0o1777, MtimeNs: mt, Meta: &protocol.Meta{UID: 12347,
+				Meta: &protocol.Meta{Nlink: 1, UID: 12345, GID: 12346, Xattrs: []protocol.Xattr{{Name: "user.k", Value: []byte("v")}}}},
+			{Type: protocol.FileDir, Name: "tmp", Mode: 0o1777, MtimeNs: mt, Meta: &protocol.Meta{Nlink: 1, UID: 12347,
 				Xattrs: []protocol.Xattr{{Name: "user.k", Value: []byte("dir")}, {Name: "trusted.t", Value: []byte("t")}}}},
 		}},
 	}
@@ -249,5 +252,31 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 	syscall.Stat(filepath.Join(dir, "old"), &old)
 	if a.Ino != b.Ino || a.Ino != old.Ino || a.Nlink != 3 {
 		t.Errorf("inodes %d %d %d, nlink %d", a.Ino, b.Ino, old.Ino, a.Nlink)
+	}
+}
+
+// A zero Meta (the target could not stat the entry) sets no owner: its
+// ids are not root's.
+func TestZeroMetaSetsNoOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	os.WriteFile(p, nil, 0o644)
+	os.Chown(p, 12345, 12346)
+	s := &Session{cfg: Config{Archive: Archive{Owner: true, Group: true, NumericIDs: true}, Logger: slog.New(slog.DiscardHandler)}}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := s.setMeta(d, "f", protocol.Entry{Type: protocol.FileRegular, Mode: 0o644, Meta: &protocol.Meta{}}); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	unix.Lstat(p, &st)
+	if st.Uid != 12345 || st.Gid != 12346 {
+		t.Errorf("a zero Meta chowned the file to %d:%d", st.Uid, st.Gid)
 	}
 }

@@ -294,6 +294,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	start := time.Now()
 	top := DestPath(src, dst)
 	tr := &TreeResult{Dest: top}
+	if opt.Delete && opt.Shard.N > 1 {
+		// The other shards' files are not seen, so they would look gone.
+		return tr, fmt.Errorf("%w: Delete with a Shard would remove the other shards' files", ErrDest)
+	}
 	var l lister = s
 	if s.lister != nil {
 		l = s.lister
@@ -378,7 +382,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
-			c.report(*p.res)
+			c.same(p, it.rel)
 			continue
 		}
 		c.wait(p)
@@ -443,10 +447,12 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		}
 	}
 	done := c.meta.placed(root, waiting) // the hard links' results
-	failed := c.failed()
 	for _, p := range waiting {
 		done = append(done, *p.res)
-		if p.res.Status == StatusFailed {
+	}
+	failed := c.failed()
+	for _, fr := range done {
+		if fr.Status == StatusFailed {
 			failed++
 		}
 	}
@@ -534,6 +540,16 @@ func newTreeCopy(s *Session, ctx context.Context, src string, opt TreeOptions, r
 		c.seen = map[string]bool{}
 	}
 	return c
+}
+
+// same reports a file -c found already the same at its destination,
+// which gets -a's metadata there and may be -H's link target.
+func (c *treeCopy) same(p pending, rel string) {
+	fr := *p.res
+	if err := c.meta.inPlace(c.root, rel); err != nil {
+		fr.Status, fr.Err = StatusFailed, err
+	}
+	c.report(fr)
 }
 
 func (c *treeCopy) wait(p pending) {
@@ -771,7 +787,7 @@ func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 		}
 		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
-			c.report(*p.res)
+			c.same(p, it.rel)
 			return nil
 		}
 		c.wait(p)

@@ -200,10 +200,17 @@ func (ss *session) listMeta(x *export, rel string, ents []protocol.Entry) {
 	}
 	dirfd := -1
 	if x.root != nil {
-		if d, err := x.root.Open(rel); err == nil {
-			defer d.Close()
-			dirfd = int(d.Fd())
+		d, err := x.root.Open(rel)
+		if err != nil {
+			// A zero Meta for each (the initiator sets nothing from it),
+			// rather than the directory's own.
+			for i := range ents {
+				ss.withMeta(&ents[i], func() *protocol.Meta { return nil })
+			}
+			return
 		}
+		defer d.Close()
+		dirfd = int(d.Fd())
 	}
 	for i := range ents {
 		e := &ents[i]

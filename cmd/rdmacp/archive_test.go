@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,5 +261,49 @@ func TestCpManifestArchive(t *testing.T) {
 		if st := lstat(t, filepath.Join(dst, "owned")); st.Uid != 12345 || st.Gid != 12346 {
 			t.Errorf("%s: owned is %d:%d, want 12345:12346", pack, st.Uid, st.Gid)
 		}
+	}
+}
+
+// -a implies -r for --delete too, and a -c rerun of a -H tree keeps its
+// links: a file found the same is a link target as a copied one is.
+func TestCpArchiveRerun(t *testing.T) {
+	dir, _ := archiveTree(t)
+	s := serve(t, dir, nil)
+	base := t.TempDir()
+	if _, errs, code := run(t, "cp", "-a", "-H", "-q", s.addr+":data/tree", base); code != 0 {
+		t.Fatalf("cp -a -H: exit %d: %s", code, errs)
+	}
+	extra := filepath.Join(base, "tree", "extra")
+	os.WriteFile(extra, []byte("gone from the source"), 0o644)
+	if _, errs, code := run(t, "cp", "-a", "-H", "-c", "--delete", "-q", s.addr+":data/tree", base); code != 0 {
+		t.Fatalf("cp -a -H -c --delete: exit %d: %s", code, errs)
+	}
+	if _, err := os.Lstat(extra); err == nil {
+		t.Error("cp -a --delete left a file the source does not have")
+	}
+	if a, b := lstat(t, filepath.Join(base, "tree", "a")), lstat(t, filepath.Join(base, "tree", "tmp", "b")); a.Ino != b.Ino {
+		t.Error("after cp -a -H -c: a and tmp/b are no longer one file")
+	}
+}
+
+// A single file the quick check leaves (same size and mtime) still gets
+// its mode and owner back, as rsync fixes them.
+func TestCpQuickCheckFixesSingleFile(t *testing.T) {
+	dir, _ := archiveTree(t)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "owned")
+	for i := 0; i < 2; i++ {
+		out, errs, code := run(t, "cp", "-a", "--json", s.addr+":data/tree/owned", dst)
+		if code != 0 {
+			t.Fatalf("run %d: exit %d: %s", i, code, errs)
+		}
+		if i == 1 && !strings.Contains(out, `"unchanged":true`) {
+			t.Errorf("the second run copied the file again: %s", out)
+		}
+		if st := lstat(t, dst); st.Uid != 12345 || st.Gid != 12346 || st.Mode&0o7777 != 0o600 {
+			t.Errorf("run %d: %d:%d mode %#o, want 12345:12346 0600", i, st.Uid, st.Gid, st.Mode&0o7777)
+		}
+		os.Chown(dst, 0, 0)
+		os.Chmod(dst, 0o644)
 	}
 }

@@ -29,6 +29,9 @@ func normalizeArgs(app *cli.App, argv []string) ([]string, error) {
 	// no command follows; the command's otherwise.
 	i := 0
 	for i < len(rest) && strings.HasPrefix(rest[i], "-") && rest[i] != "-" && rest[i] != "--" {
+		if valueNext(app, rest[i]) {
+			i++ // "--qps 2 cp": 2 is --qps's, not the command
+		}
 		i++
 	}
 	if i == len(rest) || rest[i] == "--" {
@@ -116,6 +119,22 @@ func indexFlags(cmd *cli.Command) flagIndex {
 		}
 	}
 	return ix
+}
+
+// valueNext reports whether word, a flag given before the command name,
+// takes the next word as its value: a long flag, or a one-letter one
+// alone, without "=", that takes a value in any command.
+func valueNext(app *cli.App, word string) bool {
+	name := strings.TrimLeft(word, "-")
+	if strings.Contains(name, "=") || (!strings.HasPrefix(word, "--") && len(name) > 1) {
+		return false
+	}
+	for _, cmd := range app.Commands {
+		if f, ok := indexFlags(cmd)[name]; ok && takesValue(f) {
+			return true
+		}
+	}
+	return false
 }
 
 func takesValue(f cli.Flag) bool {

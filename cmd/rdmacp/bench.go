@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -76,8 +77,8 @@ type benchLine struct {
 // parseDuration takes seconds, as perftest's -D, or a Go duration.
 func parseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil {
-		if f <= 0 {
-			return 0, fmt.Errorf("%q: want a positive duration", s)
+		if !(f > 0 && f < float64(math.MaxInt64)/float64(time.Second)) { // NaN and Inf too
+			return 0, fmt.Errorf("%q: want a positive duration, under 292 years", s)
 		}
 		return time.Duration(f * float64(time.Second)), nil
 	}

@@ -55,7 +55,7 @@ func checkCpFlags(c *cli.Context) error {
 	switch {
 	case c.Bool("delete") && c.String("from") != "":
 		return usagef("--delete applies to cp -r SRC DEST, not to --from")
-	case c.Bool("delete") && !c.Bool("recursive"):
+	case c.Bool("delete") && !recursive(c):
 		return usagef("--delete applies to trees: add -r")
 	case c.Bool("delete") && c.String("shard") != "":
 		return usagef("--delete cannot go with --shard: the other shards' files would look gone from the source")

@@ -70,6 +70,7 @@ func TestFlagsAnywhere(t *testing.T) {
 		{"cp", "-rq", s.addr + ":data/tree", filepath.Join(out, "t3")},                      // a bundle
 		{"cp", s.addr + ":data/tree", filepath.Join(out, "t4"), "-qr", "--depth=2"},         // a bundle after
 		{"-r", "cp", s.addr + ":data/tree", filepath.Join(out, "t5"), "--read-size", "64K"}, // before the command
+		{"--qps", "2", "cp", "-r", s.addr + ":data/tree", filepath.Join(out, "t6")},         // with its value, before
 	} {
 		_, errs, code := hrun(t, args...)
 		if code != 0 {
@@ -133,6 +134,8 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"read-size 1", []string{"cp", "--read-size", "1", src, dst}, "--read-size 1: want 4KiB to 256MiB"},
 		{"retries -1", []string{"cp", "--retries", "-1", src, dst}, "--retries -1: want 0 to 1000"},
 		{"timeout 0", []string{"cp", "--timeout", "0", src, dst}, "--timeout"},
+		{"timeout inf", []string{"cp", "--timeout", "inf", src, dst}, `--timeout "inf": want a positive duration`},
+		{"timeout 1e10", []string{"cp", "--timeout", "1e10", src, dst}, `--timeout "1e10": want a positive duration`},
 		{"not a number", []string{"cp", "--qps", "four", src, dst}, `--qps "four": want a whole number`},
 		{"missing value", []string{"cp", src, dst, "--qps"}, "--qps needs a value"},
 		{"one operand", []string{"cp", src}, "got 1"},
