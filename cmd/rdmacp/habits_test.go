@@ -275,3 +275,20 @@ func TestCompletionAndMan(t *testing.T) {
 		}
 	}
 }
+
+// rsync's -avn, bundled: -a (a tree), -v (list each path), -n (touch
+// nothing), after the operands too.
+func TestBundledArchiveDryRun(t *testing.T) {
+	s := serve(t, tree(t), nil)
+	dst := filepath.Join(t.TempDir(), "t")
+	o, errs, code := hrun(t, "cp", s.addr+":data/tree", dst, "-avn")
+	if code != 0 {
+		t.Fatalf("cp SRC DEST -avn: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(o, "sub/b") || !strings.Contains(o, "a\n") {
+		t.Errorf("-avn did not list the tree's files: %q", o)
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		t.Error("-avn made the destination")
+	}
+}
