@@ -151,7 +151,7 @@ func newApp() *cli.App {
 	app := &cli.App{
 		Name:    "rdmacp",
 		Usage:   "copy files and block devices with one-sided RDMA READs",
-		Version: version,
+		Version: buildVersion(),
 		UsageText: "rdmacp COMMAND [FLAGS] OPERANDS...   (rdmacp help COMMAND)\n\n" +
 			"Flags may come before, between or after the operands, short ones bundled (-rq), values\n" +
 			"as --qps 2, --qps=2, -n 20 or -n20; -- ends the flags. Usage errors exit 2.",
