@@ -3,10 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -352,11 +352,18 @@ func TestCpMissingDestDir(t *testing.T) {
 }
 
 // tempFor is the temporary name a run with pid would give to base.
-func tempFor(base string, pid int) string {
-	h := fnv.New32a()
-	host, _ := os.Hostname()
-	h.Write([]byte(host))
-	return fmt.Sprintf(".%s.rdmacp-%d-%08x-0badf00d.part", base, pid, h.Sum32())
+func tempFor(base string, pid int, host string) string {
+	return fmt.Sprintf(".%s.rdmacp-%d-%s-0badf00d.part", base, pid, host)
+}
+
+// hostOf is the HOST part of a temporary name rdmacp made here (a hash
+// of the host, its boot and its pid namespace).
+func hostOf(t *testing.T, name string) string {
+	m := regexp.MustCompile(`\.rdmacp-[0-9]+-([0-9a-f]{8})-[0-9a-f]{8}\.part$`).FindStringSubmatch(name)
+	if m == nil {
+		t.Fatalf("%s is not a temporary name of rdmacp's", name)
+	}
+	return m[1]
 }
 
 // A copy SIGKILLed halfway leaves its temporary file; the next run into
@@ -382,13 +389,14 @@ func TestCpCleansKilledRunsLeftovers(t *testing.T) {
 	if len(left) != 1 {
 		t.Fatalf("the killed run left %v", left)
 	}
+	host := hostOf(t, left[0])
 	// A live run's file, for big and for another name.
 	live := exec.Command("sleep", "60")
 	if err := live.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer live.Process.Kill()
-	liveTemps := []string{filepath.Join(dir, tempFor("big", live.Process.Pid)), filepath.Join(dir, tempFor("other", live.Process.Pid))}
+	liveTemps := []string{filepath.Join(dir, tempFor("big", live.Process.Pid, host)), filepath.Join(dir, tempFor("other", live.Process.Pid, host))}
 	for _, p := range liveTemps {
 		os.WriteFile(p, []byte("live"), 0o600)
 	}
@@ -414,9 +422,9 @@ func TestCpCleansKilledRunsLeftovers(t *testing.T) {
 	cpJSON(t, "-r", s.addr+":data/tree", tdst)
 	dead := exec.Command("true")
 	dead.Run()
-	stale := filepath.Join(tdst, "tree", "d001", tempFor("f001", dead.Process.Pid))
+	stale := filepath.Join(tdst, "tree", "d001", tempFor("f001", dead.Process.Pid, host))
 	os.WriteFile(stale, []byte("stale"), 0o600)
-	liveTree := filepath.Join(tdst, "tree", "d001", tempFor("f000", live.Process.Pid))
+	liveTree := filepath.Join(tdst, "tree", "d001", tempFor("f000", live.Process.Pid, host))
 	os.WriteFile(liveTree, []byte("live"), 0o600)
 	_, errs, code = run(t, "cp", "-r", "--delete", s.addr+":data/tree", tdst)
 	if code != 0 || !strings.Contains(errs, "removed "+stale) {
