@@ -363,7 +363,7 @@ func (s *Session) hello(ctx context.Context) error {
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeAuthFailed {
-			return fmt.Errorf("%w: the target refused identity %q with our secret (%s)", ErrAuth, s.identityName(), pe.Message)
+			return fmt.Errorf("%w: the target refused our secret for identity %q (%s)", ErrAuth, s.identityName(), pe.Message)
 		}
 		return err
 	}
