@@ -1,6 +1,7 @@
 package target_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
 )
 
 const (
@@ -240,5 +242,103 @@ func TestParseKeysErrors(t *testing.T) {
 		if !errors.As(err, &ke) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.text, err, tc.want)
 		}
+	}
+}
+
+// newPeerAuthed is newPeer authenticating as identity id with key.
+func newPeerAuthed(t *testing.T, addr, id, key string) *peer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dev := device(t)
+	pd, _ := dev.AllocPD()
+	ch, err := protocol.NewChannel(dev, pd, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pq, _ := dev.PrepareDial(ctx, pd, addr, ch.QPConfig())
+	ch.PostRecvs(pq)
+	priv, _ := protocol.MarshalPrivate(protocol.ControlData())
+	qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: priv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Attach(qp)
+	cn := protocol.NewNonce()
+	m, err := ch.Call(ctx, &protocol.Hello{MinVersion: 1, MaxVersion: 1, ClientNonce: cn, Client: "rdmacp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.(*protocol.Challenge)
+	if !protocol.HasFeature(c.Server, protocol.FeatureIdentity) {
+		t.Fatalf("Challenge.Server %q does not announce identities", c.Server)
+	}
+	m, err = ch.Call(ctx, &protocol.AuthAs{MAC: protocol.ClientMACAs([]byte(key), id, c.ServerNonce, cn), Identity: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok := m.(*protocol.AuthOK); ok.MAC != protocol.ServerMACAs([]byte(key), id, c.ServerNonce, cn) {
+		t.Fatal("AuthOK does not prove the target knows the key")
+	}
+	cq, _ := dev.CreateCQ(64)
+	rcq, _ := dev.CreateCQ(1)
+	dpq, _ := dev.PrepareDial(ctx, pd, addr, verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
+	priv, _ = protocol.MarshalPrivate(protocol.JoinData(c.Session, 0))
+	data, err := dpq.Connect(ctx, verbs.ConnParam{PrivateData: priv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := verbs.AllocBuffer(1 << 20)
+	sink, _ := pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+	p := &peer{t: t, pd: pd, ch: ch, data: data, cq: cq, sink: sink, buf: b.Bytes()}
+	t.Cleanup(func() { data.Close(); ch.Close(); sink.Close(); b.Free() })
+	return p
+}
+
+// A revoked client's keys die at once: its data QP closes, and its
+// window's key reads nothing, not even on another session's QP.
+func TestRevokedKeysDie(t *testing.T) {
+	cfg, content := exportFile(t, 64<<10)
+	cfg.Keys = parseKeys(t, "client alice "+aliceKey+" *=read\nclient bob "+bobKey+" *=read\n")
+	cfg.Device = device(t)
+	srv, err := target.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := cfg.Device.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { srv.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; ln.Close() })
+	a := newPeerAuthed(t, ln.Addr(), "alice", aliceKey)
+	_, wa := a.mapFile("data/f", 64<<10)
+	if st := a.read(wa.Addr, wa.RKeys[0], 4096); st != verbs.StatusSuccess || !bytes.Equal(a.buf[:4096], content[:4096]) {
+		t.Fatalf("alice's own key before the revocation: %v", st)
+	}
+	t0 := time.Now()
+	srv.SetKeys(parseKeys(t, "client bob "+bobKey+" *=read\n"))
+	select {
+	case <-a.data.Done():
+		t.Logf("alice's data QP closed %v after SetKeys", time.Since(t0))
+	case <-time.After(2 * time.Second):
+		t.Fatal("alice's data QP still open 2 s after her revocation")
+	}
+	b := newPeerAuthed(t, ln.Addr(), "bob", bobKey)
+	if st := b.read(wa.Addr, wa.RKeys[0], 4096); st == verbs.StatusSuccess || bytes.Contains(b.buf[:4096], []byte("0123")) {
+		t.Fatal("a revoked session's key read data")
+	}
+}
+
+// The sample keys file in contrib parses.
+func TestKeysSample(t *testing.T) {
+	k, err := target.LoadKeys("../contrib/keys.sample")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(k.Names(), ","); got != "alice,backup,build" {
+		t.Fatalf("clients %s", got)
 	}
 }
