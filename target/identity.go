@@ -117,7 +117,9 @@ func (ss *session) resolve(p string, need Right) (*export, string, *protocol.Err
 		if need == RightPush {
 			verb = "push to"
 		}
-		ss.log.Info("access denied", "export", x.Name, "needs", need.String())
+		// Aggregated, as failed handshakes are: a client looping on a
+		// denied path must not flood the log.
+		ss.srv.hush.note(ss.addr.String(), "requests", fmt.Sprintf("were denied: identity %q has no %s right on export %q", ss.identity(), need, x.Name), nil)
 		return nil, "", errf(protocol.CodePermission, "access denied: identity %q may not %s export %q", ss.identity(), verb, x.Name)
 	}
 	return x, rel, nil
