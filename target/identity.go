@@ -147,14 +147,15 @@ func (s *Server) SetKeys(keys *Keys) int {
 	var end []*session
 	for _, ss := range sessions {
 		oc := ss.client
-		if oc == nil {
-			continue // not authenticated (yet: it will be against keys), or no secret
+		if oc == nil || ss.stopped() {
+			continue // not authenticated (yet: it will be against keys), no secret, or ending
 		}
 		var nc *Client
 		if keys != nil {
 			nc, _ = keys.lookup(oc.Name)
 		}
 		if nc == nil || !bytes.Equal(nc.Key, oc.Key) || reduced(old, oc, keys, nc, ss, names) {
+			ss.stopOnce.Do(func() { close(ss.stop) }) // now: a later reload finds it ending
 			end = append(end, ss)
 			continue
 		}
@@ -166,6 +167,16 @@ func (s *Server) SetKeys(keys *Keys) int {
 		go ss.shutdown()
 	}
 	return len(end)
+}
+
+// stopped reports whether the session is ending.
+func (ss *session) stopped() bool {
+	select {
+	case <-ss.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // reduced reports whether client nc of keys may do less than oc of old

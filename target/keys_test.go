@@ -342,3 +342,28 @@ func TestKeysSample(t *testing.T) {
 		t.Fatalf("clients %s", got)
 	}
 }
+
+// A reload that narrows an export's hosts past the session's address, or
+// gives its client a new key, ends the session; an unchanged one doesn't.
+func TestSetKeysHostsAndRekey(t *testing.T) {
+	file := "client alice " + aliceKey + " *=read\n"
+	srv, addr := serveWith(t, target.Config{Keys: parseKeys(t, file)})
+	if _, err := dialAs(t, addr, "alice", aliceKey); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.SetKeys(parseKeys(t, file)); n != 0 {
+		t.Fatalf("the same keys again ended %d sessions", n)
+	}
+	if n := srv.SetKeys(parseKeys(t, file+"hosts data 127.0.0.1 10.0.0.0/8\n")); n != 0 {
+		t.Fatalf("a hosts rule that takes 127.0.0.1 ended %d sessions", n)
+	}
+	if n := srv.SetKeys(parseKeys(t, file+"hosts data 10.0.0.0/8\n")); n != 1 {
+		t.Fatalf("a hosts rule without 127.0.0.1 ended %d sessions, want 1", n)
+	}
+	if _, err := dialAs(t, addr, "alice", aliceKey); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.SetKeys(parseKeys(t, "client alice "+bobKey+" *=push\n")); n != 1 {
+		t.Fatalf("a new key for alice ended %d sessions, want 1", n)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -46,11 +47,28 @@ func serveKeys(c *cli.Context, secret []byte) (*target.Keys, error) {
 	if len(secret) > 0 {
 		return nil, usagef("give --keys or --secret-file (RDMACP_SECRET), not both: a keys file names each client's key (a client named default serves initiators without --identity)")
 	}
+	if err := strictModes(p); err != nil {
+		return nil, usageError{err}
+	}
 	k, err := target.LoadKeys(p)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	return k, nil
+}
+
+// strictModes refuses a keys file that users other than its owner and
+// group may read or write, as rsync's strict modes refuse such a secrets
+// file: it holds every client's key.
+func strictModes(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return fmt.Errorf("keys file: %w", err)
+	}
+	if m := fi.Mode().Perm(); m&0o007 != 0 {
+		return fmt.Errorf("keys file %s is open to other users (mode %04o) and holds every client's key: chmod o-rwx %s", p, m, p)
+	}
+	return nil
 }
 
 // reloadKeys re-reads the keys file, or the secret, on SIGHUP; the

@@ -269,6 +269,11 @@ func TestKeysFileErrors(t *testing.T) {
 	}
 	secret := keyFiles(t, aliceKey)
 	writeKeys(t, kf, "client alice "+aliceKey+"\n")
+	os.Chmod(kf, 0o644)
+	if _, errs, code := run(t, "serve", "--listen", "127.0.0.1:0", "--export", "data="+t.TempDir(), "--keys", kf); code != exitUsage || !strings.Contains(errs, "open to other users (mode 0644)") {
+		t.Fatalf("a keys file others may read: exit %d: %s", code, errs)
+	}
+	os.Chmod(kf, 0o600)
 	if _, errs, code := run(t, "serve", "--listen", "127.0.0.1:0", "--export", "data="+t.TempDir(), "--keys", kf, "--secret-file", secret[0]); code != exitUsage || !strings.Contains(errs, "not both") {
 		t.Fatalf("--keys with --secret-file: exit %d: %s", code, errs)
 	}
