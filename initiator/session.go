@@ -24,7 +24,11 @@ import (
 type Config struct {
 	Device verbs.Device // required
 	Secret []byte
-	QPs    int // data QPs; default 4
+	// Identity is the name the session authenticates as, with Secret as
+	// its key, to a target with per-client keys; "" is "default", the
+	// one identity of a target with a single secret.
+	Identity string
+	QPs      int // data QPs; default 4
 	// Depth is the READs in flight per data QP; default 4, capped by
 	// what the connection negotiated.
 	Depth int
@@ -351,16 +355,20 @@ func (s *Session) hello(ctx context.Context) error {
 	if len(s.cfg.Secret) == 0 {
 		return fmt.Errorf("%w: the target requires a secret (--secret-file or RDMACP_SECRET)", ErrAuth)
 	}
-	m, err = s.call(ctx, &protocol.Auth{MAC: protocol.ClientMAC(s.cfg.Secret, ch.ServerNonce, h.ClientNonce)})
+	auth, proof, err := s.auth(ch, h.ClientNonce)
+	if err != nil {
+		return err
+	}
+	m, err = s.call(ctx, auth)
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeAuthFailed {
-			return fmt.Errorf("%w: the target refused our secret", ErrAuth)
+			return fmt.Errorf("%w: the target refused our secret for identity %q (%s)", ErrAuth, s.identityName(), pe.Message)
 		}
 		return err
 	}
 	ok2, isOK := m.(*protocol.AuthOK)
-	if !isOK || !protocol.CheckMAC(ok2.MAC, protocol.ServerMAC(s.cfg.Secret, ch.ServerNonce, h.ClientNonce)) {
+	if !isOK || !protocol.CheckMAC(ok2.MAC, proof) {
 		return fmt.Errorf("%w: the target does not know the secret", ErrAuth)
 	}
 	return nil

@@ -97,9 +97,10 @@ const (
 	TypeWalkNext        Type = 29
 	TypeWalkBatch       Type = 30
 	TypeWorking         Type = 31
+	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeWorking
+	typeMax = TypeAuthAs
 )
 
 var typeNames = [...]string{
@@ -134,6 +135,7 @@ var typeNames = [...]string{
 	TypeWalkNext:        "WalkNext",
 	TypeWalkBatch:       "WalkBatch",
 	TypeWorking:         "Working",
+	TypeAuthAs:          "AuthAs",
 }
 
 func (t Type) String() string {
@@ -208,6 +210,8 @@ func newMessage(t Type) Message {
 		return new(WalkBatch)
 	case TypeWorking:
 		return new(Working)
+	case TypeAuthAs:
+		return new(AuthAs)
 	}
 	return nil
 }

@@ -333,7 +333,7 @@ func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.
 // packOne opens one file for pack. All files of a pack must come from one
 // export (x0 is set by the first), so removing the export revokes it.
 func (ss *session) packOne(p string, x0 **export, dirs packDirs) (protocol.PackedFile, packed, bool) {
-	x, rel, perr := ss.srv.resolve(p)
+	x, rel, perr := ss.resolve(p, RightRead)
 	if perr != nil {
 		return protocol.PackedFile{Code: perr.Code, Message: perr.Message}, packed{}, false
 	}

@@ -117,7 +117,7 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 			return errf(protocol.CodeBadRequest, "data QP %d takes no READs from the target (ORD 0)", i)
 		}
 	}
-	x, rel, perr := ss.srv.resolve(m.Path)
+	x, rel, perr := ss.resolve(m.Path, RightPush)
 	if perr != nil {
 		return perr
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/rdmacp/rdmacp/blockdev"
 	"log/slog"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -34,6 +35,11 @@ type session struct {
 	// want: the metadata the initiator asked for in Hello (wantOf)
 	want  metaWant
 	names idNames
+	// client is the identity the session authenticated as (nil before,
+	// or on a target without a secret), under srv.kmu; addr its peer's
+	// address, which exports' hosts rules judge.
+	client *Client
+	addr   netip.Addr
 
 	dataSCQ verbs.CQ // binds and invalidations on data QPs
 	dataRCQ verbs.CQ
@@ -105,7 +111,7 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		return nil, err
 	}
 	ss := &session{
-		srv: s, log: log, token: protocol.NewSession(), pd: pd,
+		srv: s, log: log, token: protocol.NewSession(), pd: pd, addr: peerAddr(req.RemoteAddr()),
 		mws:     dev.Caps().MemoryWindows,
 		handles: map[uint32]*handle{}, nextHandle: 1, nextWindow: 1,
 		stop: make(chan struct{}),
@@ -276,11 +282,12 @@ func (ss *session) hello(ctx context.Context) error {
 	}
 	ch := &protocol.Challenge{
 		Version: protocol.Version, ServerNonce: protocol.NewNonce(),
-		AuthRequired: len(cfg.Secret) > 0, Session: ss.token,
+		AuthRequired: ss.srv.authRequired(), Session: ss.token,
 		MaxDataQPs:    uint16(cfg.MaxDataQPs),
 		MaxReadsPerQP: uint16(min(cfg.Device.Caps().MaxReadsPerQP, 1<<16-1)),
-		MaxWindow:     cfg.MaxWindow, Server: "rdmacp",
+		MaxWindow:     cfg.MaxWindow,
 	}
+	ch.Server = ss.srv.serverString(ch.AuthRequired)
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	ss.want = wantOf(h.Client)
@@ -297,19 +304,15 @@ func (ss *session) hello(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("waiting for auth: %w", err)
 	}
-	a, ok := m.(*protocol.Auth)
-	if !ok || !protocol.CheckMAC(a.MAC, protocol.ClientMAC(cfg.Secret, ch.ServerNonce, h.ClientNonce)) {
-		e := errf(protocol.CodeAuthFailed, "wrong secret")
-		e.SetID(m.ID())
-		ss.ch.Send(ctx, e)
-		return fmt.Errorf("%w: wrong secret", errAuth)
+	reply, err := ss.authenticate(m, ch.ServerNonce, h.ClientNonce)
+	if err != nil {
+		ss.ch.Send(ctx, reply)
+		return err
 	}
-	ok2 := &protocol.AuthOK{MAC: protocol.ServerMAC(cfg.Secret, ch.ServerNonce, h.ClientNonce)}
-	ok2.SetID(a.ID())
 	if err := ss.setAuthed(); err != nil {
-		return ss.refuse(ctx, a.ID(), err)
+		return ss.refuse(ctx, m.ID(), err)
 	}
-	return ss.ch.Send(ctx, ok2)
+	return ss.ch.Send(ctx, reply)
 }
 
 // refuse answers request id with why the session can't open (its slot
@@ -478,12 +481,15 @@ func (ss *session) list(m *protocol.List) protocol.Message {
 	var all []protocol.Entry
 	if m.Path == "" || m.Path == "/" {
 		for _, x := range ss.srv.exportList() {
+			if ss.may(x.Name) < RightRead {
+				continue // listed only to those who may use it
+			}
 			if en, err := x.entry("."); err == nil {
 				all = append(all, en)
 			}
 		}
 	} else {
-		x, rel, perr := ss.srv.resolve(m.Path)
+		x, rel, perr := ss.resolve(m.Path, RightRead)
 		if perr != nil {
 			return perr
 		}
@@ -514,7 +520,7 @@ func (ss *session) list(m *protocol.List) protocol.Message {
 }
 
 func (ss *session) stat(m *protocol.Stat) protocol.Message {
-	x, rel, perr := ss.srv.resolve(m.Path)
+	x, rel, perr := ss.resolve(m.Path, RightRead)
 	if perr != nil {
 		return perr
 	}
@@ -577,7 +583,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	if perr != nil {
 		return perr
 	}
-	x, rel, perr := ss.srv.resolve(m.Path)
+	x, rel, perr := ss.resolve(m.Path, RightRead)
 	if perr != nil {
 		return perr
 	}

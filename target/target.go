@@ -40,8 +40,11 @@ type Config struct {
 	Exports []Export     // at least one
 	// Secret, when set, is required from every initiator (challenge and
 	// response in the hello). Without it the target must listen on
-	// loopback only.
-	Secret    []byte
+	// loopback only. It is Keys' SingleKey when Keys is nil.
+	Secret []byte
+	// Keys, when set, are the identities initiators authenticate as and
+	// their rights per export (see keys.go), instead of Secret.
+	Keys      *Keys
 	ChunkSize int64             // default chunker.DefaultChunkSize
 	Algorithm chunker.Algorithm // default CRC32C
 	// MaxWindow caps the bytes one window maps and registers; default
@@ -300,6 +303,8 @@ type Server struct {
 	authed     int // slots authenticated: the sessions MaxSessions counts
 	peers      map[string]*peerCount
 	hush       *hushLog
+
+	serverKeys // the identities and their rights; see identity.go
 }
 
 // A slot is one control connection's place in the admission counts.
@@ -535,6 +540,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{},
 		slots: map[*session]*slot{}, accounts: map[*session]*account{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs)}
+	switch {
+	case cfg.Keys != nil:
+		s.keys = cfg.Keys
+	case len(cfg.Secret) > 0:
+		s.keys = SingleKey(cfg.Secret)
+	}
 	for _, e := range cfg.Exports {
 		x, err := openExport(e)
 		if err != nil {

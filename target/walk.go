@@ -450,7 +450,7 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 	if walks >= maxWalks {
 		return errf(protocol.CodeTooMany, "%d walks open in this session", walks)
 	}
-	x, rel, perr := ss.srv.resolve(m.Path)
+	x, rel, perr := ss.resolve(m.Path, RightRead)
 	if perr != nil {
 		return perr
 	}

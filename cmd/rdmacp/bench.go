@@ -43,6 +43,7 @@ func benchCommand() *cli.Command {
 			quietFlag(),
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of the test to FILE (go tool pprof)"},
 			secretFlag(),
+			identityFlag(),
 		}, append(timeoutFlags(), transportFlags()...)...),
 		Action: runBench,
 	}
@@ -153,6 +154,9 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 		return err
 	}
 	cfg := initiator.Config{Secret: secret, QPs: c.Int("qps"), Depth: c.Int("depth")}
+	if cfg.Identity, err = identityOf(c); err != nil {
+		return err
+	}
 	if err := timeoutConfig(c, &cfg); err != nil {
 		return err
 	}

@@ -47,6 +47,7 @@ func doctorCommand() *cli.Command {
 			&cli.StringFlag{Name: "timeout", Value: "5s", Usage: "I/O timeout: bound on the session check's hello and auth, after it connects"},
 			&cli.StringFlag{Name: "contimeout", Value: "10s", Usage: "connection setup timeout: bound on the reachability check's TCP connect and the session check's connections"},
 			secretFlag(),
+			identityFlag(),
 		}, transportFlags()...),
 		Action: runDoctor,
 	}
@@ -158,6 +159,10 @@ func runDoctor(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	identity, err := identityOf(c)
+	if err != nil {
+		return err
+	}
 	d := &doctor{out: c.App.Writer, json: c.Bool("json"), quiet: quiet(c), counts: map[string]int{}}
 
 	// Transports and their devices.
@@ -203,7 +208,7 @@ func runDoctor(c *cli.Context) error {
 		if dev == nil {
 			d.report("session", checkSkip, "no transport to dial with", "")
 		} else {
-			sessionCheck(ctx, d, addr, dev, secret, contimeout, timeout)
+			sessionCheck(ctx, d, addr, dev, secret, identity, contimeout, timeout)
 		}
 	}
 
@@ -549,16 +554,16 @@ func reachCheck(ctx context.Context, d *doctor, addr, transport string, contimeo
 // sessionCheck dials a session and says hello: contimeout for its
 // connections and timeout for the hello and auth, which one Dial does
 // together, so it is bounded by the two added.
-func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device, secret []byte, contimeout, timeout time.Duration) {
+func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device, secret []byte, identity string, contimeout, timeout time.Duration) {
 	dctx, cancel := context.WithTimeout(ctx, contimeout+timeout)
 	defer cancel()
 	t0 := time.Now()
-	s, err := initiator.Dial(dctx, addr, initiator.Config{Device: dev, Secret: secret, QPs: 1, Depth: 1})
+	s, err := initiator.Dial(dctx, addr, initiator.Config{Device: dev, Secret: secret, Identity: identity, QPs: 1, Depth: 1})
 	if err != nil {
 		hint := "is rdmacp serve running there over the same transport?"
 		switch {
 		case errors.Is(err, initiator.ErrAuth):
-			hint = "give both sides the same secret (--secret-file or RDMACP_SECRET)"
+			hint = "give both sides the same secret (--secret-file or RDMACP_SECRET), and with a keys file the --identity it belongs to"
 		case dctx.Err() != nil:
 			hint = "the target did not answer within --contimeout and --timeout: is it serving this transport?"
 		}

@@ -20,6 +20,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again (0: never)"},
 		secretFlag(),
+		identityFlag(),
 	}, timeoutFlags()...)
 }
 
@@ -51,6 +52,9 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 		return cfg, usagef("--digest: %v", err)
 	}
 	if cfg.Secret, err = readSecret(c); err != nil {
+		return cfg, err
+	}
+	if cfg.Identity, err = identityOf(c); err != nil {
 		return cfg, err
 	}
 	if err := timeoutConfig(c, &cfg); err != nil {

@@ -25,6 +25,7 @@ func lsCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per entry"},
 			quietFlag(),
 			secretFlag(),
+			identityFlag(),
 		}, append(timeoutFlags(), transportFlags()...)...),
 		Action: runLs,
 	}
@@ -53,6 +54,9 @@ func runLs(c *cli.Context) error {
 		return err
 	}
 	cfg := initiator.Config{Secret: secret, QPs: 1, Depth: 1}
+	if cfg.Identity, err = identityOf(c); err != nil {
+		return err
+	}
 	if err := timeoutConfig(c, &cfg); err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ func serveCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "writable", Aliases: []string{"w"}, Usage: "NAME: let initiators push files into directory export NAME (repeatable); exports are read-only otherwise"},
 			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
 			secretFlag(),
+			keysFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
 			&cli.StringFlag{Name: "digest", Aliases: []string{"checksum"}, Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
@@ -116,6 +117,7 @@ func limitsOf(c *cli.Context, file serveFile) (limits, error) {
 type serveFile struct {
 	Listen       string `json:"listen"`
 	SecretFile   string `json:"secret_file"`
+	KeysFile     string `json:"keys_file"` // --keys
 	ChunkSize    string `json:"chunk_size"`
 	Checksum     string `json:"checksum"`
 	MaxWindow    string `json:"max_window"`
@@ -206,9 +208,19 @@ func runServe(c *cli.Context) error {
 	if file.SecretFile != "" && !c.IsSet("secret-file") {
 		c.Set("secret-file", file.SecretFile)
 	}
+	if file.KeysFile != "" && !c.IsSet("keys") {
+		c.Set("keys", file.KeysFile)
+	}
 	secret, err := readSecret(c)
 	if err != nil {
 		return err
+	}
+	keys, err := serveKeys(c, secret)
+	if err != nil {
+		return err
+	}
+	if keys != nil && len(secret) == 0 {
+		secret = []byte("keys") // for the listen checks below: a keys file is a secret too; Config.Keys wins
 	}
 	cs, err := parseSize(pick("chunk-size", file.ChunkSize))
 	if err != nil {
@@ -272,7 +284,7 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Secret: secret, ChunkSize: cs, Algorithm: alg,
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
 		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
 		DrainTimeout: drainTimeout, Logger: log,
@@ -358,6 +370,7 @@ func reloadOnHUP(c *cli.Context, srv *target.Server, log *slog.Logger) {
 		case <-c.Context.Done():
 			return
 		}
+		reloadKeys(c, srv, log)
 		file, err := readServeFile(c)
 		var exports []target.Export
 		if err == nil {
