@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -282,5 +283,30 @@ func TestBindFailureExitCode(t *testing.T) {
 	_, errs, code := runWithin(t, "serve", "--export", "d="+dir, "--listen", "192.0.2.1:7362")
 	if code != exitBind || !strings.Contains(errs, "cannot listen on 192.0.2.1:7362: address not available") {
 		t.Errorf("listen on 192.0.2.1: exit %d, %q; want exit %d", code, errs, exitBind)
+	}
+}
+
+func TestMetricsCountAuthRefusals(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1000)
+	secret := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secret, []byte("right\n"), 0o600)
+	s := serveJSON(t, dir, "--secret-file", secret, "--metrics-listen", "127.0.0.1:0")
+	t.Setenv("RDMACP_SECRET", "wrong")
+	if _, errs, code := runWithin(t, "cp", s.addr+":data/f", filepath.Join(t.TempDir(), "f")); code != exitAuth {
+		t.Fatalf("cp with the wrong secret: exit %d, want %d: %s", code, exitAuth, errs)
+	}
+	// The target counts the refusal once its answer is sent: wait for it.
+	var fams map[string]*dto.MetricFamily
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if fams = scrape(t, s.metrics); value(fams, "rdmacp_refusals_total", map[string]string{"reason": "auth"}) == 1 {
+			break
+		}
+	}
+	if v := value(fams, "rdmacp_refusals_total", map[string]string{"reason": "auth"}); v != 1 {
+		t.Errorf("rdmacp_refusals_total{reason=auth} = %v, want 1", v)
+	}
+	if v := value(fams, "rdmacp_sessions_total", nil); v > 0 {
+		t.Errorf("rdmacp_sessions_total = %v after a refused session", v)
 	}
 }
