@@ -13,6 +13,9 @@ import (
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
+// Durations are Go duration strings ("88.183ms"), in JSON as in text:
+// slog would write a time.Duration as integer nanoseconds in JSON.
+//
 // The access log, at info level: one line per file served (Open to
 // Close) or pushed, with the peer, identity, export, path, bytes,
 // duration and result; one per Pack or Walk batch (files and bytes);
@@ -67,7 +70,7 @@ func (ss *session) closed(why string) {
 		ss.srv.met.terminated(ss.ch.QP())
 	}
 	ss.log.Info("session closed", "reason", why, "bytes", st.bytes, "files", st.files,
-		"pushed", st.pushed, "pushed_bytes", st.pushBytes, "duration", time.Since(st.began).Round(time.Millisecond))
+		"pushed", st.pushed, "pushed_bytes", st.pushBytes, "duration", time.Since(st.began).Round(time.Millisecond).String())
 }
 
 // fileOpened counts a file opened for reading.
@@ -116,7 +119,7 @@ func (ss *session) fileClosed(h *handle) {
 			result = "not closed: the session ended"
 		}
 		ss.log.Info("served", "export", h.export.Name, "path", h.path, "size", h.size, "bytes", h.acc.bytes,
-			"alg", h.layoutAlg(), "duration", time.Since(h.acc.at).Round(time.Microsecond), "result", result)
+			"alg", h.layoutAlg(), "duration", time.Since(h.acc.at).Round(time.Microsecond).String(), "result", result)
 	}
 }
 
@@ -138,7 +141,7 @@ func (ss *session) pushClosed(h *handle) {
 		ss.srv.met.pushBytes.WithLabelValues(x).Add(float64(p.layout.Size))
 	}
 	ss.log.Log(context.Background(), level, "pushed", "export", x, "path", h.path, "bytes", p.layout.Size,
-		"alg", p.alg.String(), "duration", time.Since(h.acc.at).Round(time.Microsecond), "result", result)
+		"alg", p.alg.String(), "duration", time.Since(h.acc.at).Round(time.Microsecond).String(), "result", result)
 }
 
 // layoutAlg is the name of a file handle's digest algorithm.
