@@ -74,7 +74,6 @@ func (ss *session) authenticate(m protocol.Message, serverNonce, clientNonce [32
 		return e, fmt.Errorf("%w: %s", errAuth, authFailed)
 	}
 	ss.client = c
-	ss.log = ss.log.With("identity", c.Name)
 	ok := &protocol.AuthOK{MAC: proof}
 	ok.SetID(m.ID())
 	return ok, nil

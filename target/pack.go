@@ -174,8 +174,10 @@ func (ss *session) pack(ctx context.Context, m *protocol.Pack) protocol.Message 
 	h := &handle{id: ss.nextHandle, export: x0, path: "(pack)", packed: true, windows: map[uint32]*window{w.id: w}}
 	ss.nextHandle++
 	ss.windows++
+	ss.srv.met.windows.Inc()
 	ss.handles[h.id] = h
 	reply.Handle = h.id
+	ss.batchServed("served pack", x0, len(files), total, len(reply.Files)-len(files))
 	ss.log.Debug("pack", "files", len(reply.Files), "packed", len(files), "bytes", total)
 	return reply
 }

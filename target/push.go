@@ -140,7 +140,8 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 	h := &handle{id: ss.nextHandle, export: x, path: x.Name + "/" + dst, push: p}
 	ss.nextHandle++
 	ss.handles[h.id] = h
-	ss.log.Debug("push", "path", h.path, "size", m.Size, "chunk", cs, "alg", alg, "tmp", p.tmp)
+	ss.pushStarted(h)
+	ss.log.Debug("push", "path", h.path, "size", m.Size, "chunk", cs, "alg", alg.String(), "tmp", p.tmp)
 	return &protocol.PushReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
 		Chunks: uint32(layout.Chunks()), Path: h.path}
 }
@@ -267,7 +268,7 @@ func (ss *session) pushWindow(ctx context.Context, m *protocol.PushWindow) proto
 	}
 	reply, perr := ss.pullWindow(ctx, p, m)
 	if perr != nil {
-		ss.log.Warn("push abandoned", "path", h.path, "err", perr.Message)
+		h.acc.result = "abandoned: " + perr.Message
 		ss.closeHandle(h)
 		return perr
 	}
@@ -497,6 +498,7 @@ func (f *fixedQPs) QP(i int) (verbs.QP, uint32) {
 
 func (f *fixedQPs) Failed(i int, gen uint32, err error) {
 	if gen == f.gens[i] && !f.dead[i] {
+		f.ss.srv.met.readError(err)
 		f.dead[i] = true
 		f.qps[i].Disconnect()
 	}
@@ -511,11 +513,9 @@ func (ss *session) pushCommit(m *protocol.PushCommit) protocol.Message {
 	}
 	perr := p.commit(m.FileDigest)
 	if perr != nil {
-		ss.log.Warn("push abandoned", "path", h.path, "err", perr.Message)
-	} else {
-		ss.log.Info("pushed", "path", h.path, "bytes", p.layout.Size)
+		h.acc.result = "abandoned: " + perr.Message
 	}
-	ss.closeHandle(h)
+	ss.closeHandle(h) // logs it
 	if perr != nil {
 		return perr
 	}

@@ -60,6 +60,7 @@ type session struct {
 	nextWindow uint32
 	windows    int
 	spare      packSpare
+	stats      sessionStats // for the access log and metrics
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -79,6 +80,7 @@ type handle struct {
 	layout   chunker.Layout
 	digests  chunker.Digests
 	windows  map[uint32]*window
+	acc      fileStats // for the access log
 }
 
 type window struct {
@@ -165,6 +167,8 @@ func (ss *session) run(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
+	why := "the target is stopping"
+	defer func() { ss.closed(why) }() // after release: the files' lines first
 	defer ss.release()
 	if err := ss.hello(ctx); err != nil {
 		if ctx.Err() == nil {
@@ -172,6 +176,7 @@ func (ss *session) run(ctx context.Context) {
 		}
 		return
 	}
+	ss.begin()
 	ss.log.Info("session open", "data_qps_max", ss.srv.cfg.MaxDataQPs)
 	for {
 		rctx, cancelRecv := context.WithTimeout(ctx, ss.srv.cfg.IdleTimeout)
@@ -179,7 +184,7 @@ func (ss *session) run(ctx context.Context) {
 		idle := rctx.Err() != nil && ctx.Err() == nil
 		cancelRecv()
 		if idle {
-			ss.log.Info("session closed: idle timeout", "idle", ss.srv.cfg.IdleTimeout)
+			why = "idle timeout (" + ss.srv.cfg.IdleTimeout.String() + ")"
 			return
 		}
 		if err != nil {
@@ -204,16 +209,16 @@ func (ss *session) run(ctx context.Context) {
 				return
 			}
 			if ctx.Err() == nil {
-				ss.log.Info("session closed", "reason", err)
+				why = err.Error()
 			}
 			return
 		}
 		if _, bye := m.(*protocol.Bye); bye {
-			ss.log.Info("session closed by initiator")
+			why = "closed by the initiator"
 			return
 		}
 		if err := ss.answer(ctx, m); err != nil {
-			ss.log.Info("session closed", "reason", err)
+			why = err.Error()
 			return
 		}
 	}
@@ -225,6 +230,7 @@ func (ss *session) answer(ctx context.Context, m protocol.Message) error {
 	stop := ss.keepAlive(ctx, m.ID())
 	ss.hmu.Lock()
 	reply := ss.serve(ctx, m)
+	ss.noteReply(m, reply)
 	ss.thaw()
 	ss.hmu.Unlock()
 	stop()
@@ -471,6 +477,7 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 			return errf(protocol.CodeBadRequest, "no handle %d", m.Handle)
 		}
 		changed := h.file() && h.changed()
+		h.acc.result = map[bool]string{false: "ok", true: "changed"}[changed]
 		ss.closeHandle(h)
 		return &protocol.CloseReply{Changed: changed}
 	}
@@ -578,7 +585,6 @@ func (ss *session) newHandle(algorithm uint8, chunkSize uint32) (chunker.Algorit
 }
 
 func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message {
-	cfg := &ss.srv.cfg
 	alg, cs, perr := ss.newHandle(m.Algorithm, m.ChunkSize)
 	if perr != nil {
 		return perr
@@ -625,7 +631,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		f.Close()
 		return perr
 	}
-	digests, cached, err := cfg.Cache.Digests(ctx, f, layout, alg)
+	digests, cached, err := ss.hashed(ctx, f, layout, alg)
 	if err != nil {
 		f.Close()
 		return errf(protocol.CodeInternal, "hashing %s: %v", m.Path, err)
@@ -643,10 +649,11 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	}
 	ss.nextHandle++
 	ss.handles[h.id] = h
+	ss.fileOpened(h)
 	e := entryOf(fi.Name(), fi)
 	e.Size = uint64(size)
 	ss.withMeta(&e, func() *protocol.Meta { return ss.fdMeta(int(f.Fd())) })
-	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg, "digests_cached", cached)
+	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg.String(), "digests_cached", cached)
 	return &protocol.OpenReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
 		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}
 }
@@ -772,6 +779,8 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	}
 	ss.nextWindow++
 	ss.windows++
+	ss.srv.met.windows.Inc()
+	ss.windowMapped(h, n)
 	h.windows[w.id] = w
 	return &protocol.MapReply{Handle: h.id, Window: protocol.Window{ID: w.id, Offset: w.off, Length: n, Addr: w.mr.Addr(), RKeys: rkeys}}
 }
@@ -887,7 +896,9 @@ func (ss *session) keys(ctx context.Context, w *window, qps []verbs.QP, withMWs 
 func (ss *session) unmap(h *handle, w *window) {
 	delete(h.windows, w.id)
 	ss.windows--
+	ss.srv.met.windows.Dec()
 	ss.freeWindow(w)
+	ss.noteReadResponses()
 }
 
 // freeWindow revokes a window's keys and releases its memory. Windows go
@@ -916,6 +927,7 @@ func (ss *session) revoke(x *export) {
 	for _, h := range ss.handles {
 		if h.export == x {
 			ss.log.Info("export removed: closing file", "path", h.path)
+			h.acc.result = "export removed"
 			ss.closeHandle(h)
 		}
 	}
@@ -923,6 +935,7 @@ func (ss *session) revoke(x *export) {
 }
 
 func (ss *session) closeHandle(h *handle) {
+	ss.fileClosed(h)
 	for _, w := range h.windows {
 		ss.unmap(h, w)
 	}

@@ -303,6 +303,7 @@ type Server struct {
 	authed     int // slots authenticated: the sessions MaxSessions counts
 	peers      map[string]*peerCount
 	hush       *hushLog
+	met        *metrics
 
 	serverKeys // the identities and their rights; see identity.go
 }
@@ -555,6 +556,7 @@ func New(cfg Config) (*Server, error) {
 		s.exports[e.Name] = x
 		s.order = append(s.order, e.Name)
 	}
+	s.met = newMetrics(s)
 	return s, nil
 }
 
@@ -717,6 +719,7 @@ func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
 	case protocol.KindControl:
 		sl, why := s.admit(ip)
 		if why != "" {
+			s.met.refused("limits")
 			s.hush.note(ip, "handshakes", "were refused: "+why, nil)
 			req.Reject([]byte(why))
 			return
@@ -871,6 +874,7 @@ func (s *Server) handshakeFailed(ip string, err error) {
 	if errors.As(err, &full) {
 		why = "were refused: " + string(full)
 	}
+	s.met.handshakeFailed(err)
 	s.hush.note(ip, "handshakes", why, err)
 }
 
@@ -921,6 +925,7 @@ type hushLog struct {
 
 type hushKind struct {
 	noun, why string
+	level     slog.Level
 	n         int            // events since the window opened, the first included
 	byAddr    map[string]int // events per address, hushAddrs at most
 	others    int            // events from addresses not tracked
@@ -931,13 +936,19 @@ func newHushLog(log *slog.Logger, every time.Duration, addrs int) *hushLog {
 }
 
 // note records that a noun ("handshakes") from ip did why ("timed
-// out"); err, if any, is logged with the first of a window.
+// out"); err, if any, is logged with the first of a window. It logs at
+// warn level.
 func (h *hushLog) note(ip, noun, why string, err error) {
+	h.noteAt(slog.LevelWarn, ip, noun, why, err)
+}
+
+// noteAt is note at level (the access log's failed requests are info).
+func (h *hushLog) noteAt(level slog.Level, ip, noun, why string, err error) {
 	key := noun + "\x00" + why
 	h.mu.Lock()
 	k := h.kinds[key]
 	if k == nil {
-		k = &hushKind{noun: noun, why: why, byAddr: map[string]int{}}
+		k = &hushKind{noun: noun, why: why, level: level, byAddr: map[string]int{}}
 		h.kinds[key] = k
 		time.AfterFunc(h.every, func() { h.flush(key) })
 		h.mu.Unlock()
@@ -946,7 +957,7 @@ func (h *hushLog) note(ip, noun, why string, err error) {
 			attrs = append(attrs, "err", err)
 		}
 		one := strings.TrimSuffix(noun, "s") + " from " + ip + " " + strings.Replace(why, "were ", "was ", 1)
-		h.log.Warn(fmt.Sprintf("%s (the next %v of these are counted per address)", one, h.every), attrs...)
+		h.log.Log(context.Background(), level, fmt.Sprintf("%s (the next %v of these are counted per address)", one, h.every), attrs...)
 		h.mu.Lock()
 	}
 	k.n++
@@ -978,7 +989,7 @@ func (h *hushLog) flush(key string) {
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].ip < rows[j].ip })
 	for _, r := range rows[:min(len(rows), hushLines)] {
-		h.log.Warn(fmt.Sprintf("%d %s from %s %s in the last %v", r.n, k.noun, r.ip, k.why, h.every), "peer", r.ip, "count", r.n)
+		h.log.Log(context.Background(), k.level, fmt.Sprintf("%d %s from %s %s in the last %v", r.n, k.noun, r.ip, k.why, h.every), "peer", r.ip, "count", r.n)
 	}
 	if rest := rows[min(len(rows), hushLines):]; len(rest) > 0 || k.others > 0 {
 		n := k.others
@@ -989,6 +1000,6 @@ func (h *hushLog) flush(key string) {
 		if k.others > 0 {
 			addrs = fmt.Sprintf("%d others and more addresses than are tracked (%d)", len(rest), h.addrs)
 		}
-		h.log.Warn(fmt.Sprintf("and %d %s from %s %s in the last %v", n, k.noun, addrs, k.why, h.every), "count", n)
+		h.log.Log(context.Background(), k.level, fmt.Sprintf("and %d %s from %s %s in the last %v", n, k.noun, addrs, k.why, h.every), "count", n)
 	}
 }

@@ -573,6 +573,7 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 		buf = win.mapping[:total]
 		h.windows[win.id] = win
 		ss.windows++
+		ss.srv.met.windows.Inc()
 		reply.Window = protocol.Window{ID: win.id, Length: total, Addr: win.mr.Addr(), RKeys: rkeys}
 	}
 	ss.fill(buf, files, func(i int) *protocol.PackedFile { return &reply.Entries[i].PackedFile }, w.alg)
@@ -586,5 +587,6 @@ func (ss *session) walkBatch(ctx context.Context, h *handle, maxEntries uint16) 
 	}
 	w.held = append(w.held[:0], w.held[n:]...)
 	ss.log.Debug("walk batch", "entries", n, "packed", len(files), "bytes", total, "done", reply.Done)
+	ss.batchServed("served walk batch", w.x, len(files), total, 0)
 	return reply
 }

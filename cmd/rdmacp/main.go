@@ -35,6 +35,7 @@ const (
 	exitVerify     = 6   // a chunk failed its digest after every retry
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
+	exitBind       = 10  // serve: cannot listen on the address (in use, not this host's, a privileged port), as rsync's daemon exits 10
 	exitPartial    = 23  // a tree or manifest copied some files but others failed (as rsync's 23); if none was copied, the first failure's code
 	exitBusy       = 75  // the target is busy (its window budget, or this session's share of it, in use): try again later (EX_TEMPFAIL)
 	exitInterrupts = 130 // SIGINT or SIGTERM
@@ -67,6 +68,8 @@ func exitCode(ctx context.Context, err error) int {
 		return exitInterrupts
 	case errors.As(err, &ue):
 		return exitUsage
+	case errors.Is(err, errBind):
+		return exitBind
 	case errors.Is(err, initiator.ErrAuth):
 		return exitAuth
 	case errors.Is(err, initiator.ErrVerify):

@@ -49,6 +49,7 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log warnings and errors only (--log-level warn)"},
+			metricsFlag(),
 		}, transportFlags()...),
 		Action: runServe,
 	}
@@ -113,7 +114,9 @@ func limitsOf(c *cli.Context, file serveFile) (limits, error) {
 	return l, nil
 }
 
-// serveFile is the --config file.
+// serveFile is the --config file: a key for every flag (configKeyOf),
+// which applyConfigKeys sets where the command line did not; a key given
+// means what its flag does (0 or "" included).
 type serveFile struct {
 	Listen       string `json:"listen"`
 	SecretFile   string `json:"secret_file"`
@@ -125,7 +128,18 @@ type serveFile struct {
 	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
 	MinWindowShare  string `json:"min_window_share"`
 	MaxDigestMemory string `json:"max_digest_memory"`
-	// Admission limits (target.Config); zero or absent: the flag's value.
+	IdleTimeout     string `json:"idle_timeout"` // a Go duration: "5m"
+	LogFormat       string `json:"log_format"`
+	LogLevel        string `json:"log_level"`
+	Quiet           bool   `json:"quiet"`
+	MetricsListen   string `json:"metrics_listen"`
+	// The transport flags.
+	Transport string `json:"transport"`
+	Device    string `json:"device"`
+	IBPort    int    `json:"ib_port"`
+	GIDIndex  int    `json:"gid_index"`
+	MPACRC    string `json:"mpa_crc"`
+	// Admission limits (target.Config); absent: the flag's value.
 	MaxSessions          int    `json:"max_sessions"`
 	MaxSessionsPerAddr   int    `json:"max_sessions_per_addr"`
 	MaxHandshakes        int    `json:"max_handshakes"`
@@ -193,6 +207,9 @@ func runServe(c *cli.Context) error {
 	}
 	file, err := readServeFile(c)
 	if err != nil {
+		return err
+	}
+	if err := applyConfigKeys(c); err != nil {
 		return err
 	}
 	pick := func(flag, fromFile string) string {
@@ -294,12 +311,23 @@ func runServe(c *cli.Context) error {
 		dev.Close()
 		return usageError{err}
 	}
+	metrics, err := listenMetrics(c.String("metrics-listen"))
+	if err != nil {
+		dev.Close()
+		return err
+	}
 	ln, err := dev.Listen(c.Context, listen)
 	if err != nil {
 		dev.Close()
-		return fmt.Errorf("%w: %w", errTransport, err)
+		if metrics != nil {
+			metrics.Close()
+		}
+		return listenError(listen, err)
 	}
 	defer closeWithin(closeTimeout, log, ln.Close, dev.Close)
+	if metrics != nil {
+		go serveMetrics(c.Context, metrics, srv.Registry(), log)
+	}
 	names := make([]string, len(exports))
 	for i, e := range exports {
 		names[i] = e.Name + "=" + e.Path

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -87,6 +88,8 @@ type qp struct {
 	teardown sync.Once
 	linger   *time.Timer // closes the socket a while after a disconnect
 	wg       sync.WaitGroup
+
+	respBytes atomic.Uint64 // Read Response payload sent (ReadResponseBytes)
 }
 
 func newQP(p *pendingQP, c net.Conn, crc bool, ord, ird int, peerPrivate []byte) *qp {
@@ -787,6 +790,7 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 			f.discard()
 			return err
 		}
+		q.respBytes.Add(uint64(r.req.size))
 		if f.full() {
 			if err := f.write(q.conn); err != nil {
 				return err
