@@ -162,7 +162,9 @@ func (s *Server) SetKeys(keys *Keys) int {
 	}
 	s.kmu.Unlock()
 	for _, ss := range end {
-		ss.log.Info("session ended: its identity was revoked, rekeyed or given fewer rights (reload)")
+		// Not ss.log: the session's own goroutine may be writing it.
+		s.cfg.Logger.Info("session ended: its identity was revoked, rekeyed or given fewer rights (reload)",
+			"session", fmt.Sprintf("%x", ss.token[:4]))
 		go ss.shutdown()
 	}
 	return len(end)
