@@ -100,7 +100,7 @@ const (
 	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeAuthAs
+	typeMax = TypeRailsReply
 )
 
 var typeNames = [...]string{
@@ -136,6 +136,8 @@ var typeNames = [...]string{
 	TypeWalkBatch:       "WalkBatch",
 	TypeWorking:         "Working",
 	TypeAuthAs:          "AuthAs",
+	TypeRails:           "Rails",
+	TypeRailsReply:      "RailsReply",
 }
 
 func (t Type) String() string {
@@ -212,6 +214,10 @@ func newMessage(t Type) Message {
 		return new(Working)
 	case TypeAuthAs:
 		return new(AuthAs)
+	case TypeRails:
+		return new(Rails)
+	case TypeRailsReply:
+		return new(RailsReply)
 	}
 	return nil
 }
