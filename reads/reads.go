@@ -484,6 +484,7 @@ func (e *Engine) complete(c verbs.Completion) {
 		return
 	}
 	e.bytes += int64(p.Local.Length)
+	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
 	if e.cfg.Done != nil {
 		e.cfg.Done(&p)
 	}
