@@ -53,8 +53,8 @@ func (r *rail) String() string {
 	return r.local + "->" + r.remote
 }
 
-// validateBind checks Config.Bind.
-func validateBind(bind []string) error {
+// ValidateBind checks a Config.Bind list.
+func ValidateBind(bind []string) error {
 	if len(bind) > protocol.MaxRailAddrs {
 		return fmt.Errorf("initiator: --bind: %d addresses, at most %d", len(bind), protocol.MaxRailAddrs)
 	}

@@ -127,7 +127,7 @@ func (c *Config) Validate() error {
 	case !c.Algorithm.Valid():
 		return fmt.Errorf("initiator: unknown checksum algorithm %d", c.Algorithm)
 	}
-	if err := validateBind(c.Bind); err != nil {
+	if err := ValidateBind(c.Bind); err != nil {
 		return err
 	}
 	if c.ChunkSize != 0 {

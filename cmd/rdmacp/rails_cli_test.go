@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/rdmacp/rdmacp/initiator"
+)
+
+// serve --listen twice tells initiators both addresses; cp --bind two
+// local addresses spreads its data QPs over the two rails and says
+// what each carried, in text and in --json.
+func TestCpRails(t *testing.T) {
+	dir := t.TempDir()
+	want := writeFile(t, filepath.Join(dir, "f"), 6<<20)
+	s := serve(t, dir, nil, "--listen", "127.0.0.2:0")
+	addrs := strings.Split(s.addr, ",")
+	if len(addrs) != 2 {
+		t.Fatalf("serve listens on %q, want two addresses", s.addr)
+	}
+	dst := filepath.Join(t.TempDir(), "f")
+	out, errb, code := run(t, "cp", "--bind", "127.0.0.3,127.0.0.4", "--read-size", "64K", addrs[0]+":/data/f", dst)
+	if code != 0 {
+		t.Fatalf("cp: exit %d: %s", code, errb)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+		t.Fatal("copy differs")
+	}
+	re := regexp.MustCompile(`rails: 127\.0\.0\.3->` + regexp.QuoteMeta(addrs[0]) + ` \S+ \S+ \(2 QPs\), 127\.0\.0\.4->` + regexp.QuoteMeta(addrs[1]) + ` \S+ \S+ \(2 QPs\)`)
+	if !re.MatchString(out) {
+		t.Errorf("no rails line in:\n%s", out)
+	}
+	out, errb, code = run(t, "cp", "--json", "--read-size", "64K", addrs[0]+":/data/f", dst+"2")
+	if code != 0 {
+		t.Fatalf("cp --json: exit %d: %s", code, errb)
+	}
+	var sum struct {
+		Type      string           `json:"message_type"`
+		BytesRead int64            `json:"bytes_read"`
+		Rails     []initiator.Rail `json:"rails"`
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.Contains(l, `"summary"`) {
+			if err := json.Unmarshal([]byte(l), &sum); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(sum.Rails) != 2 || sum.Rails[0].Remote != addrs[0] || sum.Rails[1].Remote != addrs[1] {
+		t.Fatalf("json rails %+v (told %v)", sum.Rails, addrs)
+	}
+	if sum.Rails[0].Bytes == 0 || sum.Rails[1].Bytes == 0 || sum.Rails[0].Bytes+sum.Rails[1].Bytes != sum.BytesRead {
+		t.Errorf("rails carried %d + %d bytes of %d read", sum.Rails[0].Bytes, sum.Rails[1].Bytes, sum.BytesRead)
+	}
+}
+
+func TestCpRailFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"cp", "--bind", "eth0", "127.0.0.1:1:/data/f", "/tmp/x"},
+		{"cp", "-d", "mlx5_0,mlx5_1", "127.0.0.1:1:/data/f", "/tmp/x"},
+	} {
+		_, errb, code := run(t, args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage): %s", args, code, errb)
+		}
+	}
+}
+
+// A config file's listen key takes a list, as --listen repeated.
+func TestServeListenList(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(t.TempDir(), "c.json")
+	os.WriteFile(cfg, []byte(`{"listen": ["127.0.0.1:0", "127.0.0.2:0"]}`), 0o644)
+	vals, _ := resolvedFlags(t, "--export", "d="+dir, "--config", cfg)
+	if vals["listen"] != "127.0.0.1:0,127.0.0.2:0" {
+		t.Fatalf("listen from a list key: %s", vals["listen"])
+	}
+}
