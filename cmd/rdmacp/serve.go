@@ -119,12 +119,12 @@ func limitsOf(c *cli.Context, file serveFile) (limits, error) {
 // means what its flag does (0 or "" included).
 type serveFile struct {
 	Listen       stringList `json:"listen"` // one address, or a list: --listen repeated
-	SecretFile   string `json:"secret_file"`
-	KeysFile     string `json:"keys_file"` // --keys
-	ChunkSize    string `json:"chunk_size"`
-	Checksum     string `json:"checksum"`
-	MaxWindow    string `json:"max_window"`
-	WindowBudget string `json:"window_budget"`
+	SecretFile   string     `json:"secret_file"`
+	KeysFile     string     `json:"keys_file"` // --keys
+	ChunkSize    string     `json:"chunk_size"`
+	Checksum     string     `json:"checksum"`
+	MaxWindow    string     `json:"max_window"`
+	WindowBudget string     `json:"window_budget"`
 	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
 	MinWindowShare  string `json:"min_window_share"`
 	MaxDigestMemory string `json:"max_digest_memory"`
