@@ -213,6 +213,17 @@ func (s *Session) liveRails() int {
 	return n
 }
 
+// refusedErr is ErrConnect for a connection the target refused, keeping
+// the refusal in the chain (pathErr looks for it) while its message says
+// what the target said.
+type refusedErr struct {
+	msg string
+	rej *verbs.RejectedError
+}
+
+func (e *refusedErr) Error() string   { return e.msg }
+func (e *refusedErr) Unwrap() []error { return []error{ErrConnect, e.rej} }
+
 // pathErr reports whether err is one a different path could avoid: not
 // a refusal by the target (which every rail would get).
 func pathErr(err error) bool {

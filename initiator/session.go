@@ -210,7 +210,7 @@ func (s *Session) Reconnects() int { return s.reconnects }
 func connectErr(err error) error {
 	var rej *verbs.RejectedError
 	if errors.As(err, &rej) && len(rej.PrivateData) > 0 {
-		return fmt.Errorf("%w: target refused: %s", ErrConnect, rej.PrivateData)
+		return &refusedErr{msg: fmt.Sprintf("%v: target refused: %s", ErrConnect, rej.PrivateData), rej: rej}
 	}
 	return fmt.Errorf("%w: %w", ErrConnect, err)
 }
