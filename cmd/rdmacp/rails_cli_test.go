@@ -81,3 +81,32 @@ func TestServeListenList(t *testing.T) {
 		t.Fatalf("listen from a list key: %s", vals["listen"])
 	}
 }
+
+// doctor lists each netdev that is up with its speed and NUMA node (the
+// candidates for --bind), and leaves out lo and interfaces down.
+func TestDoctorNetdevs(t *testing.T) {
+	root := t.TempDir()
+	for name, files := range map[string]map[string]string{
+		"rail9": {"operstate": "up", "speed": "25000", "device/numa_node": "1"},
+		"rail8": {"operstate": "unknown", "speed": "-1"},
+		"gone0": {"operstate": "down", "speed": "1000"},
+		"lo":    {"operstate": "unknown"},
+	} {
+		for f, body := range files {
+			p := filepath.Join(root, name, f)
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, []byte(body+"\n"), 0o644)
+		}
+	}
+	var b bytes.Buffer
+	netdevChecks(&doctor{out: &b, counts: map[string]int{}}, root)
+	out := b.String()
+	for _, want := range []string{"netdev rail9", "no address, 25000 Mb/s, numa node 1", "netdev rail8", "speed unknown, numa node unknown"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "gone0") || strings.Contains(out, "netdev lo") {
+		t.Errorf("an interface down, or lo, listed:\n%s", out)
+	}
+}
