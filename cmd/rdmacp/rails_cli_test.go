@@ -110,3 +110,20 @@ func TestDoctorNetdevs(t *testing.T) {
 		t.Errorf("an interface down, or lo, listed:\n%s", out)
 	}
 }
+
+// A tree copy over two rails names them too.
+func TestCpTreeRails(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"a", "b", "c"} {
+		writeFile(t, filepath.Join(dir, n), 2<<20)
+	}
+	s := serve(t, dir, nil, "--listen", "127.0.0.2:0")
+	addr := strings.Split(s.addr, ",")[0]
+	out, errb, code := run(t, "cp", "-r", "--read-size", "64K", addr+":/data", filepath.Join(t.TempDir(), "d"))
+	if code != 0 {
+		t.Fatalf("cp -r: exit %d: %s", code, errb)
+	}
+	if !regexp.MustCompile(`(?m)^rails: 127\.0\.0\.1:\d+ \S+ \S+ \(2 QPs\), 127\.0\.0\.2:\d+ \S+ \S+ \(2 QPs\)$`).MatchString(out) {
+		t.Errorf("no rails line in:\n%s", out)
+	}
+}
