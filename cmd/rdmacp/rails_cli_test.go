@@ -127,3 +127,30 @@ func TestCpTreeRails(t *testing.T) {
 		t.Errorf("no rails line in:\n%s", out)
 	}
 }
+
+// A --bind address this host doesn't have can't carry a rail: cp warns,
+// goes on over the other, and its summary says the rail is down.
+func TestCpRailDownWarns(t *testing.T) {
+	dir := t.TempDir()
+	want := writeFile(t, filepath.Join(dir, "f"), 1<<20)
+	s := serve(t, dir, nil)
+	dst := filepath.Join(t.TempDir(), "f")
+	out, errb, code := run(t, "cp", "--bind", "127.0.0.3,192.0.2.77", s.addr+":/data/f", dst)
+	if code != 0 {
+		t.Fatalf("cp: exit %d: %s", code, errb)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+		t.Fatal("copy differs")
+	}
+	if !strings.Contains(errb, "rdmacp: warning: rail 192.0.2.77->"+s.addr+" down") {
+		t.Errorf("no warning on stderr:\n%s", errb)
+	}
+	if !strings.Contains(out, "127.0.0.3->"+s.addr) || !strings.Contains(out, "192.0.2.77->"+s.addr+" down") {
+		t.Errorf("summary:\n%s", out)
+	}
+	// Every rail down: the copy fails, naming the reason.
+	_, errb, code = run(t, "cp", "--bind", "192.0.2.77", s.addr+":/data/f", dst+"2")
+	if code == 0 || !strings.Contains(errb, "192.0.2.77") {
+		t.Errorf("cp with no rail that works: exit %d: %s", code, errb)
+	}
+}
