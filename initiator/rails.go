@@ -265,4 +265,3 @@ func (q railQPs) Carried(i int, n int64) { q.s.railOf(i).bytes.Add(n) }
 // Stalls is reads.Staller's: with several rails, one can go dark while
 // the others carry on, and its QPs are failed as soon as that shows.
 func (q railQPs) Stalls() bool { return len(q.s.rails) > 1 }
-
