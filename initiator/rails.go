@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -177,6 +178,9 @@ func (s *Session) dialSlot(ctx context.Context, i int) (verbs.QP, error) {
 				actx, cancel = context.WithTimeout(ctx, s.cfg.ConnectTimeout/2)
 			}
 			qp, err := s.joinQP(actx, i)
+			if err != nil && s.held(err) && s.drop(actx, i) {
+				qp, err = s.joinQP(actx, i) // the target has let go of the old QP
+			}
 			cancel()
 			if err == nil {
 				return qp, nil
@@ -200,6 +204,29 @@ func (s *Session) dialSlot(ctx context.Context, i int) (verbs.QP, error) {
 			return nil, first
 		}
 	}
+}
+
+// held reports whether err is the target refusing a join because it
+// still holds the slot's old QP, connected: a rail gone dark leaves the
+// target's end up until TCP gives up on it.
+func (s *Session) held(err error) bool {
+	var rej *verbs.RejectedError
+	return errors.As(err, &rej) && bytes.Contains(rej.PrivateData, []byte("data QP index in use"))
+}
+
+// drop asks a target with rails to let go of data QP slot i, which this
+// side has given up; it reports whether the target did.
+func (s *Session) drop(ctx context.Context, i int) bool {
+	if s.ch0 == nil || !protocol.HasFeature(s.ch0.Server, protocol.FeatureRails) || s.dead() {
+		return false
+	}
+	m, err := s.call(ctx, &protocol.RailDrop{Index: uint16(i)})
+	if err != nil {
+		s.cfg.Logger.Debug("rail drop", "slot", i, "err", err)
+		return false
+	}
+	_, ok := m.(*protocol.Ack)
+	return ok
 }
 
 // liveRails is how many rails are not down.

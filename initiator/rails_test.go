@@ -179,3 +179,33 @@ func TestOneRailWithoutFeature(t *testing.T) {
 		t.Fatalf("rails %+v", r)
 	}
 }
+
+// RailDrop: the target disconnects its end of the slot named, the
+// session sees its QP die, and replaces it in the same slot (the target
+// takes the join, its old QP being dead now).
+func TestRailDropFreesTheSlot(t *testing.T) {
+	dir, lns := railTarget(t, []string{"127.0.0.1:0", "127.0.0.2:0"}, nil)
+	rec := make(chan initiator.Recovery, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := initiator.Dial(ctx, lns[0].Addr(), initiator.Config{Device: open(t, iwarp.New(iwarp.Config{})),
+		QPs: 2, ReadSize: 16 << 10, Recovered: func(r initiator.Recovery) { rec <- r }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if !s.DropSlot(ctx, 1) {
+		t.Fatal("the target did not take RailDrop")
+	}
+	for want := range []string{"failed", "replaced"} {
+		select {
+		case r := <-rec:
+			if r.QP != 1 || r.Outcome != []string{"failed", "replaced"}[want] {
+				t.Fatalf("recovery %+v, want slot 1 %s", r, []string{"failed", "replaced"}[want])
+			}
+		case <-ctx.Done():
+			t.Fatal("slot 1 was not failed and replaced")
+		}
+	}
+	railCopy(t, s, dir, 1<<20)
+}

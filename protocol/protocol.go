@@ -100,7 +100,7 @@ const (
 	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeRailsReply
+	typeMax = TypeRailDrop
 )
 
 var typeNames = [...]string{
@@ -138,6 +138,7 @@ var typeNames = [...]string{
 	TypeAuthAs:          "AuthAs",
 	TypeRails:           "Rails",
 	TypeRailsReply:      "RailsReply",
+	TypeRailDrop:        "RailDrop",
 }
 
 func (t Type) String() string {
@@ -218,6 +219,8 @@ func newMessage(t Type) Message {
 		return new(Rails)
 	case TypeRailsReply:
 		return new(RailsReply)
+	case TypeRailDrop:
+		return new(RailDrop)
 	}
 	return nil
 }

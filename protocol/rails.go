@@ -20,10 +20,11 @@ const (
 	MaxRailAddr = 255
 )
 
-// Message types of rails (37-39 are allocated to it; 39 is unused).
+// Message types of rails (37-39 are allocated to it).
 const (
 	TypeRails      Type = 37
 	TypeRailsReply Type = 38
+	TypeRailDrop   Type = 39
 )
 
 // Rails asks for the target's data addresses. It has no body.
@@ -96,3 +97,19 @@ func ValidRailAddr(a string) bool {
 	p, err := strconv.Atoi(port)
 	return ip != nil && !ip.IsUnspecified() && err == nil && p > 0 && p < 1<<16 && strconv.Itoa(p) == port
 }
+
+// RailDrop tells the target that the initiator has given up data QP
+// Index (its path went dark): the target disconnects its end, if it is
+// still connected, so that a replacement, over another rail, may join
+// in that slot. Answered by Ack. Only to a target that announced
+// FeatureRails.
+type RailDrop struct {
+	RequestID uint32
+	Index     uint16
+}
+
+func (m *RailDrop) Type() Type        { return TypeRailDrop }
+func (m *RailDrop) ID() uint32        { return m.RequestID }
+func (m *RailDrop) SetID(id uint32)   { m.RequestID = id }
+func (m *RailDrop) encode(e *encoder) { e.u16(m.Index) }
+func (m *RailDrop) decode(d *decoder) { m.Index = d.u16() }

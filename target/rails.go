@@ -42,6 +42,29 @@ func (ss *session) rails() protocol.Message {
 	return &protocol.RailsReply{Addrs: append([]string(nil), ss.srv.cfg.DataAddrs...)}
 }
 
+// railDrop answers RailDrop: the initiator gave data QP Index up (its
+// rail went dark), and this end may not have seen it die; disconnecting
+// it lets a replacement over another rail join in its slot (join
+// refuses a slot whose QP is still connected). Its READs, and any keys
+// bound to it, end with it, as when it dies.
+func (ss *session) railDrop(m *protocol.RailDrop) protocol.Message {
+	if len(ss.srv.cfg.DataAddrs) == 0 {
+		return errf(protocol.CodeUnsupported, "unexpected %v", m.Type())
+	}
+	ss.mu.Lock()
+	var qp verbs.QP
+	if int(m.Index) < len(ss.data) {
+		qp = ss.data[m.Index]
+	}
+	ss.mu.Unlock()
+	if qp == nil {
+		return errf(protocol.CodeBadRequest, "no data QP %d", m.Index)
+	}
+	qp.Disconnect() // flushes at once; join closes it when its successor comes
+	ss.log.Debug("data QP dropped by the initiator", "index", m.Index)
+	return &protocol.Ack{}
+}
+
 // DataAddrs are the addresses of lns that an initiator can be told:
 // those bound to a specific IP (a wildcard listener's address names no
 // path). With fewer than two there is nothing to spread over, and it

@@ -464,6 +464,8 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		return ss.pushCommit(m)
 	case *protocol.Rails:
 		return ss.rails()
+	case *protocol.RailDrop:
+		return ss.railDrop(m)
 	case *protocol.Working:
 		return errf(protocol.CodeBadRequest, "Working is sent by the target, not to it")
 	case *protocol.Unmap:
