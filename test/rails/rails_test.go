@@ -46,10 +46,11 @@ func TestMain(m *testing.M) {
 			fmt.Printf("build rdmacp: %v\n%s", err, out)
 			os.Exit(1)
 		}
-		defer os.RemoveAll(dir)
+		rc := m.Run()
+		os.RemoveAll(dir) // os.Exit runs no defers
+		os.Exit(rc)
 	}
-	rc := m.Run()
-	os.Exit(rc)
+	os.Exit(m.Run())
 }
 
 // The lab: namespace t (the target) and i (cp), joined by rail 1
