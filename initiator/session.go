@@ -55,6 +55,10 @@ type Config struct {
 	// data QP replaced, a session re-established. It is called from
 	// the session's goroutines and must not block.
 	Recovered func(Recovery)
+	// Bind are local IP addresses to connect from, one rail each (see
+	// rails.go): the data QPs spread over them, and the control QP
+	// connects from the first. Empty: the system picks the path.
+	Bind []string
 	// Archive is what copies keep beyond bytes, modes & 0777 and mtimes;
 	// the session asks the target for what it needs of that in Hello.
 	Archive Archive
@@ -123,6 +127,9 @@ func (c *Config) Validate() error {
 	case !c.Algorithm.Valid():
 		return fmt.Errorf("initiator: unknown checksum algorithm %d", c.Algorithm)
 	}
+	if err := ValidateBind(c.Bind); err != nil {
+		return err
+	}
 	if c.ChunkSize != 0 {
 		if err := chunker.ValidateChunkSize(c.ChunkSize); err != nil {
 			return fmt.Errorf("initiator: %w", err)
@@ -156,6 +163,10 @@ type Session struct {
 	dataCQ verbs.CQ
 	rcq    verbs.CQ
 	reads  int // READs in flight per data QP
+	// rails are the paths the data QPs take, and slotRail each slot's
+	// rail (an index into rails): see rails.go.
+	rails    []*rail
+	slotRail []atomic.Int32
 
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
@@ -199,7 +210,7 @@ func (s *Session) Reconnects() int { return s.reconnects }
 func connectErr(err error) error {
 	var rej *verbs.RejectedError
 	if errors.As(err, &rej) && len(rej.PrivateData) > 0 {
-		return fmt.Errorf("%w: target refused: %s", ErrConnect, rej.PrivateData)
+		return &refusedErr{msg: fmt.Sprintf("%v: target refused: %s", ErrConnect, rej.PrivateData), rej: rej}
 	}
 	return fmt.Errorf("%w: %w", ErrConnect, err)
 }
@@ -217,7 +228,11 @@ func (s *Session) dial(ctx context.Context) error {
 	if s.ch, err = protocol.NewChannel(dev, s.pd, 0); err != nil {
 		return err
 	}
-	pq, err := dev.PrepareDial(ctx, s.pd, s.addr, s.ch.QPConfig())
+	ccfg := s.ch.QPConfig()
+	if len(s.cfg.Bind) > 0 {
+		ccfg.LocalAddr = s.cfg.Bind[0]
+	}
+	pq, err := dev.PrepareDial(ctx, s.pd, s.addr, ccfg)
 	if err != nil {
 		return connectErr(err)
 	}
@@ -233,6 +248,9 @@ func (s *Session) dial(ctx context.Context) error {
 	s.ch.Attach(qp)
 	s.ch.SetTimeout(s.cfg.ConnectTimeout)
 	if err := s.hello(ctx); err != nil {
+		return err
+	}
+	if err := s.setRails(ctx); err != nil {
 		return err
 	}
 	if err := s.join(ctx); err != nil {
@@ -377,7 +395,7 @@ func (s *Session) hello(ctx context.Context) error {
 // join connects the data QPs, each naming the session in its private data.
 func (s *Session) join(ctx context.Context) error {
 	dev := s.cfg.Device
-	n := min(s.cfg.QPs, int(s.ch0.MaxDataQPs))
+	n := s.slotsFor(s.cfg.QPs, int(s.ch0.MaxDataQPs))
 	if n < 1 {
 		return fmt.Errorf("%w: target accepts no data QPs", ErrConnect)
 	}
@@ -395,9 +413,13 @@ func (s *Session) join(ctx context.Context) error {
 		return err
 	}
 	s.reads = depth
+	s.slotRail = make([]atomic.Int32, n)
+	for i := range s.slotRail {
+		s.slotRail[i].Store(int32(i % len(s.rails)))
+	}
 	qps := make([]verbs.QP, 0, n)
 	for i := range n {
-		qp, err := s.joinQP(ctx, i)
+		qp, err := s.dialSlot(ctx, i)
 		if err != nil {
 			for _, qp := range qps {
 				qp.Close()
@@ -410,14 +432,15 @@ func (s *Session) join(ctx context.Context) error {
 	s.info = qps[0].Info()
 	s.nqps = n
 	s.qps = reads.NewSet(qps, s.replaceQP, s.reportQP)
-	s.cfg.Logger.Debug("session open", "target", s.addr, "data_qps", n, "reads_per_qp", s.reads, "conn", s.info.Detail)
+	s.cfg.Logger.Debug("session open", "target", s.addr, "data_qps", n, "reads_per_qp", s.reads, "conn", s.info.Detail, "rails", len(s.rails))
 	return nil
 }
 
-// joinQP connects data QP slot i.
+// joinQP connects data QP slot i over its rail.
 func (s *Session) joinQP(ctx context.Context, i int) (verbs.QP, error) {
-	pq, err := s.cfg.Device.PrepareDial(ctx, s.pd, s.addr, verbs.QPConfig{SendCQ: s.dataCQ, RecvCQ: s.rcq,
-		MaxSendWR: s.reads + 4, MaxRecvWR: 1, MaxReadsOut: s.reads})
+	r := s.railOf(i)
+	pq, err := s.cfg.Device.PrepareDial(ctx, s.pd, r.remote, verbs.QPConfig{SendCQ: s.dataCQ, RecvCQ: s.rcq,
+		MaxSendWR: s.reads + 4, MaxRecvWR: 1, MaxReadsOut: s.reads, LocalAddr: r.local})
 	if err != nil {
 		return nil, connectErr(err)
 	}
@@ -436,7 +459,7 @@ func (s *Session) replaceQP(ctx context.Context, i int) (verbs.QP, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ConnectTimeout)
 	defer cancel()
-	return s.joinQP(ctx, i)
+	return s.dialSlot(ctx, i)
 }
 
 func (s *Session) reportQP(ev reads.Event) {
@@ -583,7 +606,7 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	if s.qps == nil {
 		return nil, fmt.Errorf("%w: the session has no data QPs", ErrConnect)
 	}
-	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, s.qps, s.reads, s.cfg.Timeout
+	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, railQPs{s.qps, s}, s.reads, s.cfg.Timeout
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
 	return reads.New(ctx, cfg)
 }

@@ -100,7 +100,7 @@ const (
 	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeAuthAs
+	typeMax = TypeRailDrop
 )
 
 var typeNames = [...]string{
@@ -136,6 +136,9 @@ var typeNames = [...]string{
 	TypeWalkBatch:       "WalkBatch",
 	TypeWorking:         "Working",
 	TypeAuthAs:          "AuthAs",
+	TypeRails:           "Rails",
+	TypeRailsReply:      "RailsReply",
+	TypeRailDrop:        "RailDrop",
 }
 
 func (t Type) String() string {
@@ -212,6 +215,12 @@ func newMessage(t Type) Message {
 		return new(Working)
 	case TypeAuthAs:
 		return new(AuthAs)
+	case TypeRails:
+		return new(Rails)
+	case TypeRailsReply:
+		return new(RailsReply)
+	case TypeRailDrop:
+		return new(RailDrop)
 	}
 	return nil
 }

@@ -30,6 +30,7 @@ func samples() []Message {
 	return []Message{
 		&Hello{RequestID: 1, MinVersion: 1, MaxVersion: 3, ClientNonce: nonce(1), Client: "rdmacp/0.1"},
 		&AuthAs{RequestID: 3, MAC: nonce(5), Identity: "alice"},
+		&Rails{RequestID: 4}, &RailsReply{RequestID: 4, Addrs: []string{"10.0.0.1:7471", "[fd00::2]:7471"}}, &RailDrop{RequestID: 5, Index: 3},
 		&Challenge{RequestID: 1, Version: 1, ServerNonce: nonce(100), AuthRequired: true,
 			Session:    [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
 			MaxDataQPs: 8, MaxReadsPerQP: 16, MaxWindow: 1 << 30, Server: "rdmacp/0.1 target"},
@@ -135,6 +136,9 @@ func TestZeroMessages(t *testing.T) {
 	// Empty slices and strings come back as nil and "".
 	for ty := Type(1); ty <= typeMax; ty++ {
 		m := newMessage(ty)
+		if m == nil {
+			continue // allocated to a feature whose messages live elsewhere
+		}
 		got, err := Unmarshal(mustMarshal(t, m))
 		if err != nil {
 			t.Fatalf("%v: %v", ty, err)

@@ -135,6 +135,7 @@ type Engine struct {
 	bytes    int64
 	failures int
 	refused  error // a READ the peer refused: the transfer can't go on
+	rails    railStats
 }
 
 // slot is the engine's view of one QP slot.
@@ -261,6 +262,7 @@ func (e *Engine) Step() (bool, error) {
 	}
 	now := time.Now()
 	e.deadlines(now)
+	e.stalls(now) // a QP stalled while the others go on: rails.go
 	if err := e.orphans(now); err != nil {
 		return n > 0, err
 	}
@@ -466,6 +468,7 @@ func (e *Engine) complete(c verbs.Completion) {
 	s := &e.slots[q]
 	current := s.gen == gen
 	if current {
+		e.completed(q) // before s.last moves: rails.go
 		s.inflight--
 		s.last = time.Now()
 	}
@@ -484,6 +487,7 @@ func (e *Engine) complete(c verbs.Completion) {
 		return
 	}
 	e.bytes += int64(p.Local.Length)
+	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
 	if e.cfg.Done != nil {
 		e.cfg.Done(&p)
 	}

@@ -293,7 +293,7 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxReadsPerQP: uint16(min(cfg.Device.Caps().MaxReadsPerQP, 1<<16-1)),
 		MaxWindow:     cfg.MaxWindow,
 	}
-	ch.Server = ss.srv.serverString(ch.AuthRequired)
+	ch.Server = ss.srv.withRails(ss.srv.serverString(ch.AuthRequired))
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	ss.want = wantOf(h.Client)
@@ -462,6 +462,10 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		return ss.pushWindow(ctx, m)
 	case *protocol.PushCommit:
 		return ss.pushCommit(m)
+	case *protocol.Rails:
+		return ss.rails()
+	case *protocol.RailDrop:
+		return ss.railDrop(m)
 	case *protocol.Working:
 		return errf(protocol.CodeBadRequest, "Working is sent by the target, not to it")
 	case *protocol.Unmap:

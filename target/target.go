@@ -118,6 +118,11 @@ type Config struct {
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int
+	// DataAddrs are the addresses ("ip:port") data QPs may join a
+	// session at, told to initiators that ask (feature rails): the
+	// listen addresses of a target on several NICs. Empty: none told,
+	// and initiators use the address they reached.
+	DataAddrs []string
 	Cache     *chunker.Cache // default: a 64 MiB cache
 	Logger    *slog.Logger   // default: discard
 }
@@ -192,6 +197,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Exports) == 0 {
 		return errors.New("target: nothing to export")
+	}
+	if err := c.validateRails(); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for _, e := range c.Exports {

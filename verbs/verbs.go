@@ -159,6 +159,11 @@ type QPConfig struct {
 	// smaller of each side's offer; see ConnInfo.
 	MaxReadsOut int
 	MaxReadsIn  int
+	// LocalAddr is the local IP address (or "ip:port") an active QP
+	// connects from, to pick the interface, and so the path, it takes;
+	// "" lets the provider choose (the device's own address, or the
+	// routing table's). Passive QPs ignore it.
+	LocalAddr string
 }
 
 // ConnParam is what one side offers when connecting or accepting.

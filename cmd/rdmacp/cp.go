@@ -74,6 +74,8 @@ type summaryLine struct {
 	DryRun    bool `json:"dry_run,omitempty"`
 	// Recoveries: data QPs replaced and sessions re-established.
 	Recoveries int `json:"recoveries"`
+	// Rails are the paths the data QPs took and the bytes each carried.
+	Rails []initiator.Rail `json:"rails,omitempty"`
 }
 
 type errorLine struct {
@@ -140,6 +142,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
+	warnRails(c.App.ErrWriter, s.Rails()) // a warning: -q and --json keep it
 	e, err := s.Stat(ctx, src.path)
 	if err != nil {
 		return err
@@ -185,13 +188,14 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
 			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
-			Recoveries: recoveriesOf(c).Count()})
+			Recoveries: recoveriesOf(c).Count(), Rails: s.Rails()})
 	}
 	if quiet {
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
 		srcArg, res.Dest, formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+	printRails(stdout, s.Rails())
 	return nil
 }
 

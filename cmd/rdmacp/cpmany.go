@@ -116,7 +116,8 @@ type manySummary struct {
 	Depth     int     `json:"depth"`
 	ExitCode  int     `json:"exit_code"`
 	// Recoveries: data QPs replaced and sessions re-established.
-	Recoveries int `json:"recoveries"`
+	Recoveries int              `json:"recoveries"`
+	Rails      []initiator.Rail `json:"rails,omitempty"` // see rails.go
 }
 
 // tally counts a many-file copy's outcomes and prints them.
@@ -246,6 +247,7 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 	t.sum.MBps = float64(t.sum.Bytes) / 1e6 / max(secs, 1e-9)
 	t.sum.Transport, t.sum.QPs, t.sum.Depth = s.Transport(), s.DataQPs(), s.ReadsPerQP()
 	t.sum.Recoveries = recoveriesOf(t.c).Count()
+	t.sum.Rails = s.Rails()
 	var err error
 	switch {
 	case fatal != nil:
@@ -270,6 +272,7 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 		json.NewEncoder(t.out).Encode(t.sum)
 	case !t.quiet:
 		fmt.Fprintln(t.out, t.summary(secs))
+		printRails(t.out, t.sum.Rails)
 	}
 	return err
 }

@@ -32,7 +32,9 @@ func doctorCommand() *cli.Command {
 		ArgsUsage: "[HOST[:PORT]]",
 		Description: "One line per check, each ok, warn, fail or skip with a detail and a hint: the transports\n" +
 			"and their devices, which one auto picks and why, the locked-memory limit against what rdmacp\n" +
-			"pins, the RDMA devices in sysfs, whether file mappings can be registered, memory windows, and,\n" +
+			"pins, the RDMA devices in sysfs (each port's link rate and the device's NUMA node), the network\n" +
+			"interfaces that are up (addresses, speed, NUMA node: the candidates for cp --bind and serve --listen),\n" +
+			"whether file mappings can be registered, memory windows, and,\n" +
 			"given a HOST, TCP reachability of the target and a real session hello. Exits 1 if a check failed.",
 		Flags: append([]cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "one JSON object per check, then a summary"},
@@ -186,6 +188,7 @@ func runDoctor(c *cli.Context) error {
 
 	memlockCheck(d, transport, c.Int("qps"), c.Int("depth"), sizes["read-size"], sizes["chunk-size"], sizes["max-window"], sizes["window-budget"])
 	sysfsChecks(d, sysfsRoot)
+	netdevChecks(d, netRoot)
 
 	// What the chosen device can do.
 	if dev == nil {
@@ -373,15 +376,16 @@ func sysfsChecks(d *doctor, root string) {
 			d.report("sysfs "+dev, checkWarn, "no ports listed", "")
 			continue
 		}
+		numa := numaOf(filepath.Join(root, dev, "device"))
 		for _, p := range ports {
-			portCheck(d, filepath.Join(root, dev, "ports", p.Name()), dev+"/"+p.Name())
+			portCheck(d, filepath.Join(root, dev, "ports", p.Name()), dev+"/"+p.Name(), numa)
 		}
 	}
 }
 
 // portCheck reports a port's state, link layer, active MTU and GIDs,
 // with the RoCE v2 GID index rdmacp would pick (-x -1).
-func portCheck(d *doctor, dir, name string) {
+func portCheck(d *doctor, dir, name, numa string) {
 	state := readTrim(filepath.Join(dir, "state")) // "4: ACTIVE"
 	if _, s, ok := strings.Cut(state, ": "); ok {
 		state = s
@@ -428,6 +432,11 @@ func portCheck(d *doctor, dir, name string) {
 		}
 	}
 	parts = append(parts, fmt.Sprintf("%d GIDs", n))
+	// Link speed and NUMA node: what rails are chosen by (-d, --bind).
+	if rate := readTrim(filepath.Join(dir, "rate")); rate != "" {
+		parts = append(parts, "rate "+rate)
+	}
+	parts = append(parts, numa)
 	hint := ""
 	switch {
 	case v2 >= 0:
@@ -580,4 +589,58 @@ func sessionCheck(ctx context.Context, d *doctor, addr string, dev verbs.Device,
 	}
 	d.report("session "+addr, checkOK, fmt.Sprintf("hello ok in %v: %s, protocol %d, %s; up to %d data QPs, %d READs each, windows of %s; over %s",
 		took.Round(time.Microsecond), ti.Server, ti.Version, auth, ti.MaxDataQPs, ti.MaxReadsPerQP, formatBytes(int64(ti.MaxWindow)), tr), "")
+}
+
+// numaOf names the NUMA node of the PCI device at dir (sysfs's "device"
+// link): a rail's NIC is best used from threads and memory on its node.
+func numaOf(dir string) string {
+	switch n := readTrim(filepath.Join(dir, "numa_node")); n {
+	case "":
+		return "numa node unknown"
+	case "-1":
+		return "no numa node"
+	default:
+		return "numa node " + n
+	}
+}
+
+// netRoot is where netdevs are listed.
+const netRoot = "/sys/class/net"
+
+// netdevChecks lists each network interface that is up, with its
+// addresses, link speed and NUMA node: the candidates for cp --bind
+// (iwarp-soft's rails) and serve --listen.
+func netdevChecks(d *doctor, root string) {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		d.report("netdevs", checkSkip, err.Error(), "")
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		dir := filepath.Join(root, name)
+		if name == "lo" || readTrim(filepath.Join(dir, "operstate")) == "down" {
+			continue
+		}
+		parts := []string{}
+		if ifc, err := net.InterfaceByName(name); err == nil {
+			addrs, _ := ifc.Addrs()
+			for _, a := range addrs {
+				if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLinkLocalUnicast() {
+					parts = append(parts, ipn.IP.String())
+				}
+			}
+		}
+		if len(parts) == 0 {
+			parts = append(parts, "no address")
+		}
+		speed := readTrim(filepath.Join(dir, "speed"))
+		if v, err := strconv.Atoi(speed); err == nil && v > 0 {
+			parts = append(parts, fmt.Sprintf("%d Mb/s", v))
+		} else {
+			parts = append(parts, "speed unknown")
+		}
+		parts = append(parts, numaOf(filepath.Join(dir, "device")))
+		d.report("netdev "+name, checkOK, strings.Join(parts, ", "), "")
+	}
 }

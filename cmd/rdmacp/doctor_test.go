@@ -268,12 +268,15 @@ func TestDoctorSysfs(t *testing.T) {
 		"gids/2":            "0000:0000:0000:0000:0000:0000:0000:0000\n",
 		"gid_attrs/types/0": "IB/RoCE v1\n",
 		"gid_attrs/types/1": "RoCE v2\n",
+		"rate":              "100 Gb/sec (4X EDR)\n",
 	}
 	for name, body := range files {
 		p := filepath.Join(port, name)
 		os.MkdirAll(filepath.Dir(p), 0o755)
 		os.WriteFile(p, []byte(body), 0o644)
 	}
+	os.MkdirAll(filepath.Join(root, "rxe0", "device"), 0o755)
+	os.WriteFile(filepath.Join(root, "rxe0", "device", "numa_node"), []byte("1\n"), 0o644)
 	os.MkdirAll(filepath.Join(root, "mlx5_0", "ports", "1"), 0o755)
 	os.WriteFile(filepath.Join(root, "mlx5_0", "ports", "1", "state"), []byte("1: DOWN\n"), 0o644)
 
@@ -281,7 +284,7 @@ func TestDoctorSysfs(t *testing.T) {
 	d := &doctor{out: &b, counts: map[string]int{}}
 	sysfsChecks(d, root)
 	out := b.String()
-	for _, want := range []string{"lists mlx5_0, rxe0", "port rxe0/1", "ACTIVE, Ethernet, mtu 1024, 2 GIDs, RoCE v2 GID index 1 (10.0.0.2)", "warn  port mlx5_0/1", "DOWN"} {
+	for _, want := range []string{"lists mlx5_0, rxe0", "port rxe0/1", "ACTIVE, Ethernet, mtu 1024, 2 GIDs, rate 100 Gb/sec (4X EDR), numa node 1, RoCE v2 GID index 1 (10.0.0.2)", "warn  port mlx5_0/1", "numa node unknown", "DOWN"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
 		}

@@ -19,6 +19,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk, a multiple of 4KiB up to 256MiB (default: the target's, 4MiB)"},
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again (0: never)"},
+		bindFlag(),
 		secretFlag(),
 		identityFlag(),
 	}, timeoutFlags()...)
@@ -58,6 +59,9 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 		return cfg, err
 	}
 	if err := timeoutConfig(c, &cfg); err != nil {
+		return cfg, err
+	}
+	if err := railsConfig(c, &cfg); err != nil {
 		return cfg, err
 	}
 	return cfg, nil

@@ -28,7 +28,7 @@ func serveCommand() *cli.Command {
 			"with it; the daemon answers control requests and otherwise stays out of the data path. Without\n" +
 			"a secret it listens on loopback only.",
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "listen", Usage: fmt.Sprintf("address to listen on (default 127.0.0.1:%d, or :%d with a secret)", target.DefaultPort, target.DefaultPort)},
+			&cli.GenericFlag{Name: "listen", Value: &listenValue{}, Usage: fmt.Sprintf("address to listen on (default 127.0.0.1:%d, or :%d with a secret); repeat it for a rail per address: initiators are told them all", target.DefaultPort, target.DefaultPort)},
 			&cli.StringSliceFlag{Name: "export", Aliases: []string{"e"}, Usage: "NAME=PATH: a file or directory to export (repeatable)"},
 			&cli.StringSliceFlag{Name: "writable", Aliases: []string{"w"}, Usage: "NAME: let initiators push files into directory export NAME (repeatable); exports are read-only otherwise"},
 			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
@@ -118,13 +118,13 @@ func limitsOf(c *cli.Context, file serveFile) (limits, error) {
 // which applyConfigKeys sets where the command line did not; a key given
 // means what its flag does (0 or "" included).
 type serveFile struct {
-	Listen       string `json:"listen"`
-	SecretFile   string `json:"secret_file"`
-	KeysFile     string `json:"keys_file"` // --keys
-	ChunkSize    string `json:"chunk_size"`
-	Checksum     string `json:"checksum"`
-	MaxWindow    string `json:"max_window"`
-	WindowBudget string `json:"window_budget"`
+	Listen       stringList `json:"listen"` // one address, or a list: --listen repeated
+	SecretFile   string     `json:"secret_file"`
+	KeysFile     string     `json:"keys_file"` // --keys
+	ChunkSize    string     `json:"chunk_size"`
+	Checksum     string     `json:"checksum"`
+	MaxWindow    string     `json:"max_window"`
+	WindowBudget string     `json:"window_budget"`
 	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
 	MinWindowShare  string `json:"min_window_share"`
 	MaxDigestMemory string `json:"max_digest_memory"`
@@ -283,16 +283,18 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	listen := pick("listen", file.Listen)
-	if listen == "" {
+	listens := listenAddrs(c)
+	if len(listens) == 0 {
 		host := "127.0.0.1"
 		if len(secret) > 0 {
 			host = ""
 		}
-		listen = net.JoinHostPort(host, strconv.Itoa(target.DefaultPort))
+		listens = []string{net.JoinHostPort(host, strconv.Itoa(target.DefaultPort))}
 	}
-	if err := target.CheckListen(listen, secret); err != nil {
-		return usageError{err}
+	for _, listen := range listens {
+		if err := target.CheckListen(listen, secret); err != nil {
+			return usageError{err}
+		}
 	}
 	if len(secret) == 0 {
 		log.Warn("no secret configured: listening on loopback only, and any local user can read the exports")
@@ -301,28 +303,28 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg,
+	lns, err := listenAll(c.Context, dev, listens)
+	if err != nil {
+		dev.Close()
+		return err
+	}
+	ln := target.Listeners(lns...)
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns),
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
 		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
 		DrainTimeout: drainTimeout, Logger: log,
 		MaxSessions: lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
 		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})
 	if err != nil {
+		ln.Close()
 		dev.Close()
 		return usageError{err}
 	}
 	metrics, err := listenMetrics(c.String("metrics-listen"))
 	if err != nil {
+		ln.Close()
 		dev.Close()
 		return err
-	}
-	ln, err := dev.Listen(c.Context, listen)
-	if err != nil {
-		dev.Close()
-		if metrics != nil {
-			metrics.Close()
-		}
-		return listenError(listen, err)
 	}
 	defer closeWithin(closeTimeout, log, ln.Close, dev.Close)
 	if metrics != nil {
@@ -335,7 +337,7 @@ func runServe(c *cli.Context) error {
 			names[i] += " (writable)"
 		}
 	}
-	log.Info("serving", "addr", ln.Addr(), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
+	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
 	go reloadOnHUP(c, srv, log)
 	err = srv.Serve(c.Context, ln)
 	log.Info("stopped")

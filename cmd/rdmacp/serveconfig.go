@@ -94,6 +94,16 @@ func scalar(m json.RawMessage) (string, error) {
 		return strconv.FormatFloat(v, 'f', -1, 64), nil
 	case bool:
 		return strconv.FormatBool(v), nil
+	case []any: // a list key (listen): its flag is repeatable, and takes commas
+		parts := make([]string, len(v))
+		for i, e := range v {
+			str, ok := e.(string)
+			if !ok {
+				return "", fmt.Errorf("want a list of strings, got %s", m)
+			}
+			parts[i] = str
+		}
+		return strings.Join(parts, ","), nil
 	}
 	return "", fmt.Errorf("want a string, a number or true/false, got %s", m)
 }

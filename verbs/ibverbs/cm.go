@@ -411,8 +411,21 @@ func (d *device) PrepareDial(ctx context.Context, p verbs.PD, addr string, cfg v
 	}
 	var srcp *C.struct_sockaddr
 	var src C.struct_sockaddr_storage
-	if d.port.ip != nil && (d.port.ip.To4() != nil) == (ip.To4() != nil) {
-		if src, err = sockaddr(d.port.ip, 0); err == nil {
+	srcIP := d.port.ip
+	if cfg.LocalAddr != "" {
+		// The caller's choice of source picks the path: rdma_cm binds the
+		// id to the device owning it, and checkDevice below refuses one
+		// that is not this device.
+		host := cfg.LocalAddr
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if srcIP = net.ParseIP(host); srcIP == nil {
+			return fail(fmt.Errorf("%w: local address %q is not an IP address", verbs.ErrInvalid, cfg.LocalAddr))
+		}
+	}
+	if srcIP != nil && (srcIP.To4() != nil) == (ip.To4() != nil) {
+		if src, err = sockaddr(srcIP, 0); err == nil {
 			srcp = sa(&src)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -353,6 +354,13 @@ func (p *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) (*qp, error) {
 		return nil, &verbs.OpError{Op: "connect", Provider: Name, Addr: p.addr, Err: err}
 	}
 	var d net.Dialer
+	if p.cfg.LocalAddr != "" {
+		la, err := localTCPAddr(p.cfg.LocalAddr)
+		if err != nil {
+			return fail(err)
+		}
+		d.LocalAddr = la
+	}
 	c, err := d.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
 		return fail(ctxErr(ctx, err))
@@ -414,6 +422,23 @@ func (p *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) (*qp, error) {
 	q.info.Detail = detail(rep.rev, q.crc, rtr)
 	q.start(rtr, false)
 	return q, nil
+}
+
+// localTCPAddr parses QPConfig.LocalAddr: an IP, or an IP and port.
+func localTCPAddr(s string) (*net.TCPAddr, error) {
+	host, port := s, 0
+	if h, ps, err := net.SplitHostPort(s); err == nil {
+		n, err := strconv.Atoi(ps)
+		if err != nil {
+			return nil, fmt.Errorf("%w: local address %q: bad port", verbs.ErrInvalid, s)
+		}
+		host, port = h, n
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return nil, fmt.Errorf("%w: local address %q is not an IP address", verbs.ErrInvalid, s)
+	}
+	return &net.TCPAddr{IP: ip, Port: port}, nil
 }
 
 func (p *pendingQP) accept(ctx context.Context, cp verbs.ConnParam) (*qp, error) {

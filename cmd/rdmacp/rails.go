@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/verbs"
+)
+
+// Rails on the command line: --bind picks the local addresses a
+// session's data QPs connect from (one rail each), the target's
+// --listen addresses the other ends; cp says which rails it used and
+// what each carried.
+
+func bindFlag() cli.Flag {
+	return &cli.StringSliceFlag{Name: "bind", Usage: "local IP addresses to connect from, one rail each (comma-separated or repeated): the data QPs spread over them"}
+}
+
+// railsConfig reads --bind, and refuses a device list: several devices
+// need a protection domain and CQ each, which sessions do not have yet.
+func railsConfig(c *cli.Context, cfg *initiator.Config) error {
+	for _, b := range c.StringSlice("bind") {
+		for _, a := range strings.Split(b, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.Bind = append(cfg.Bind, a)
+			}
+		}
+	}
+	if d := c.String("device"); strings.Contains(d, ",") {
+		return usagef("-d %s: one device per session for now (a rail per device needs a protection domain each); give each device's address to --bind instead", d)
+	}
+	if err := initiator.ValidateBind(cfg.Bind); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
+// railsText is the summary's rails part: "" with one rail and nothing
+// bound (today's one path), else every rail and its bytes.
+func railsText(rails []initiator.Rail) string {
+	if len(rails) <= 1 && (len(rails) == 0 || rails[0].Local == "") {
+		return ""
+	}
+	var parts []string
+	for _, r := range rails {
+		name := railName(r)
+		p := fmt.Sprintf("%s %s (%d QPs)", name, formatSI(r.Bytes), r.QPs)
+		if r.Down != "" {
+			p = name + " down"
+		}
+		parts = append(parts, p)
+	}
+	return "rails: " + strings.Join(parts, ", ")
+}
+
+func printRails(w io.Writer, rails []initiator.Rail) {
+	if t := railsText(rails); t != "" {
+		fmt.Fprintln(w, t)
+	}
+}
+
+// listenValue is --listen: repeatable, each value one address or a
+// comma-separated list; it prints as the list joined by commas, so that
+// its config key takes the same text (or a JSON list).
+type listenValue struct{ addrs []string }
+
+func (v *listenValue) Set(s string) error {
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			v.addrs = append(v.addrs, a)
+		}
+	}
+	return nil
+}
+
+func (v *listenValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return strings.Join(v.addrs, ",")
+}
+
+// Get is flag.Getter's: the text, as String.
+func (v *listenValue) Get() any { return v.String() }
+
+// listenAddrs is --listen's addresses.
+func listenAddrs(c *cli.Context) []string {
+	if v, ok := c.Generic("listen").(*listenValue); ok {
+		return v.addrs
+	}
+	return nil
+}
+
+// listenAll listens on every address, or on none: a bind failure closes
+// the listeners made so far and says which address failed.
+func listenAll(ctx context.Context, dev verbs.Device, addrs []string) ([]verbs.Listener, error) {
+	var lns []verbs.Listener
+	for _, a := range addrs {
+		ln, err := dev.Listen(ctx, a)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, listenError(a, err)
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+func addrsOf(lns []verbs.Listener) []string {
+	out := make([]string, len(lns))
+	for i, l := range lns {
+		out[i] = l.Addr()
+	}
+	return out
+}
+
+// stringList is a config value that is one string or a list of them.
+type stringList []string
+
+func (l *stringList) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*l = stringList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return fmt.Errorf("want a string or a list of strings, got %s", b)
+	}
+	*l = many
+	return nil
+}
+
+// warnRails says on stderr which rails the session could not connect
+// over: the user chose them, and must hear that they carry nothing.
+func warnRails(w io.Writer, rails []initiator.Rail) {
+	for _, r := range rails {
+		if r.Down != "" {
+			fmt.Fprintf(w, "rdmacp: warning: rail %s down, its data QPs went to the others: %s\n", railName(r), r.Down)
+		}
+	}
+}
+
+func railName(r initiator.Rail) string {
+	if r.Local != "" {
+		return r.Local + "->" + r.Remote
+	}
+	return r.Remote
+}
