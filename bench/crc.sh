@@ -41,48 +41,66 @@ mkdir -p "$dir/export"
 head -c $((size << 20)) /dev/urandom >"$dir/export/file"
 cat "$dir/export/file" >/dev/null
 
-port=$(free_port)
-"${bins[0]}" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level warn 2>"$dir/serve.log" &
-wait_port $port
+# Each build serves itself, so that its target's CPU is its own.
+declare -A port spid
+for k in "${!names[@]}"; do
+  port[$k]=$(free_port)
+  "${bins[$k]}" serve --transport iwarp-soft --listen 127.0.0.1:${port[$k]} --export data="$dir/export" --log-level warn 2>"$dir/serve.$k.log" &
+  spid[$k]=$!
+  wait_port "${port[$k]}"
+done
+# CPU seconds (user+system) a live process has used so far.
+pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+perGB() { awk -v c="$1" -v b="$2" 'BEGIN { printf "%.2f", c / (b / 1e9) }'; }
 
-stream() { # prints MB/s
+stream() { # prints MB/s, receiver and sender CPU s/GB
   local np rpid
   np=$(free_port)
   rm -f "$dir/recv.err"
   "$ts" recv -listen 127.0.0.1:$np -n "$qps" >"$dir/recv.json" 2>"$dir/recv.err" &
   rpid=$!
   for _ in $(seq 200); do grep -q listening "$dir/recv.err" 2>/dev/null && break; sleep 0.02; done
-  "$ts" send -connect 127.0.0.1:$np -n "$qps" -duration "${secs}s" >/dev/null
+  "$ts" send -connect 127.0.0.1:$np -n "$qps" -duration "${secs}s" >"$dir/send.json"
   wait $rpid
   awk -v g="$(jget gb_per_s "$dir/recv.json")" 'BEGIN { printf "%.0f", g * 1000 }'
+  printf ' %.2f %s' "$(jget cpu_seconds_per_gb "$dir/recv.json")" "$(perGB "$(jget cpu_seconds "$dir/send.json")" "$(jget bytes "$dir/recv.json")")"
 }
-bench() { # binary crc(on|off): prints MB/s
-  "$1" bench --transport iwarp-soft --mpa-crc "$2" --json -D "$secs" --qps "$qps" --depth "$depth" -s 1MiB \
-    127.0.0.1:$port:data/file >"$dir/bench.json" 2>"$dir/bench.err" || { cat "$dir/bench.err" >&2; exit 1; }
-  printf '%.0f' "$(jget avg_mb_per_s "$dir/bench.json")"
+bench() { # build crc(on|off): prints MB/s, initiator and target CPU s/GB
+  local c0
+  c0=$(pcpu "${spid[$1]}")
+  "${bins[$1]}" bench --transport iwarp-soft --mpa-crc "$2" --json -D "$secs" --qps "$qps" --depth "$depth" -s 1MiB \
+    127.0.0.1:${port[$1]}:data/file >"$dir/bench.json" 2>"$dir/bench.err" || { cat "$dir/bench.err" >&2; exit 1; }
+  local f
+  f=$(jget qp_failures "$dir/bench.json")
+  [ "${f:-0}" = 0 ] || echo "warning: ${names[$1]} --mpa-crc $2: $f data QPs failed: $(grep -o '"cause":"[^"]*"' "$dir/bench.json" | head -1)" >&2
+  printf '%.0f %.2f %s' "$(jget avg_mb_per_s "$dir/bench.json")" "$(jget cpu_seconds_per_gb "$dir/bench.json")" \
+    "$(perGB "$(awk -v a="$c0" -v b="$(pcpu "${spid[$1]}")" 'BEGIN { print b - a }')" "$(jget bytes "$dir/bench.json")")"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%s (%s-%s)", m, a[1], a[NR]}'; }
 
 declare -A col
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $qps QPs x $depth / $qps streams, ${secs}s each, $rounds rounds"
+echo "# per run: MB/s, x tcpstream of the round, CPU s/GB receiving / sending side"
 for i in $(seq "$rounds"); do
-  s=$(stream)
-  line="round $i: tcpstream $s MB/s"
-  col[stream]+=" $s"
+  read -r s sr ss <<<"$(stream)"
+  line="round $i: tcpstream $s MB/s $sr/$ss"
+  col[stream]+=" $s" col[stream.cr]+=" $sr" col[stream.cs]+=" $ss"
   for k in "${!names[@]}"; do
     n=${names[$k]}
-    off=$(bench "${bins[$k]}" off)
-    on=$(bench "${bins[$k]}" on)
-    col[$n.off]+=" $off" col[$n.on]+=" $on"
-    col[$n.roff]+=" $(ratio "$off" "$s")" col[$n.ron]+=" $(ratio "$on" "$s")"
-    line+="; $n off $off ($(ratio "$off" "$s")x) on $on ($(ratio "$on" "$s")x)"
+    for c in off on; do
+      read -r v ci ct <<<"$(bench "$k" $c)"
+      col[$n.$c]+=" $v" col[$n.$c.r]+=" $(ratio "$v" "$s")" col[$n.$c.ci]+=" $ci" col[$n.$c.ct]+=" $ct"
+      line+="; $n $c $v ($(ratio "$v" "$s")x) $ci/$ct"
+    done
   done
   echo "$line"
 done
 echo "# load at the end $(cut -d' ' -f1-3 /proc/loadavg); medians (min-max) of $rounds rounds"
-echo "tcpstream, $qps streams: $(echo "${col[stream]}" | median) MB/s"
+echo "tcpstream, $qps streams: $(echo "${col[stream]}" | median) MB/s; CPU s/GB receiver $(echo "${col[stream.cr]}" | median), sender $(echo "${col[stream.cs]}" | median)"
 for n in "${names[@]}"; do
-  echo "$n: CRC off $(echo "${col[$n.off]}" | median) MB/s = $(echo "${col[$n.roff]}" | median) x tcpstream"
-  echo "$n: CRC on  $(echo "${col[$n.on]}" | median) MB/s = $(echo "${col[$n.ron]}" | median) x tcpstream"
+  for c in off on; do
+    printf '%s: CRC %-3s %s MB/s = %s x tcpstream; CPU s/GB initiator %s, target %s\n' "$n" $c "$(echo "${col[$n.$c]}" | median)" \
+      "$(echo "${col[$n.$c.r]}" | median)" "$(echo "${col[$n.$c.ci]}" | median)" "$(echo "${col[$n.$c.ct]}" | median)"
+  done
 done
