@@ -193,6 +193,13 @@ func (b *bench) setup() error {
 	return nil
 }
 
+// done gives a completed READ's slot back.
+func (b *bench) done(p *reads.Piece) {
+	if b.free != nil {
+		b.free = append(b.free, int((p.Local.Addr-b.mr.Addr())/uint64(b.size)))
+	}
+}
+
 func (b *bench) teardown() {
 	// The engine has drained or failed the QPs of any READ still out.
 	if b.mr != nil {
@@ -242,9 +249,7 @@ func (b *bench) run(ctx context.Context) (_ *BenchResult, err error) {
 			buckets = append(buckets, 0)
 		}
 		buckets[i] += int64(p.Local.Length)
-		if b.free != nil {
-			b.free = append(b.free, int((p.Local.Addr-b.mr.Addr())/uint64(b.size)))
-		}
+		b.done(p)
 		reads_++
 		last = now
 	}})
