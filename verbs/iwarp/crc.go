@@ -20,7 +20,7 @@ func crcCold(sum uint32, p []byte, touched *byte) uint32 {
 	for len(p) > 0 {
 		n := min(len(p), coldBlock)
 		*touched += touchLines(p[:n])
-		sum = crc32.Update(sum, castagnoli, p[:n])
+		sum = crc32c(sum, p[:n])
 		p = p[n:]
 	}
 	return sum
@@ -34,3 +34,17 @@ func touchLines(p []byte) byte {
 	}
 	return x
 }
+
+// crc32c is crc32.Update(sum, castagnoli, p), by castagnoliFold where
+// the CPU has it and p is long enough for it to pay.
+func crc32c(sum uint32, p []byte) uint32 {
+	if hasFold && len(p) >= foldMin {
+		n := len(p) &^ 63
+		sum = castagnoliFold(sum, p[:n])
+		p = p[n:]
+	}
+	return crc32.Update(sum, castagnoli, p)
+}
+
+// foldMin is the shortest input castagnoliFold takes.
+const foldMin = 256

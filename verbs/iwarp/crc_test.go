@@ -121,6 +121,7 @@ func BenchmarkColdCRC(b *testing.B) {
 	}{
 		{"plain", func(s uint32, p []byte) uint32 { return crc32.Update(s, castagnoli, p) }},
 		{"touched", func(s uint32, p []byte) uint32 { var x byte; return crcCold(s, p, &x) }},
+		{"fold", crc32c},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(total)
@@ -185,4 +186,50 @@ func BenchmarkReadCRC(b *testing.B) {
 			}
 		})
 	}
+}
+
+// crc32c (castagnoliFold where the CPU has it) is hash/crc32's CRC32C
+// at every length, alignment and starting value.
+func TestCRC32CFold(t *testing.T) {
+	if !hasFold {
+		t.Log("no AVX-512 VPCLMULQDQ here: crc32c is hash/crc32's")
+	}
+	data := fzPattern(3*maxPayload, 5)
+	rng := rand.New(rand.NewPCG(7, 8))
+	lens := []int{0, 1, 63, 64, 255, 256, 257, 319, 320, 511, 512, 513, 767, 768, 1024, 4096, maxPayload, 2 * maxPayload}
+	for range 300 {
+		lens = append(lens, rng.IntN(len(data)-8))
+	}
+	for _, n := range lens {
+		off := rng.IntN(8)
+		p := data[off : off+n]
+		for _, init := range []uint32{0, 0xffffffff, rng.Uint32()} {
+			if got, want := crc32c(init, p), crc32.Update(init, castagnoli, p); got != want {
+				t.Fatalf("crc32c(%#x, %d bytes at %d) = %#08x, want %#08x", init, n, off, got, want)
+			}
+		}
+	}
+	// Chained over pieces, as the receiver does (header, then payload).
+	sum := crc32c(crc32.Update(0, castagnoli, data[:16]), data[16:70000])
+	if want := crc32.Checksum(data[:70000], castagnoli); sum != want {
+		t.Fatalf("chained: %#08x, want %#08x", sum, want)
+	}
+}
+
+// BenchmarkCRC32C: one FPDU's payload in cache, hash/crc32 against
+// crc32c.
+func BenchmarkCRC32C(b *testing.B) {
+	p := fzPattern(maxPayload, 3)
+	b.Run("hash-crc32", func(b *testing.B) {
+		b.SetBytes(int64(len(p)))
+		for b.Loop() {
+			crc32.Update(0, castagnoli, p)
+		}
+	})
+	b.Run("fold", func(b *testing.B) {
+		b.SetBytes(int64(len(p)))
+		for b.Loop() {
+			crc32c(0, p)
+		}
+	})
 }

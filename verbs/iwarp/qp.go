@@ -1301,7 +1301,7 @@ func (q *qp) readLoop(fr *frameReader) error {
 			}
 			body := fr.take(n)
 			if q.crc {
-				sum = crc32.Update(sum, castagnoli, body)
+				sum = crc32c(sum, body)
 			}
 			if err := q.checkCRC(sum, fr.take(pad+crcLen), pad); err != nil {
 				return err
@@ -1357,7 +1357,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 			return sum, err
 		}
 		if q.crc {
-			sum = crc32.Update(sum, castagnoli, b)
+			sum = crc32c(sum, b)
 		}
 		return sum, nil
 	}
@@ -1445,7 +1445,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	}
 	b = b[:n]
 	if q.crc {
-		sum = crc32.Update(sum, castagnoli, b)
+		sum = crc32c(sum, b)
 	}
 	s.placed += uint64(n)
 	return sum, nil
