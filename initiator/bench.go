@@ -161,6 +161,12 @@ type bench struct {
 	stage *verbs.Buffer
 	mr    verbs.MR
 	slots int // staging slots: READs in flight share them (the data is never looked at)
+	// free are the slots no READ in flight lands in, while there is one
+	// for each (nil above benchStageLimit). READs complete out of order
+	// across QPs: handing out slots in turn put two READs in flight on
+	// one slot, and the iwarp-soft receiver, which checks the MPA CRC of
+	// the bytes placed, saw the other QP's bytes (a CRC mismatch).
+	free []int
 
 	positions int   // READ-sized positions in the window
 	next      int   // the next position to READ
@@ -179,7 +185,19 @@ func (b *bench) setup() error {
 		return err
 	}
 	b.positions = int(b.win.Length / uint64(b.size))
+	if b.slots == inflight {
+		for i := range b.slots {
+			b.free = append(b.free, i)
+		}
+	}
 	return nil
+}
+
+// done gives a completed READ's slot back.
+func (b *bench) done(p *reads.Piece) {
+	if b.free != nil {
+		b.free = append(b.free, int((p.Local.Addr-b.mr.Addr())/uint64(b.size)))
+	}
 }
 
 func (b *bench) teardown() {
@@ -196,6 +214,9 @@ func (b *bench) teardown() {
 // staging slots in turn.
 func (b *bench) piece() reads.Piece {
 	slot := int(b.posted % int64(b.slots))
+	if n := len(b.free); n > 0 {
+		slot, b.free = b.free[n-1], b.free[:n-1]
+	}
 	pos := b.next
 	b.next = (b.next + 1) % b.positions
 	b.posted++
@@ -228,6 +249,7 @@ func (b *bench) run(ctx context.Context) (_ *BenchResult, err error) {
 			buckets = append(buckets, 0)
 		}
 		buckets[i] += int64(p.Local.Length)
+		b.done(p)
 		reads_++
 		last = now
 	}})

@@ -24,14 +24,14 @@ type side struct {
 	qp  verbs.QP
 }
 
-func pair(t *testing.T, cfg Config, ord int) (a, b side) {
+func pair(t testing.TB, cfg Config, ord int) (a, b side) {
 	t.Helper()
 	return pairOf(t, cfg, cfg, ord)
 }
 
 // pairOf is pair with the active side a on provider config ca and the
 // passive side b on cb.
-func pairOf(t *testing.T, ca, cb Config, ord int) (a, b side) {
+func pairOf(t testing.TB, ca, cb Config, ord int) (a, b side) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -81,7 +81,7 @@ func pairOf(t *testing.T, ca, cb Config, ord int) (a, b side) {
 	return a, b
 }
 
-func wait(t *testing.T, cq verbs.CQ, n int) []verbs.Completion {
+func wait(t testing.TB, cq verbs.CQ, n int) []verbs.Completion {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -102,7 +102,7 @@ func wait(t *testing.T, cq verbs.CQ, n int) []verbs.Completion {
 	return out
 }
 
-func buffer(t *testing.T, n int) []byte {
+func buffer(t testing.TB, n int) []byte {
 	b, err := verbs.AllocBuffer(n)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# What MPA's FPDU CRC32c costs rdmacp bench, side by side in one run: each
+# round runs the plain Go TCP streamer (bench/tcpstream, N streams), then
+# `rdmacp bench` with MPA CRC off and with `--mpa-crc on` (N QPs), and
+# the ratios are taken within the round. Prints per round, then the
+# medians (min-max) over the rounds.
+#
+#   bench/crc.sh [-n ROUNDS] [-D SECS] [-q QPS] [-d DEPTH] [-s FILE_MiB] [NAME=BINARY...]
+#
+# With NAME=BINARY arguments (rdmacp builds), every build is benched in
+# every round against the one streamer run, so builds compare in one run;
+# the first one serves. Without, the working tree is built as "this".
+#
+# Over loopback the CRC is the only thing that differs between the two
+# rdmacp figures: both ends compute it (sender per FPDU, receiver before
+# completing), on the same cores as the kernel's TCP copies.
+set -euo pipefail
+rounds=5 secs=3 qps=4 depth=4 size=64
+while getopts n:D:q:d:s: o; do
+  case $o in n) rounds=$OPTARG ;; D) secs=$OPTARG ;; q) qps=$OPTARG ;; d) depth=$OPTARG ;; s) size=$OPTARG ;; *) exit 2 ;; esac
+done
+shift $((OPTIND - 1))
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+dir=$(mktemp -d /var/tmp/rdmacp-crc.XXXXXX)
+cleanup() {
+  for p in $(jobs -p); do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+names=() bins=()
+if [ $# -eq 0 ]; then
+  go build -o "$dir/rdmacp" ./cmd/rdmacp
+  set -- this="$dir/rdmacp"
+fi
+for a in "$@"; do names+=("${a%%=*}"); bins+=("$(realpath "${a#*=}")"); done
+ts=$dir/tcpstream
+go build -o "$ts" ./bench/tcpstream
+mkdir -p "$dir/export"
+head -c $((size << 20)) /dev/urandom >"$dir/export/file"
+cat "$dir/export/file" >/dev/null
+
+# Each build serves itself, so that its target's CPU is its own.
+declare -A port spid
+for k in "${!names[@]}"; do
+  port[$k]=$(free_port)
+  "${bins[$k]}" serve --transport iwarp-soft --listen 127.0.0.1:${port[$k]} --export data="$dir/export" --log-level warn 2>"$dir/serve.$k.log" &
+  spid[$k]=$!
+  wait_port "${port[$k]}"
+done
+# CPU seconds (user+system) a live process has used so far.
+pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+perGB() { awk -v c="$1" -v b="$2" 'BEGIN { printf "%.2f", c / (b / 1e9) }'; }
+
+stream() { # prints MB/s, receiver and sender CPU s/GB
+  local np rpid
+  np=$(free_port)
+  rm -f "$dir/recv.err"
+  "$ts" recv -listen 127.0.0.1:$np -n "$qps" >"$dir/recv.json" 2>"$dir/recv.err" &
+  rpid=$!
+  for _ in $(seq 200); do grep -q listening "$dir/recv.err" 2>/dev/null && break; sleep 0.02; done
+  "$ts" send -connect 127.0.0.1:$np -n "$qps" -duration "${secs}s" >"$dir/send.json"
+  wait $rpid
+  awk -v g="$(jget gb_per_s "$dir/recv.json")" 'BEGIN { printf "%.0f", g * 1000 }'
+  printf ' %.2f %s' "$(jget cpu_seconds_per_gb "$dir/recv.json")" "$(perGB "$(jget cpu_seconds "$dir/send.json")" "$(jget bytes "$dir/recv.json")")"
+}
+bench() { # build crc(on|off): prints MB/s, initiator and target CPU s/GB
+  local c0
+  c0=$(pcpu "${spid[$1]}")
+  "${bins[$1]}" bench --transport iwarp-soft --mpa-crc "$2" --json -D "$secs" --qps "$qps" --depth "$depth" -s 1MiB \
+    127.0.0.1:${port[$1]}:data/file >"$dir/bench.json" 2>"$dir/bench.err" || { cat "$dir/bench.err" >&2; exit 1; }
+  local f
+  f=$(jget qp_failures "$dir/bench.json")
+  [ "${f:-0}" = 0 ] || echo "warning: ${names[$1]} --mpa-crc $2: $f data QPs failed: $(grep -o '"cause":"[^"]*"' "$dir/bench.json" | head -1)" >&2
+  printf '%.0f %.2f %s' "$(jget avg_mb_per_s "$dir/bench.json")" "$(jget cpu_seconds_per_gb "$dir/bench.json")" \
+    "$(perGB "$(awk -v a="$c0" -v b="$(pcpu "${spid[$1]}")" 'BEGIN { print b - a }')" "$(jget bytes "$dir/bench.json")")"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%s (%s-%s)", m, a[1], a[NR]}'; }
+
+declare -A col
+echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $qps QPs x $depth / $qps streams, ${secs}s each, $rounds rounds"
+echo "# per run: MB/s, x tcpstream of the round, CPU s/GB receiving / sending side"
+for i in $(seq "$rounds"); do
+  read -r s sr ss <<<"$(stream)"
+  line="round $i: tcpstream $s MB/s $sr/$ss"
+  col[stream]+=" $s" col[stream.cr]+=" $sr" col[stream.cs]+=" $ss"
+  for k in "${!names[@]}"; do
+    n=${names[$k]}
+    for c in off on; do
+      read -r v ci ct <<<"$(bench "$k" $c)"
+      col[$n.$c]+=" $v" col[$n.$c.r]+=" $(ratio "$v" "$s")" col[$n.$c.ci]+=" $ci" col[$n.$c.ct]+=" $ct"
+      line+="; $n $c $v ($(ratio "$v" "$s")x) $ci/$ct"
+    done
+  done
+  echo "$line"
+done
+echo "# load at the end $(cut -d' ' -f1-3 /proc/loadavg); medians (min-max) of $rounds rounds"
+echo "tcpstream, $qps streams: $(echo "${col[stream]}" | median) MB/s; CPU s/GB receiver $(echo "${col[stream.cr]}" | median), sender $(echo "${col[stream.cs]}" | median)"
+for n in "${names[@]}"; do
+  for c in off on; do
+    printf '%s: CRC %-3s %s MB/s = %s x tcpstream; CPU s/GB initiator %s, target %s\n' "$n" $c "$(echo "${col[$n.$c]}" | median)" \
+      "$(echo "${col[$n.$c.r]}" | median)" "$(echo "${col[$n.$c.ci]}" | median)" "$(echo "${col[$n.$c.ct]}" | median)"
+  done
+done

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package iwarp
+
+const hasFold = false
+
+func castagnoliFold(crc uint32, p []byte) uint32 { panic("castagnoliFold: amd64 only") }
