@@ -73,6 +73,10 @@ type Config struct {
 	// default 64 MiB. An Open over it is answered TooMany, asking for
 	// larger chunks.
 	MaxDigestMemory uint64
+	// Digests, when set, keeps chunk digests across restarts (a
+	// chunker.DirStore in the state directory): a file served again
+	// unchanged is not hashed again. nil: digests live in memory only.
+	Digests chunker.Store
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
 	// MaxSessions caps authenticated sessions; default 64. A control
