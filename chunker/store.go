@@ -1,6 +1,7 @@
 package chunker
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -548,4 +549,99 @@ func deviceKey(fi os.FileInfo, l Layout, alg Algorithm) (Key, error) {
 	k.Size = l.Size
 	k.MtimeNs = blockdev.Generation(fi)
 	return k, nil
+}
+
+// persistWindow is the bytes Persist hashes between Saves: twice the
+// target's default window, so Saves are few and the digests held at once
+// few (16 of 4 MiB chunks). A variable so tests can shrink it.
+var persistWindow int64 = 64 << 20
+
+// ErrTooRecent reports a file whose digests may not be persisted yet: it
+// changed less than racyWindow ago, or its times are in the future.
+var ErrTooRecent = errors.New("chunker: file changed too recently for its digests to be stored")
+
+// Persist makes s hold every chunk digest of f laid out as l: the windows
+// of chunks it lacks are hashed with HashFile and saved as each is hashed.
+// These are the digests the target computes (the same KeyOf, the same
+// Layout), so a daemon sharing s serves f without hashing it. For a block
+// device, l.Size is its BLKGETSIZE64.
+//
+// It returns the bytes it read to hash (0 when s held every digest).
+// progress, if not nil, is called after each window with the bytes of f
+// done so far, hashed or found stored. A file changed within the last
+// racyWindow is waited for, up to racyWindow (then ErrTooRecent). A file
+// that changes while it is hashed is an error wrapping ErrChanged, and
+// what was saved of it is dropped.
+func Persist(ctx context.Context, f *os.File, l Layout, alg Algorithm, s Store, workers int, progress func(done int64)) (int64, error) {
+	if err := l.Validate(); err != nil {
+		return 0, err
+	}
+	k, err := statKey(f, l, alg)
+	if err != nil {
+		return 0, err
+	}
+	if err := waitPersistable(ctx, k); err != nil {
+		return 0, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	per := max(1, int(persistWindow/l.ChunkSize))
+	var hashed, done int64
+	n := l.Chunks()
+	for first := 0; first < n; first += per {
+		count := min(per, n-first)
+		off := int64(first) * l.ChunkSize
+		length := min(int64(count)*l.ChunkSize, l.Size-off)
+		if _, ok := s.Load(k, first, count); !ok {
+			d, err := HashFile(ctx, io.NewSectionReader(f, off, length), Layout{Size: length, ChunkSize: l.ChunkSize}, alg, workers)
+			if err != nil {
+				return hashed, fmt.Errorf("hashing %s: %w", f.Name(), err)
+			}
+			hashed += length
+			if err := s.Save(k, first, d.Bytes()); err != nil {
+				return hashed, fmt.Errorf("storing the digests of %s: %w", f.Name(), err)
+			}
+		}
+		done += length
+		if progress != nil {
+			progress(done)
+		}
+	}
+	after, err := statKey(f, l, alg)
+	if err != nil {
+		return hashed, err
+	}
+	if after != k {
+		s.Drop(k.Dev, k.Ino)
+		return hashed, fmt.Errorf("chunker: hashing %s: %w", f.Name(), ErrChanged)
+	}
+	return hashed, nil
+}
+
+func statKey(f *os.File, l Layout, alg Algorithm) (Key, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return Key{}, fmt.Errorf("chunker: %w", err)
+	}
+	return KeyOf(fi, l, alg)
+}
+
+// waitPersistable waits, up to racyWindow, for version k to be old enough
+// to persist: a file just copied into place gets its digests stored
+// rather than refused.
+func waitPersistable(ctx context.Context, k Key) error {
+	now := time.Now()
+	if Persistable(k, now) {
+		return nil
+	}
+	wait := time.Unix(0, k.changedNs()).Add(racyWindow + 10*time.Millisecond).Sub(now)
+	if wait > racyWindow+100*time.Millisecond {
+		return ErrTooRecent // changed in the future, by its times
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

@@ -2,6 +2,7 @@ package chunker
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -404,5 +405,61 @@ func TestStoreKeyOfTouchR(t *testing.T) {
 	}
 	if _, ok := s.Load(k2, 0, 3); ok {
 		t.Error("digests of the old contents loaded after a touch -r edit")
+	}
+}
+
+// TestPersist: Persist stores what HashFile computes, under the file's
+// KeyOf; a second Persist reads nothing; a file with some windows stored
+// hashes only the others.
+func TestPersist(t *testing.T) {
+	old := persistWindow
+	persistWindow = 4 * 4096
+	defer func() { persistWindow = old }()
+	p := filepath.Join(t.TempDir(), "f")
+	data := make([]byte, 10*4096+100)
+	for i := range data {
+		data[i] = byte(i * 7 / 5)
+	}
+	os.WriteFile(p, data, 0o644)
+	then := time.Now().Add(-time.Hour)
+	os.Chtimes(p, then, then)
+	s := openTestStore(t, 0)
+	s.now = func() time.Time { return time.Now().Add(time.Hour) } // the ctime is now
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	l := Layout{Size: int64(len(data)), ChunkSize: 4096}
+	want, err := HashFile(context.Background(), f, l, BLAKE3, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last int64
+	hashed, err := Persist(context.Background(), f, l, BLAKE3, s, 2, func(done int64) { last = done })
+	if err != nil {
+		t.Fatal(err) // (the file's ctime is now: Persist waited 2 s for it)
+	}
+	if hashed != int64(len(data)) || last != int64(len(data)) {
+		t.Errorf("first Persist: hashed %d, progress %d, want %d", hashed, last, len(data))
+	}
+	fi, _ := f.Stat()
+	k, _ := KeyOf(fi, l, BLAKE3)
+	got, ok := s.Load(k, 0, l.Chunks())
+	if !ok || !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("stored digests: ok=%v, equal to HashFile's: %v", ok, bytes.Equal(got, want.Bytes()))
+	}
+	if hashed, err := Persist(context.Background(), f, l, BLAKE3, s, 2, nil); err != nil || hashed != 0 {
+		t.Errorf("second Persist: hashed %d, %v; want 0", hashed, err)
+	}
+	// Lose chunk 5 (window [4, 8)): only that window is hashed again.
+	fh, _ := os.OpenFile(s.name(k), os.O_RDWR, 0)
+	fh.WriteAt(make([]byte, slotSize(BLAKE3)), storeHeaderSize+5*int64(slotSize(BLAKE3)))
+	fh.Close()
+	if hashed, err := Persist(context.Background(), f, l, BLAKE3, s, 2, nil); err != nil || hashed != 4*4096 {
+		t.Errorf("Persist with one chunk lost: hashed %d, %v; want %d", hashed, err, 4*4096)
+	}
+	if got, ok := s.Load(k, 0, l.Chunks()); !ok || !bytes.Equal(got, want.Bytes()) {
+		t.Error("digests after repair differ from HashFile's")
 	}
 }
