@@ -37,7 +37,7 @@ type session struct {
 	// winDigests: the initiator takes digests window by window
 	// (protocol.FeatureWinDigests)
 	winDigests bool
-	names idNames
+	names      idNames
 	// client is the identity the session authenticated as (nil before,
 	// or on a target without a secret), under srv.kmu; addr its peer's
 	// address, which exports' hosts rules judge.
