@@ -94,6 +94,11 @@ func (wd *winDigests) bump() {
 func (wd *winDigests) produce(ctx context.Context) {
 	defer close(wd.done)
 	fd, err := chunker.NewFileDigester(wd.alg, wd.l)
+	if err == nil && wd.windows() == 0 { // an empty file
+		wd.mu.Lock()
+		wd.sum, err = fd.Sum()
+		wd.mu.Unlock()
+	}
 	for i := 0; err == nil && i < wd.windows(); i++ {
 		if err = wd.await(ctx, i); err != nil {
 			break

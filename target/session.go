@@ -297,10 +297,13 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxReadsPerQP: uint16(min(cfg.Device.Caps().MaxReadsPerQP, 1<<16-1)),
 		MaxWindow:     cfg.MaxWindow,
 	}
-	ch.Server = ss.srv.serverString(ch.AuthRequired) + " +" + protocol.FeatureWinDigests
+	ch.Server = ss.srv.serverString(ch.AuthRequired)
+	if !cfg.NoWinDigests {
+		ch.Server += " +" + protocol.FeatureWinDigests
+	}
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
-	ss.winDigests = protocol.HasFeature(h.Client, protocol.FeatureWinDigests)
+	ss.winDigests = !cfg.NoWinDigests && protocol.HasFeature(h.Client, protocol.FeatureWinDigests)
 	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
 		if err := ss.setAuthed(); err != nil {
@@ -445,6 +448,9 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 	case *protocol.Digests:
 		return ss.digestsReply(ctx, m)
 	case *protocol.Extents:
+		if !ss.winDigests {
+			break
+		}
 		return ss.extentsReply(m)
 	case *protocol.Suspect:
 		return ss.suspect(ctx, m)
@@ -487,11 +493,9 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		}
 		changed := h.file() && h.changed()
 		h.acc.result = map[bool]string{false: "ok", true: "changed"}[changed]
-		if ss.winDigests {
+		if h.wd != nil {
 			closed := &protocol.Closed{Changed: changed, FileDigest: []byte{}}
-			if h.wd != nil {
-				closed.FileDigest = h.wd.fileDigest(ctx)
-			}
+			closed.FileDigest = h.wd.fileDigest(ctx)
 			ss.closeHandle(h)
 			return closed
 		}

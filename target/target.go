@@ -119,6 +119,10 @@ type Config struct {
 	// NoPush answers Push with Unsupported, as a target from before Push
 	// would.
 	NoPush bool
+	// NoWinDigests hashes whole files at Open for every initiator, as a
+	// target from before digests by window would (it announces no
+	// protocol.FeatureWinDigests and answers none of its requests).
+	NoWinDigests bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int
