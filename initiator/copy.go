@@ -782,8 +782,8 @@ type chunk struct {
 type win struct {
 	w       protocol.Window
 	keys    *reads.Keys
-	first   int // first chunk
-	end     int // one past the last chunk
+	first   int    // first chunk
+	end     int    // one past the last chunk
 	digests []byte // nil for a hole window
 	left    int    // chunks not yet written
 	hole    bool   // all hole: not mapped, nothing to READ or unmap
