@@ -407,7 +407,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	} else if err != nil {
 		return err
 	}
-	f.zeroFill = st.land.device || st.land.partial != nil
+	f.zeroFill = (st.land.device && !st.land.discard) || st.land.partial != nil
 	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
 	f.out = out
 	sums, err := f.run()
