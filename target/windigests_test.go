@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -226,3 +227,57 @@ func (s *lyingStore) Save(chunker.Key, int, []byte) error { return nil }
 func (s *lyingStore) Drop(uint64, uint64)                 { s.dropped.Add(1) }
 
 var _ chunker.Store = (*lyingStore)(nil)
+
+func TestStoredDigestsNoHashAfterRestart(t *testing.T) {
+	// Digests hashed by window go to the store; a new target (a restart)
+	// with the same store serves them with no hash pass at all; a touch
+	// -r edit (same mtime, new ctime) is a new version and is hashed.
+	dir, state := t.TempDir(), t.TempDir()
+	os.Chmod(state, 0o700)
+	const size = 24 << 20
+	path := filepath.Join(dir, "f")
+	sparseFile(t, path, size, []int64{0, 16 << 20}, 4<<20)
+	// Digests of a file changed within the last 2 s are not stored.
+	old := time.Now().Add(-time.Hour)
+	os.Chtimes(path, old, old)
+	time.Sleep(2100 * time.Millisecond)
+	serveOnce := func() (hashed float64, digest []byte) {
+		st, err := chunker.OpenDirStore(state, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := targetConfig(dir, 8<<20, 64<<20)
+		cfg.Digests = st
+		srv, addr := serveSrv(t, cfg)
+		p := newPeerAs(t, addr, winClient)
+		m, err := p.call(&protocol.Open{Path: "data/f"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		or := m.(*protocol.OpenReply)
+		digestsOf(t, p, or.Handle, 0, int(or.Chunks), 4)
+		m, err = p.call(&protocol.Close{Handle: or.Handle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return metric(t, srv, "rdmacp_digest_bytes_total"), m.(*protocol.Closed).FileDigest
+	}
+	first, d1 := serveOnce()
+	if first != 8<<20 {
+		t.Fatalf("first serve hashed %v bytes, want the 8 MiB of data", first)
+	}
+	second, d2 := serveOnce()
+	if second != 0 || !bytes.Equal(d1, d2) {
+		t.Fatalf("second serve hashed %v bytes (want 0), file digest %x then %x", second, d1, d2)
+	}
+	// An edit that puts the mtime back: the ctime moves, the key changes.
+	f, _ := os.OpenFile(path, os.O_WRONLY, 0)
+	f.WriteAt([]byte("edit"), 100)
+	f.Close()
+	os.Chtimes(path, old, old)
+	time.Sleep(2100 * time.Millisecond)
+	third, d3 := serveOnce()
+	if third != 8<<20 || bytes.Equal(d3, d1) {
+		t.Fatalf("after an edit hidden by touch -r: hashed %v bytes (want 8 MiB again), digest %x (was %x)", third, d3, d1)
+	}
+}
