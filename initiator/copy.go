@@ -1248,7 +1248,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		}
 		digests, err := f.fetchDigests(ctx, first, end)
 		if err != nil {
-			send(winOrErr{err: err})
+			send(winOrErr{err: f.mapErr(err)}) // a source that changed while hashed: ErrChanged
 			return
 		}
 		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
