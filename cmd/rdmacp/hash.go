@@ -169,8 +169,12 @@ func (h *hasher) run(paths []string) error {
 	}
 	h.finish()
 	if !h.quiet {
-		fmt.Fprintf(os.Stderr, "%d files, %s: %s hashed, %s already stored (%s, %s chunks) in %s\n",
-			h.counts.DoneFiles.Load(), formatSI(h.counts.DoneBytes.Load()), formatSI(h.hashed),
+		files := "files"
+		if h.counts.DoneFiles.Load() == 1 {
+			files = "file"
+		}
+		fmt.Fprintf(os.Stderr, "%d %s, %s: %s hashed, %s already stored (%s, %s chunks) in %s\n",
+			h.counts.DoneFiles.Load(), files, formatSI(h.counts.DoneBytes.Load()), formatSI(h.hashed),
 			formatSI(max(0, h.counts.DoneBytes.Load()-h.hashed)), h.alg, formatBytes(h.cs), time.Since(start).Round(time.Millisecond))
 	}
 	if first != nil {

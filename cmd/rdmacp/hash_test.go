@@ -6,12 +6,14 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rdmacp/rdmacp/blockdev"
 	"github.com/rdmacp/rdmacp/chunker"
 )
 
@@ -240,5 +242,68 @@ func TestServePrehash(t *testing.T) {
 	}
 	if !strings.Contains(s.logs.String(), "1.25 MB hashed") {
 		t.Errorf("prehash did not log its summary:\n%s", s.logs)
+	}
+}
+
+// TestHashBlockDevice: rdmacp hash stores a block device's digests under
+// its key (size from BLKGETSIZE64, its write counters for mtime); a write
+// through the device moves the counters, and the stored digests are no
+// longer found.
+func TestHashBlockDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	img, state := filepath.Join(t.TempDir(), "img"), filepath.Join(t.TempDir(), "state")
+	writeFile(t, img, 1<<20)
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Skipf("no loop devices here (losetup: %v: %s)", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+
+	if _, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", dev); code != 0 || !strings.Contains(errs, "1 file, 1.05 MB: 1.05 MB hashed") {
+		t.Fatalf("hash %s: exit %d: %s", dev, code, errs)
+	}
+	key := func() (chunker.Key, chunker.Layout) {
+		f, err := os.Open(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fi, _ := f.Stat()
+		size, err := blockdev.Size(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := chunker.Layout{Size: size, ChunkSize: 64 << 10}
+		k, err := chunker.KeyOf(fi, l, chunker.CRC32C)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k, l
+	}
+	s, err := chunker.OpenDirStore(state, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, l := key()
+	got, ok := s.Load(k, 0, l.Chunks())
+	if !ok || !bytes.Equal(got, hashOf(t, img, 64<<10, chunker.CRC32C)) {
+		t.Fatalf("device digests: ok=%v, equal to its image's: %v", ok, ok && bytes.Equal(got, hashOf(t, img, 64<<10, chunker.CRC32C)))
+	}
+	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("changed"), 4096)
+	f.Sync()
+	f.Close()
+	k2, _ := key()
+	if k2 == k {
+		t.Fatalf("a write through %s left its key as it was", dev)
+	}
+	if _, ok := s.Load(k2, 0, l.Chunks()); ok {
+		t.Error("digests stored before a write found under the device's new key")
 	}
 }
