@@ -85,6 +85,9 @@ func NewCache(maxBytes int64, workers int) *Cache {
 	}
 }
 
+// Workers is how many goroutines hash one file.
+func (c *Cache) Workers() int { return c.workers }
+
 func cost(d Digests) int64 { return int64(len(d.Bytes())) + entryOverhead }
 
 // Get returns the digests cached under k, if any.

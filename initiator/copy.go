@@ -137,8 +137,8 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 			return &landing{f: f, dst: dst, device: true, discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
-				return nil, err
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
+				return nil, err // errSame too, by window
 			} else if same {
 				return nil, errSame
 			}
@@ -224,8 +224,11 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 var errSame = errors.New("destination already matches")
 
 // sameFile reports whether the file open opens is a regular file with src's whole-file
-// digest, computed locally over the target's layout.
-func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
+// digest, computed locally over the target's layout. Against a target
+// that hashes by window (no file digest at Open), it compares window by
+// window (sameByWindows) and says so with a *sameDigest error carrying
+// the local file digest, for Close's to confirm.
+func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
 	alg := chunker.Algorithm(or.Algorithm)
 	if alg == chunker.None {
 		return false, nil
@@ -239,6 +242,13 @@ func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.O
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != layout.Size {
 		return false, nil
 	}
+	if len(or.FileDigest) == 0 && s.winDigests() {
+		fd, same, err := s.sameByWindows(ctx, f, or.Handle, alg, layout)
+		if err != nil || !same {
+			return false, err
+		}
+		return false, &sameDigest{fd}
+	}
 	d, err := chunker.HashFile(ctx, f, layout, alg, 2)
 	if err != nil {
 		return false, err
@@ -249,6 +259,13 @@ func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.O
 	}
 	return chunker.Equal(fd, or.FileDigest), nil
 }
+
+// sameDigest is errSame from sameByWindows: the destination's file
+// digest, which the target's at Close must match.
+type sameDigest struct{ digest []byte }
+
+func (e *sameDigest) Error() string        { return errSame.Error() }
+func (e *sameDigest) Is(target error) bool { return target == errSame }
 
 // pullSpec says where one file's bytes go.
 type pullSpec struct {
@@ -306,6 +323,7 @@ type pullState struct {
 	entry protocol.Entry
 	have  []bool // chunks verified and written, by this command
 	sums  []byte // their digests, chunk by chunk
+	ext   *extentMap
 }
 
 func (st *pullState) verified() int {
@@ -370,14 +388,26 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
+	if s.winDigests() && or.Entry.Type == protocol.FileRegular {
+		if f.ext, err = s.listExtents(ctx, or.Handle, layout.Size); err != nil {
+			return err
+		}
+		st.ext = f.ext
+	}
 	if err := st.arm(f, sp, or, layout); errors.Is(err, errSame) {
+		closed = true
+		fd, err := s.confirmSame(ctx, or, err)
+		if err != nil {
+			return err
+		}
 		res.Skipped = true
 		res.Bytes = layout.Size
-		res.Digest = chunker.FormatDigest(alg, or.FileDigest)
+		res.Digest = chunker.FormatDigest(alg, fd)
 		return errSame
 	} else if err != nil {
 		return err
 	}
+	f.zeroFill = (st.land.device && !st.land.discard) || st.land.partial != nil
 	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
 	f.out = out
 	sums, err := f.run()
@@ -391,7 +421,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 			// Digests that keep failing usually mean the source changed.
 			closed = true
 			if m, cerr := s.callWithin(ctx, tidyWait, &protocol.Close{Handle: or.Handle}); cerr == nil {
-				if cr, ok := m.(*protocol.CloseReply); ok && cr.Changed {
+				if changed, _, _ := closeAnswer(m); changed {
 					return fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
 				}
 			}
@@ -406,19 +436,49 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	if err != nil {
 		return err
 	}
-	if cr, ok := m.(*protocol.CloseReply); !ok || cr.Changed {
+	changed, theirs, err := closeAnswer(m)
+	if err != nil {
+		return err
+	}
+	if changed {
 		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
+	}
+	if _, byWindow := m.(*protocol.Closed); !byWindow {
+		theirs = or.FileDigest
 	}
 	local, err := chunker.FileDigest(alg, layout, sums)
 	if err != nil {
 		return err
 	}
-	if !chunker.Equal(local, or.FileDigest) {
-		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
+	if !chunker.Equal(local, theirs) {
+		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, theirs))
 	}
 	res.Bytes = layout.Size
 	res.Digest = chunker.FormatDigest(alg, local)
 	return nil
+}
+
+// confirmSame closes a file -c found the same: by window (a
+// *sameDigest), Close must say the source did not change and carry the
+// same file digest. It returns the file digest.
+func (s *Session) confirmSame(ctx context.Context, or *protocol.OpenReply, same error) ([]byte, error) {
+	var sd *sameDigest
+	if !errors.As(same, &sd) {
+		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
+		return or.FileDigest, nil
+	}
+	m, err := s.call(ctx, &protocol.Close{Handle: or.Handle})
+	if err != nil {
+		return nil, err
+	}
+	changed, theirs, err := closeAnswer(m)
+	if err != nil {
+		return nil, err
+	}
+	if changed || !chunker.Equal(theirs, sd.digest) {
+		return nil, fmt.Errorf("%w: %s changed while it was compared", ErrChanged, or.Entry.Name)
+	}
+	return theirs, nil
 }
 
 // arm sets f up to carry on from st: on the first session's go the
@@ -699,25 +759,34 @@ type fetch struct {
 	trusted   bool
 	onDone    func(idx int)
 	bytesRead int64 // bytes READ successfully
+
+	// Holes: ext is where the source's data is (nil: all data, a target
+	// without digests by window); a chunk wholly in a hole is neither
+	// mapped nor READ, and lands as a hole (landHole). zeroFill: the
+	// landing may hold other bytes there (a device, a resumed file).
+	ext      *extentMap
+	zeroFill bool
 }
 
 type chunk struct {
-	idx  int
-	off  int64
-	n    int
-	slot int
-	win  *win
-	g    reads.Group
+	idx       int
+	off       int64
+	n         int
+	slot      int
+	win       *win
+	g         reads.Group
+	suspected bool // the target was asked to hash it again (Suspect)
 }
 
 // win is a mapped window and the digests of the chunks it covers.
 type win struct {
 	w       protocol.Window
 	keys    *reads.Keys
-	first   int // first chunk
-	end     int // one past the last chunk
-	digests []byte
-	left    int // chunks not yet written
+	first   int    // first chunk
+	end     int    // one past the last chunk
+	digests []byte // nil for a hole window
+	left    int    // chunks not yet written
+	hole    bool   // all hole: not mapped, nothing to READ or unmap
 }
 
 // verifiers is how many goroutines check and write chunks: buffered
@@ -860,6 +929,14 @@ func (f *fetch) start(cur **win, next *int, wins chan winOrErr) (bool, error) {
 			}
 		}
 		w := *cur
+		if f.holeChunk(*next) && f.zeroOK(w, *next) {
+			if err := f.landZeros(w, *next); err != nil {
+				return busy, err
+			}
+			*next++
+			busy = true
+			continue
+		}
 		if f.haveChunk(w, *next) {
 			f.chunkDone(w, *next)
 			*next++
@@ -987,7 +1064,11 @@ func (f *fetch) judge(v verdict) error {
 	}
 	if !v.ok {
 		f.retries++
-		if err := f.eng.Retry(&c.g, f.s.cfg.Retries); err != nil {
+		err := f.eng.Retry(&c.g, f.s.cfg.Retries)
+		if err != nil && !c.suspected && f.s.winDigests() {
+			err = f.resuspect(c, err)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest: %w", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, err)
 		}
 		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.g.Tries)
@@ -997,6 +1078,24 @@ func (f *fetch) judge(v verdict) error {
 	f.free = append(f.free, c.slot)
 	f.chunkDone(c.win, c.idx)
 	return nil
+}
+
+// resuspect asks the target to hash chunk c again (its digest may have
+// been a stale stored one) and, if that gives another digest, reads the
+// chunk once more against it; else the chunk's failure (why) stands.
+func (f *fetch) resuspect(c *chunk, why error) error {
+	c.suspected = true
+	fresh, err := f.suspect(c.idx)
+	if err != nil {
+		return err
+	}
+	size := f.alg.Size()
+	j := c.idx - c.win.first
+	if chunker.Equal(fresh, c.win.digests[j*size:(j+1)*size]) {
+		return why
+	}
+	copy(c.win.digests[j*size:], fresh)
+	return f.eng.Retry(&c.g, c.g.Tries+1)
 }
 
 // haveChunk reports whether chunk i is already in place: marked by a
@@ -1031,7 +1130,7 @@ func (f *fetch) chunkDone(w *win, i int) {
 		f.onDone(i)
 	}
 	w.left--
-	if w.left == 0 {
+	if w.left == 0 && !w.hole {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
@@ -1065,7 +1164,17 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return false
 		}
 	}
+	per := int(want / uint64(cs))
 	for first := 0; first < n; {
+		if d := f.ext.nextData(f.layout, first); d > first {
+			// Holes up to the next data: no Map, no digests asked.
+			end := min(d, first+per)
+			if !send(winOrErr{w: &win{first: first, end: end, left: end - first, hole: true}}) {
+				return
+			}
+			first = end
+			continue
+		}
 		select {
 		case f.windows <- struct{}{}:
 		case <-ctx.Done():
@@ -1128,22 +1237,32 @@ func (f *fetch) mapErr(err error) error {
 }
 
 func (f *fetch) fetchDigests(ctx context.Context, first, end int) ([]byte, error) {
+	return f.s.digestsRange(ctx, f.handle, f.alg, first, end)
+}
+
+// zeroOK reports whether hole chunk i of window w may land as zeros
+// unread: the target's digest for it, where it sent one, is the digest
+// of zeros (else the file changed since its extents were listed, and the
+// chunk is read and verified like any other).
+func (f *fetch) zeroOK(w *win, i int) bool {
 	size := f.alg.Size()
-	if size == 0 {
-		return nil, nil
+	if w.hole || size == 0 {
+		return true
 	}
-	out := make([]byte, 0, (end-first)*size)
-	for i := first; i < end; {
-		m, err := f.s.call(ctx, &protocol.Digests{Handle: f.handle, First: uint32(i), Count: uint32(end - i)})
-		if err != nil {
-			return nil, err
-		}
-		r, ok := m.(*protocol.DigestsReply)
-		if !ok || int(r.First) != i || len(r.Digests)%size != 0 || len(r.Digests) == 0 || len(r.Digests)/size > end-i {
-			return nil, fmt.Errorf("%w: bad digests reply for chunks %d-%d", protocol.ErrMalformed, i, end)
-		}
-		out = append(out, r.Digests...)
-		i += len(r.Digests) / size
+	_, n := f.layout.Chunk(i)
+	j := i - w.first
+	return chunker.Equal(w.digests[j*size:(j+1)*size], chunker.ZeroDigest(f.alg, n))
+}
+
+// landZeros lands hole chunk i of window w: nothing READ, a hole left.
+func (f *fetch) landZeros(w *win, i int) error {
+	off, n := f.layout.Chunk(i)
+	if err := f.landHole(off, n); err != nil {
+		return fmt.Errorf("writing %s: %w", f.out.Name(), err)
 	}
-	return out, nil
+	if size := f.alg.Size(); size > 0 {
+		copy(f.sums[i*size:], chunker.ZeroDigest(f.alg, n))
+	}
+	f.chunkDone(w, i)
+	return nil
 }

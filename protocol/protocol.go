@@ -98,9 +98,13 @@ const (
 	TypeWalkBatch       Type = 30
 	TypeWorking         Type = 31
 	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
+	TypeExtents         Type = 33 // FeatureWinDigests: where an open file's data is
+	TypeExtentsReply    Type = 34
+	TypeClosed          Type = 35 // FeatureWinDigests: CloseReply with the file digest
+	TypeSuspect         Type = 36 // FeatureWinDigests: a chunk that keeps failing
 
 	// typeMax is the highest type this package knows.
-	typeMax = TypeAuthAs
+	typeMax = TypeSuspect
 )
 
 var typeNames = [...]string{
@@ -136,6 +140,10 @@ var typeNames = [...]string{
 	TypeWalkBatch:       "WalkBatch",
 	TypeWorking:         "Working",
 	TypeAuthAs:          "AuthAs",
+	TypeExtents:         "Extents",
+	TypeExtentsReply:    "ExtentsReply",
+	TypeClosed:          "Closed",
+	TypeSuspect:         "Suspect",
 }
 
 func (t Type) String() string {
@@ -212,6 +220,14 @@ func newMessage(t Type) Message {
 		return new(Working)
 	case TypeAuthAs:
 		return new(AuthAs)
+	case TypeExtents:
+		return new(Extents)
+	case TypeExtentsReply:
+		return new(ExtentsReply)
+	case TypeClosed:
+		return new(Closed)
+	case TypeSuspect:
+		return new(Suspect)
 	}
 	return nil
 }

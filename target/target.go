@@ -119,6 +119,10 @@ type Config struct {
 	// NoPush answers Push with Unsupported, as a target from before Push
 	// would.
 	NoPush bool
+	// NoWinDigests hashes whole files at Open for every initiator, as a
+	// target from before digests by window would (it announces no
+	// protocol.FeatureWinDigests and answers none of its requests).
+	NoWinDigests bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int
@@ -485,6 +489,8 @@ func (h *handle) digestBytes() uint64 {
 	switch {
 	case h.push != nil:
 		return uint64(h.push.layout.Chunks()) * uint64(h.push.alg.Size())
+	case h.wd != nil:
+		return h.wd.heldBytes()
 	case h.file():
 		return uint64(len(h.digests.Bytes()))
 	}
@@ -494,8 +500,12 @@ func (h *handle) digestBytes() uint64 {
 // digestRoom refuses a file of layout and alg whose digests would take
 // the session's over MaxDigestMemory (under hmu).
 func (ss *session) digestRoom(path string, layout chunker.Layout, alg chunker.Algorithm) *protocol.Error {
+	return ss.digestRoomFor(path, uint64(layout.Chunks())*uint64(alg.Size()), layout, alg)
+}
+
+// digestRoomFor is digestRoom for a file whose digests take need bytes.
+func (ss *session) digestRoomFor(path string, need uint64, layout chunker.Layout, alg chunker.Algorithm) *protocol.Error {
 	limit := ss.srv.cfg.MaxDigestMemory
-	need := uint64(layout.Chunks()) * uint64(alg.Size())
 	var held uint64
 	for _, h := range ss.handles {
 		held += h.digestBytes()
