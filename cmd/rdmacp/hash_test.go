@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 // target.Config.Digests (the per-window hashing of issue 16). Until it
 // does, the tests of a serve with no hash pass skip that half: set it when
 // the target's integration is merged.
-const targetPersists = false
+const targetPersists = true
 
 // oldFile writes n random bytes at path with times an hour back (its
 // ctime is still now: rdmacp hash waits the 2 s racy window out).
@@ -305,5 +306,37 @@ func TestHashBlockDevice(t *testing.T) {
 	}
 	if _, ok := s.Load(k2, 0, l.Chunks()); ok {
 		t.Error("digests stored before a write found under the device's new key")
+	}
+}
+
+// TestServeRestartNoHashPass: digests a daemon hashed while serving a
+// file persist: after a restart with the same state directory it serves
+// the file unchanged without reading it to hash; with
+// --no-persist-digests it reads it again.
+func TestServeRestartNoHashPass(t *testing.T) {
+	if !targetPersists {
+		t.Skip("the target does not use target.Config.Digests yet (targetPersists)")
+	}
+	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
+	const size = 8 << 20
+	want := oldFile(t, filepath.Join(src, "f"), size)
+	time.Sleep(2100 * time.Millisecond) // its ctime is now: past the racy window, digests persist
+	s := serve(t, src, nil, "--state-dir", state)
+	if n := servedRead(t, s, "f", want); n < size {
+		t.Fatalf("first serve: the daemon read %d bytes, want at least %d (a hash pass)", n, size)
+	}
+	stop := func(s *server) {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		s.cmd.Wait()
+	}
+	stop(s)
+	s = serve(t, src, nil, "--state-dir", state)
+	if n := servedRead(t, s, "f", want); n > size/8 {
+		t.Errorf("after a restart: the daemon read %d bytes of %d, want no hash pass", n, size)
+	}
+	stop(s)
+	s = serve(t, src, nil, "--state-dir", state, "--no-persist-digests")
+	if n := servedRead(t, s, "f", want); n < size {
+		t.Errorf("after a restart with --no-persist-digests: the daemon read %d bytes, want at least %d", n, size)
 	}
 }
