@@ -179,6 +179,28 @@ func TestHashThenServeNoHashPass(t *testing.T) {
 	if n := servedRead(t, s, "hashed", hashed); n > size/8 {
 		t.Errorf("serving a file rdmacp hash stored: the daemon read %d bytes of %d, want no hash pass", n, size)
 	}
+
+	// A sparse file: rdmacp hash reads its holes, the daemon computes
+	// theirs; the copy verifies against the stored ones.
+	sparse := filepath.Join(src, "sparse")
+	island := writeFile(t, filepath.Join(t.TempDir(), "island"), 1<<20)
+	f, err := os.Create(sparse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(island, 3<<20)
+	f.Truncate(size)
+	f.Close()
+	then := time.Now().Add(-time.Hour)
+	os.Chtimes(sparse, then, then)
+	if _, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", sparse); code != 0 {
+		t.Fatalf("hash: exit %d: %s", code, errs)
+	}
+	want := make([]byte, size)
+	copy(want[3<<20:], island)
+	if n := servedRead(t, s, "sparse", want); n > size/8 {
+		t.Errorf("serving a sparse file rdmacp hash stored: the daemon read %d bytes, want no hash pass", n)
+	}
 }
 
 // TestServeTouchREdit: a file edited after rdmacp hash stored its
