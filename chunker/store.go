@@ -561,7 +561,8 @@ var persistWindow int64 = 64 << 20
 var ErrTooRecent = errors.New("chunker: file changed too recently for its digests to be stored")
 
 // Persist makes s hold every chunk digest of f laid out as l: the windows
-// of chunks it lacks are hashed with HashFile and saved as each is hashed.
+// of chunks it lacks are hashed with HashRange, as the target hashes a
+// window, and saved as each is hashed.
 // These are the digests the target computes (the same KeyOf, the same
 // Layout), so a daemon sharing s serves f without hashing it. For a block
 // device, l.Size is its BLKGETSIZE64.
@@ -591,12 +592,14 @@ func Persist(ctx context.Context, f *os.File, l Layout, alg Algorithm, s Store, 
 		off := int64(first) * l.ChunkSize
 		length := min(int64(count)*l.ChunkSize, l.Size-off)
 		if _, ok := s.Load(k, first, count); !ok {
-			d, err := HashFile(ctx, io.NewSectionReader(f, off, length), Layout{Size: length, ChunkSize: l.ChunkSize}, alg, workers)
+			// HashRange is what the target hashes a window with; holes are
+			// read here (zeros, no disk I/O), their digests the same.
+			d, err := HashRange(ctx, f, l, first, first+count, alg, workers, nil)
 			if err != nil {
 				return hashed, fmt.Errorf("hashing %s: %w", f.Name(), err)
 			}
 			hashed += length
-			if err := s.Save(k, first, d.Bytes()); err != nil {
+			if err := s.Save(k, first, d); err != nil {
 				return hashed, fmt.Errorf("storing the digests of %s: %w", f.Name(), err)
 			}
 		}

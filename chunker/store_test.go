@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -461,5 +462,62 @@ func TestPersist(t *testing.T) {
 	}
 	if got, ok := s.Load(k, 0, l.Chunks()); !ok || !bytes.Equal(got, want.Bytes()) {
 		t.Error("digests after repair differ from HashFile's")
+	}
+}
+
+// TestStoreStaleKeyKeepsNewer: a caller still holding an older version's
+// key (a session opened before the file changed) neither loads nor
+// drops the newer version, and its Save does not replace it.
+func TestStoreStaleKeyKeepsNewer(t *testing.T) {
+	s := openTestStore(t, 0)
+	older := testKey(12, 4*4096, CRC32C)
+	newer := older
+	newer.CtimeNs += int64(time.Second)
+	if err := s.Save(newer, 0, testDigests(CRC32C, 0, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Load(older, 0, 4); ok {
+		t.Fatal("older key loads the newer version's digests")
+	}
+	if err := s.Save(older, 0, testDigests(CRC32C, 9, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := s.Load(newer, 0, 4); !ok || !bytes.Equal(got, testDigests(CRC32C, 0, 4)) {
+		t.Errorf("newer version after a stale Load and Save: ok=%v", ok)
+	}
+}
+
+// TestStoreConcurrent: goroutines saving and loading windows of the same
+// versions at once (sessions serving one file, and a new version
+// arriving) never load a wrong digest. Run with -race.
+func TestStoreConcurrent(t *testing.T) {
+	s := openTestStore(t, 0)
+	const chunks = 64
+	keys := []Key{testKey(13, chunks*4096, CRC32C), testKey(13, chunks*4096, CRC32C)}
+	keys[1].CtimeNs += 5
+	digests := [][]byte{testDigests(CRC32C, 0, chunks), testDigests(CRC32C, 1000, chunks)}
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			v := g % 2
+			k, all := keys[v], digests[v]
+			for i := range 200 {
+				first := (i * 8) % chunks
+				if err := s.Save(k, first, all[first*4:(first+8)*4]); err != nil {
+					errs <- err
+					return
+				}
+				if got, ok := s.Load(k, first, 8); ok && !bytes.Equal(got, all[first*4:(first+8)*4]) {
+					errs <- fmt.Errorf("version %d chunks [%d, +8): wrong digests loaded", v, first)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -424,6 +424,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	st.keep(f)
 	res.Retries += f.retries
 	res.BytesRead += f.bytesRead
+	resuspected := f.resuspected
 	res.directBytes += out.directBytes()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
@@ -452,14 +453,22 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	if changed {
 		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
 	}
-	if _, byWindow := m.(*protocol.Closed); !byWindow {
+	_, byWindow := m.(*protocol.Closed)
+	if !byWindow {
 		theirs = or.FileDigest
+	}
+	stale := byWindow && len(theirs) == 0 && resuspected > 0
+	if stale {
+		// The target's stored digests were stale, so it has no file
+		// digest to give: every chunk was verified against one hashed
+		// again from the file, which stands for it.
+		s.cfg.Logger.Warn("target's stored digests were stale: verified chunk by chunk against fresh ones", "path", src)
 	}
 	local, err := chunker.FileDigest(alg, layout, sums)
 	if err != nil {
 		return err
 	}
-	if !chunker.Equal(local, theirs) {
+	if !stale && !chunker.Equal(local, theirs) {
 		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, theirs))
 	}
 	res.Bytes = layout.Size
@@ -790,6 +799,9 @@ type fetch struct {
 	// mapped nor READ, and lands as a hole (landHole: the sink decides
 	// what a hole becomes).
 	ext *extentMap
+	// resuspected: chunks whose digest the target hashed again
+	// (Suspect) and found different; its file digest can't be had then.
+	resuspected int
 }
 
 type chunk struct {
@@ -1119,6 +1131,7 @@ func (f *fetch) resuspect(c *chunk, why error) error {
 		return why
 	}
 	copy(c.win.digests[j*size:], fresh)
+	f.resuspected++
 	return f.eng.Retry(&c.g, c.g.Tries+1)
 }
 
@@ -1235,7 +1248,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		}
 		digests, err := f.fetchDigests(ctx, first, end)
 		if err != nil {
-			send(winOrErr{err: err})
+			send(winOrErr{err: f.mapErr(err)}) // a source that changed while hashed: ErrChanged
 			return
 		}
 		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
