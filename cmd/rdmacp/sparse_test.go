@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -169,10 +170,16 @@ func TestSparseFlagDenseZeros(t *testing.T) {
 // a device detached early may be another test's by then).
 func loopOn(t *testing.T, size int) (dev, img string, detach func()) {
 	t.Helper()
+	return loopIn(t, t.TempDir(), size)
+}
+
+// loopIn is loopOn with the image in dir.
+func loopIn(t *testing.T, dir string, size int) (dev, img string, detach func()) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("loop devices need root")
 	}
-	img = filepath.Join(t.TempDir(), "img")
+	img = filepath.Join(dir, "img")
 	if err := os.WriteFile(img, bytes.Repeat([]byte{0xff}, size), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -201,10 +208,63 @@ func readN(t *testing.T, p string, n int) []byte {
 	return b
 }
 
+// unwrittenBytes is how much of a file FIEMAP reports as allocated but
+// unwritten (fallocated, or zeroed by ZERO_RANGE): what a loop device's
+// backing file shows for a BLKZEROOUT, where written zeros are written
+// extents. (x/sys/unix has no FIEMAP; the layout is linux/fiemap.h.)
+func unwrittenBytes(t *testing.T, p string) int64 {
+	t.Helper()
+	const (
+		iocFiemap      = 0xc020660b // FS_IOC_FIEMAP
+		flagSync       = 0x1        // FIEMAP_FLAG_SYNC
+		extentLast     = 0x1        // FIEMAP_EXTENT_LAST
+		extentUnwriten = 0x800      // FIEMAP_EXTENT_UNWRITTEN
+		batch          = 64
+	)
+	type extent struct {
+		Logical, Physical, Length uint64
+		_                         [2]uint64
+		Flags                     uint32
+		_                         [3]uint32
+	}
+	type fiemap struct {
+		Start, Length           uint64
+		Flags, Mapped, Count, _ uint32
+		Extents                 [batch]extent
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var n int64
+	for start := uint64(0); ; {
+		m := fiemap{Start: start, Length: ^uint64(0) - start, Flags: flagSync, Count: batch}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), iocFiemap, uintptr(unsafe.Pointer(&m))); e != 0 {
+			t.Skipf("FIEMAP on %s: %v", p, e)
+		}
+		if m.Mapped == 0 {
+			return n
+		}
+		for _, x := range m.Extents[:m.Mapped] {
+			if x.Flags&extentUnwriten != 0 {
+				n += int64(x.Length)
+			}
+			if x.Flags&extentLast != 0 {
+				return n
+			}
+			start = x.Logical + x.Length
+		}
+	}
+}
+
 func TestSparseOntoBlockDevice(t *testing.T) {
 	// A device full of 0xff gets the source's holes as zeros with each
 	// --zero mode; discard gives the blocks back (the loop device's
-	// backing file loses them), write and zeroout keep them.
+	// backing file loses them), write and zeroout keep them. The loop
+	// driver does a WRITE ZEROES with ZERO_RANGE on its backing file, so
+	// zeroout shows there as unwritten extents, where written zeros
+	// (--zero write) are written ones.
 	dir := t.TempDir()
 	const size, island = 16 << 20, 1 << 20
 	sparseSource(t, filepath.Join(dir, "src"), size, []int64{0, 9 << 20}, island)
@@ -220,8 +280,14 @@ func TestSparseOntoBlockDevice(t *testing.T) {
 			t.Fatalf("--zero %s: the device does not hold the source (holes not zeroed?)", mode)
 		}
 		detach()
-		got := blocksOf(t, img)
-		t.Logf("--zero %s: backing file allocates %d bytes for %d of data in %d", mode, got, 2*island, size)
+		got, unw := blocksOf(t, img), unwrittenBytes(t, img)
+		t.Logf("--zero %s: backing file allocates %d bytes (%d unwritten) for %d of data in %d", mode, got, unw, 2*island, size)
+		if mode == "zeroout" && unw < size-2*island {
+			t.Errorf("--zero zeroout: %d bytes of the backing file are unwritten extents, want the %d of holes: BLKZEROOUT not used?", unw, size-2*island)
+		}
+		if mode == "write" && unw != 0 {
+			t.Errorf("--zero write: %d bytes of the backing file are unwritten extents: zeros were not written", unw)
+		}
 		if mode == "discard" && got > 4*island {
 			t.Errorf("--zero discard: the backing file still allocates %d bytes", got)
 		}
@@ -245,6 +311,43 @@ func TestSparseOntoBlockDevice(t *testing.T) {
 	// A mode rdmacp does not know is a usage error.
 	if _, errs, code := run(t, "cp", "--force", "--zero", "trim", s.addr+":data/src", filepath.Join(t.TempDir(), "x")); code != exitUsage || !strings.Contains(errs, "write, zeroout or discard") {
 		t.Errorf("--zero trim: exit %d: %s", code, errs)
+	}
+}
+
+func TestSparseDiscardRefusedWithoutWriteZeroes(t *testing.T) {
+	// A loop device over a ramfs file has no write-zeroes support
+	// (ramfs has no fallocate): --zero discard is refused before the
+	// first byte, the device untouched; zeroout works there (the kernel
+	// writes the zeros itself).
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a ramfs needs root")
+	}
+	rd := t.TempDir()
+	if err := syscall.Mount("ramfs", rd, "ramfs", 0, ""); err != nil {
+		t.Skipf("cannot mount a ramfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(rd, syscall.MNT_DETACH) })
+	dir := t.TempDir()
+	const size = 4 << 20
+	sparseSource(t, filepath.Join(dir, "src"), size, []int64{1 << 20}, 64<<10)
+	s := serve(t, dir, nil)
+	dev, _, _ := loopIn(t, rd, size)
+	b, err := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/queue/write_zeroes_max_bytes")
+	if err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Skipf("%s has write zeroes here (%q, %v)", dev, b, err)
+	}
+	_, errs, code := run(t, "cp", "--force", "--zero", "discard", s.addr+":data/src", dev)
+	if code != exitLocalIO || !strings.Contains(errs, "does not guarantee zeros") {
+		t.Errorf("--zero discard onto a device without write zeroes: exit %d: %s", code, errs)
+	}
+	if !bytes.Equal(readN(t, dev, size), bytes.Repeat([]byte{0xff}, size)) {
+		t.Error("the refused copy wrote to the device")
+	}
+	if out, errs, code := run(t, "cp", "--force", "--zero", "zeroout", s.addr+":data/src", dev); code != 0 {
+		t.Fatalf("--zero zeroout: exit %d: %s %s", code, out, errs)
+	}
+	if !bytes.Equal(readN(t, dev, size), mustRead(t, filepath.Join(dir, "src"))) {
+		t.Error("--zero zeroout: the device does not hold the source")
 	}
 }
 
