@@ -14,10 +14,13 @@ import (
 // for an initiator that announced FeatureWinDigests: Open hashes nothing,
 // so the first byte moves at once whatever the file's size. A goroutine
 // (produce) hashes windows in file order, one ahead of the window the
-// initiator last asked digests of, so window n+1 is hashed (and so read
-// into the page cache) while window n is being read over RDMA; storage is
-// read once. What it holds is a few windows' digests (lookahead+1 and
-// the one being hashed), never the file's. Chunks wholly in holes are
+// initiator has come to (mapped, or asked digests of): the initiator maps
+// window n+1 while it reads window n, so window n+1 is hashed (and so
+// read into the page cache) while window n is being read over RDMA;
+// storage is read once, and nothing past the windows the initiator has
+// reached is hashed (the first READ waits for one window's hash). What it
+// holds is two windows' digests (the one reached and the one being
+// hashed), never the file's. Chunks wholly in holes are
 // not read: their digest is chunker.ZeroDigest. The whole-file digest is
 // combined as the windows go by, for Close.
 type winDigests struct {
@@ -45,10 +48,6 @@ type winDigests struct {
 	tainted bool
 }
 
-// lookahead is how many windows produce hashes past the one last asked
-// for.
-const lookahead = 1
-
 // newWinDigests starts hashing f's first window.
 func (ss *session) newWinDigests(f *os.File, l chunker.Layout, alg chunker.Algorithm, dense bool) *winDigests {
 	per := max(1, int(ss.srv.cfg.MaxWindow/uint64(l.ChunkSize)))
@@ -72,7 +71,7 @@ func (wd *winDigests) windows() int { return (wd.l.Chunks() + wd.per - 1) / wd.p
 // MaxDigestMemory.
 func digestWindowBytes(l chunker.Layout, alg chunker.Algorithm, maxWindow uint64) uint64 {
 	per := max(1, maxWindow/uint64(l.ChunkSize))
-	return min(uint64(l.Chunks()), (lookahead+2)*per) * uint64(alg.Size())
+	return min(uint64(l.Chunks()), 2*per) * uint64(alg.Size())
 }
 
 // heldBytes bounds the digests wd holds.
@@ -92,8 +91,8 @@ func (wd *winDigests) bump() {
 	wd.changed = make(chan struct{})
 }
 
-// produce hashes the windows in order, never more than lookahead past
-// the one last asked for, feeding the file digest.
+// produce hashes the windows in order, never past the one the initiator
+// has reached, feeding the file digest.
 func (wd *winDigests) produce(ctx context.Context) {
 	defer close(wd.done)
 	fd, err := chunker.NewFileDigester(wd.alg, wd.l)
@@ -135,12 +134,12 @@ func (wd *winDigests) produce(ctx context.Context) {
 	}
 }
 
-// await waits until window i may be hashed: it is at most lookahead past
-// the one last asked for (the first is hashed at once).
+// await waits until window i may be hashed: the initiator has reached it
+// (the first is hashed at once).
 func (wd *winDigests) await(ctx context.Context, i int) error {
 	for {
 		wd.mu.Lock()
-		ok := i == 0 || (wd.want >= 0 && i <= wd.want+lookahead)
+		ok := i <= max(wd.want, 0)
 		ch := wd.changed
 		wd.mu.Unlock()
 		if ok {
@@ -228,6 +227,24 @@ func (wd *winDigests) save(first int, b []byte, start time.Time) {
 	}
 }
 
+// reach says the initiator has come to window i (a Map there): the
+// producer may hash up to it.
+func (wd *winDigests) reach(i int) {
+	wd.mu.Lock()
+	wd.reachLocked(i)
+	wd.mu.Unlock()
+}
+
+func (wd *winDigests) reachLocked(i int) {
+	if i > wd.want {
+		wd.want = i
+		wd.bump()
+	}
+}
+
+// windowOf is the window holding file offset off.
+func (wd *winDigests) windowOf(off uint64) int { return int(off/uint64(wd.l.ChunkSize)) / wd.per }
+
 // get returns digests from chunk first on, at most count and no further
 // than first's window ends, waiting for the producer as needed.
 func (wd *winDigests) get(ctx context.Context, first, count int) ([]byte, error) {
@@ -236,10 +253,7 @@ func (wd *winDigests) get(ctx context.Context, first, count int) ([]byte, error)
 	count = min(count, wend-first)
 	size := wd.alg.Size()
 	wd.mu.Lock()
-	if i > wd.want {
-		wd.want = i
-		wd.bump()
-	}
+	wd.reachLocked(i)
 	for {
 		if b, ok := wd.wins[i]; ok {
 			wd.mu.Unlock()

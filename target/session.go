@@ -809,6 +809,9 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	if h.changed() {
 		return errf(protocol.CodeChanged, "%s changed since it was opened", h.path)
 	}
+	if h.wd != nil {
+		h.wd.reach(h.wd.windowOf(m.Offset)) // hash it while the one before is read
+	}
 	qps, perr := ss.dataQPs()
 	if perr != nil {
 		return perr
