@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -264,5 +267,51 @@ func TestReserveDataOnly(t *testing.T) {
 	}
 	if n := allocated(t, f.Name()); n < 2<<20 || n > 2<<20+64<<10 {
 		t.Errorf("reserved %d bytes for two 1 MiB data chunks", n)
+	}
+}
+
+func TestHoleOnDeviceWritesDirect(t *testing.T) {
+	// --zero write on a device: the zeros go out through O_DIRECT, from
+	// page-aligned memory, as chunks do (not through the page cache),
+	// and the range reads as zeros.
+	if os.Geteuid() != 0 {
+		t.Skip("loop devices need root")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	const size = 8 << 20
+	if err := os.WriteFile(img, bytes.Repeat([]byte{0xff}, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Skipf("no loop devices here (losetup: %v: %s)", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	defer exec.Command("losetup", "-d", dev).Run()
+	f, err := os.OpenFile(dev, os.O_RDWR|os.O_EXCL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := newSink(f, true, nil)
+	s.kind = destDevice
+	if !s.directOn() {
+		t.Skipf("no O_DIRECT on %s: %s", dev, s.why)
+	}
+	if err := s.Hole(1<<20, 3<<20+512); err != nil {
+		t.Fatal(err)
+	}
+	s.close()
+	if got := s.directBytes(); got < 3<<20 {
+		t.Errorf("%d bytes of zeros went through O_DIRECT, want the 3 MiB of whole pages", got)
+	}
+	got := make([]byte, size)
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{0xff}, size)
+	clear(want[1<<20 : 4<<20+512])
+	if !bytes.Equal(got, want) {
+		t.Fatal("the device does not read zeros where Hole was, and its old bytes elsewhere")
 	}
 }
