@@ -519,7 +519,7 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 	if sp.resume != nil {
 		if rs := sp.resume(); rs != nil {
 			if first {
-				f.have, f.pre = rs.have, rs.pre
+				f.have, f.local = rs.have, rs.sum
 			}
 			f.onDone = rs.done
 		}
@@ -783,12 +783,14 @@ type fetch struct {
 	retries  int
 	tick     reads.Every
 
-	// Resuming: have marks chunks the destination is believed to hold,
-	// whose local digests pre holds (chunk by chunk); a chunk whose
-	// digest matches the target's is not read again, and with trusted
-	// (verified earlier by this command) one is not compared either.
-	// onDone is told of every chunk verified in place.
+	// Resuming: have marks chunks the destination is believed to hold; a
+	// chunk whose local digest (local hashes it, when its window comes)
+	// matches the target's is not read again. With trusted (verified
+	// earlier by this command) one is not compared either: pre holds its
+	// digest (chunk by chunk). onDone is told of every chunk verified in
+	// place.
 	have      []bool
+	local     func(i int) ([]byte, error)
 	pre       []byte
 	trusted   bool
 	onDone    func(idx int)
@@ -1147,7 +1149,11 @@ func (f *fetch) haveChunk(w *win, i int) bool {
 		return true
 	}
 	j := i - w.first
-	local := f.pre[i*size : (i+1)*size]
+	local, err := f.local(i)
+	if err != nil {
+		f.s.cfg.Logger.Debug("resumed chunk unreadable; reading it again", "chunk", i, "err", err)
+		return false
+	}
 	if !chunker.Equal(local, w.digests[j*size:(j+1)*size]) {
 		f.s.cfg.Logger.Debug("resumed chunk differs from the target's; reading it again", "chunk", i)
 		return false
