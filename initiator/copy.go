@@ -1175,6 +1175,9 @@ func (f *fetch) chunkDone(w *win, i int) {
 		f.onDone(i)
 	}
 	w.left--
+	if w.left == 0 && w.hole {
+		<-f.windows
+	}
 	if w.left == 0 && !w.hole {
 		f.wg.Add(1)
 		go func() {
@@ -1211,6 +1214,13 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 	}
 	per := int(want / uint64(cs))
 	for first := 0; first < n; {
+		// A token per window in flight, holes too: what waits to be
+		// combined into the file digest (orderedSums) is a few windows.
+		select {
+		case f.windows <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		if d := f.ext.nextData(f.layout, first); d > first {
 			// Holes up to the next data: no Map, no digests asked.
 			end := min(d, first+per)
@@ -1219,11 +1229,6 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			}
 			first = end
 			continue
-		}
-		select {
-		case f.windows <- struct{}{}:
-		case <-ctx.Done():
-			return
 		}
 		off := int64(first) * cs
 		gens := s.qps.Gens() // before the Map: see reads.Set.Gens
