@@ -328,8 +328,8 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 type pullState struct {
 	land  *landing
 	entry protocol.Entry
-	have  []bool // chunks verified and written, by this command
-	sums  []byte // their digests, chunk by chunk
+	have  []bool       // chunks verified and written, by this command
+	sums  *orderedSums // their digests, combined into the file digest
 	ext   *extentMap
 }
 
@@ -419,7 +419,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 		return err
 	}
 	f.out = out
-	sums, err := f.run()
+	err = f.run()
 	out.close()
 	st.keep(f)
 	res.Retries += f.retries
@@ -464,7 +464,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 		// again from the file, which stands for it.
 		s.cfg.Logger.Warn("target's stored digests were stale: verified chunk by chunk against fresh ones", "path", src)
 	}
-	local, err := chunker.FileDigest(alg, layout, sums)
+	local, err := st.sums.Sum()
 	if err != nil {
 		return err
 	}
@@ -512,14 +512,19 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 		}
 		st.land, st.entry = land, or.Entry
 		st.have = make([]bool, layout.Chunks())
-		st.sums = make([]byte, layout.Chunks()*f.alg.Size())
+		sums, err := newOrderedSums(f.alg, layout)
+		if err != nil {
+			return err
+		}
+		st.sums = sums
 	} else {
-		f.have, f.pre, f.trusted = st.have, st.sums, true
+		f.have, f.trusted = st.have, true
 	}
+	f.sums = st.sums
 	if sp.resume != nil {
 		if rs := sp.resume(); rs != nil {
 			if first {
-				f.have, f.pre = rs.have, rs.pre
+				f.have, f.local = rs.have, rs.sum
 			}
 			f.onDone = rs.done
 		}
@@ -527,13 +532,12 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 	return nil
 }
 
-// keep records the chunks f verified, for the next session's go.
+// keep records the chunks f verified, for the next session's go (their
+// digests are in st.sums already).
 func (st *pullState) keep(f *fetch) {
-	size := f.alg.Size()
 	for i, ok := range f.verified {
 		if ok {
 			st.have[i] = true
-			copy(st.sums[i*size:(i+1)*size], f.sums[i*size:(i+1)*size])
 		}
 	}
 }
@@ -775,21 +779,21 @@ type fetch struct {
 	mr       verbs.MR
 	slots    []*chunk // by slot index; nil when free
 	free     []int
-	jobs     chan *chunk // chunks whose READs are all in, to verify
-	sums     []byte      // local digests, chunk by chunk
-	verified []bool      // chunks verified and written (or trusted)
+	jobs     chan *chunk  // chunks whose READs are all in, to verify
+	sums     *orderedSums // local digests, into the file digest
+	verified []bool       // chunks verified and written (or trusted)
 	written  int64
 	done     int // chunks verified
 	retries  int
 	tick     reads.Every
 
-	// Resuming: have marks chunks the destination is believed to hold,
-	// whose local digests pre holds (chunk by chunk); a chunk whose
-	// digest matches the target's is not read again, and with trusted
-	// (verified earlier by this command) one is not compared either.
-	// onDone is told of every chunk verified in place.
+	// Resuming: have marks chunks the destination is believed to hold; a
+	// chunk whose local digest (local hashes it, when its window comes)
+	// matches the target's is not read again. With trusted (verified
+	// earlier by this command, its digest in sums already) one is not
+	// compared either. onDone is told of every chunk verified in place.
 	have      []bool
-	pre       []byte
+	local     func(i int) ([]byte, error)
 	trusted   bool
 	onDone    func(idx int)
 	bytesRead int64 // bytes READ successfully
@@ -834,21 +838,21 @@ var verifiers = 4
 type verdict struct {
 	c   *chunk
 	ok  bool
+	sum []byte // its digest, when ok
 	err error
 }
 
 // run moves the file's chunks: plan (windows come from mapWindows), post
 // (start fills free slots), complete (the engine), verify (verifiers),
 // land (judge).
-func (f *fetch) run() (_ chunker.Digests, err error) {
+func (f *fetch) run() (err error) {
 	n := f.layout.Chunks()
-	f.sums = make([]byte, n*f.alg.Size())
 	f.verified = make([]bool, n)
 	if n == 0 {
-		return chunker.MakeDigests(f.alg, 0, nil)
+		return nil
 	}
 	if err := f.setup(); err != nil {
-		return chunker.Digests{}, err
+		return err
 	}
 	defer f.teardown()
 	ctx, cancel := context.WithCancel(f.ctx)
@@ -861,7 +865,7 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	})
 	if err != nil {
 		cancel()
-		return chunker.Digests{}, err
+		return err
 	}
 	f.eng = eng
 	// On the way out: stop the helpers, wait for the verifiers to let go
@@ -893,15 +897,15 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	for f.done < n {
 		busy, err := f.start(&cur, &next, wins)
 		if err != nil {
-			return chunker.Digests{}, err
+			return err
 		}
 		stepped, err := eng.Step()
 		if err != nil {
-			return chunker.Digests{}, f.engineErr(err)
+			return f.engineErr(err)
 		}
 		judged, err := f.judgeAll(verdicts)
 		if err != nil {
-			return chunker.Digests{}, err
+			return err
 		}
 		f.report(false)
 		if busy || stepped || judged || f.done == n {
@@ -915,19 +919,19 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 		case <-eng.Ready():
 		case v := <-verdicts:
 			if err := f.judge(v); err != nil {
-				return chunker.Digests{}, err
+				return err
 			}
 		case we := <-winc:
 			if we.err != nil {
-				return chunker.Digests{}, we.err
+				return we.err
 			}
 			cur = we.w
 		case <-ctx.Done():
-			return chunker.Digests{}, ctx.Err()
+			return ctx.Err()
 		}
 	}
 	f.report(true)
-	return chunker.MakeDigests(f.alg, n, f.sums)
+	return nil
 }
 
 // endEngine closes the fetch's engine (Session.endEngine).
@@ -1057,7 +1061,7 @@ func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- ver
 			i := c.idx - c.win.first
 			v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
 			if v.ok {
-				copy(f.sums[c.idx*size:], sum)
+				v.sum = append([]byte(nil), sum...)
 			}
 		}
 		if v.ok {
@@ -1112,6 +1116,7 @@ func (f *fetch) judge(v verdict) error {
 	}
 	f.slots[c.slot] = nil
 	f.free = append(f.free, c.slot)
+	f.sums.put(c.idx, v.sum)
 	f.chunkDone(c.win, c.idx)
 	return nil
 }
@@ -1143,16 +1148,19 @@ func (f *fetch) haveChunk(w *win, i int) bool {
 		return false
 	}
 	if f.trusted {
-		copy(f.sums[i*size:], f.pre[i*size:(i+1)*size])
-		return true
+		return true // its digest is in f.sums already
 	}
 	j := i - w.first
-	local := f.pre[i*size : (i+1)*size]
+	local, err := f.local(i)
+	if err != nil {
+		f.s.cfg.Logger.Debug("resumed chunk unreadable; reading it again", "chunk", i, "err", err)
+		return false
+	}
 	if !chunker.Equal(local, w.digests[j*size:(j+1)*size]) {
 		f.s.cfg.Logger.Debug("resumed chunk differs from the target's; reading it again", "chunk", i)
 		return false
 	}
-	copy(f.sums[i*size:], local)
+	f.sums.put(i, local)
 	return true
 }
 
@@ -1167,6 +1175,9 @@ func (f *fetch) chunkDone(w *win, i int) {
 		f.onDone(i)
 	}
 	w.left--
+	if w.left == 0 && w.hole {
+		<-f.windows
+	}
 	if w.left == 0 && !w.hole {
 		f.wg.Add(1)
 		go func() {
@@ -1203,6 +1214,13 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 	}
 	per := int(want / uint64(cs))
 	for first := 0; first < n; {
+		// A token per window in flight, holes too: what waits to be
+		// combined into the file digest (orderedSums) is a few windows.
+		select {
+		case f.windows <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		if d := f.ext.nextData(f.layout, first); d > first {
 			// Holes up to the next data: no Map, no digests asked.
 			end := min(d, first+per)
@@ -1211,11 +1229,6 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			}
 			first = end
 			continue
-		}
-		select {
-		case f.windows <- struct{}{}:
-		case <-ctx.Done():
-			return
 		}
 		off := int64(first) * cs
 		gens := s.qps.Gens() // before the Map: see reads.Set.Gens
@@ -1297,9 +1310,7 @@ func (f *fetch) landZeros(w *win, i int) error {
 	if err := f.landHole(off, n); err != nil {
 		return fmt.Errorf("writing %s: %w", f.out.Name(), err)
 	}
-	if size := f.alg.Size(); size > 0 {
-		copy(f.sums[i*size:], chunker.ZeroDigest(f.alg, n))
-	}
+	f.sums.put(i, chunker.ZeroDigest(f.alg, n))
 	f.chunkDone(w, i)
 	return nil
 }

@@ -202,3 +202,45 @@ func (f *fetch) suspect(i int) ([]byte, error) {
 	}
 	return r.Digests, nil
 }
+
+// orderedSums combines the digests of verified chunks into the file
+// digest as they come, in chunk order: a chunk verified ahead of one
+// still in flight waits in pending (chunks complete within the few
+// windows in flight, so pending stays that small). No digest of the
+// whole file is held, however many chunks it has.
+type orderedSums struct {
+	fd      *chunker.FileDigester
+	pending map[int][]byte
+	none    bool // algorithm none: nothing to combine
+}
+
+func newOrderedSums(alg chunker.Algorithm, l chunker.Layout) (*orderedSums, error) {
+	fd, err := chunker.NewFileDigester(alg, l)
+	if err != nil {
+		return nil, err
+	}
+	return &orderedSums{fd: fd, pending: map[int][]byte{}, none: alg.Size() == 0}, nil
+}
+
+// put takes chunk i's digest d (once per chunk).
+func (o *orderedSums) put(i int, d []byte) {
+	if o.none || i < o.fd.Next() {
+		return
+	}
+	if i > o.fd.Next() {
+		o.pending[i] = d
+		return
+	}
+	o.fd.Add(d)
+	for {
+		next, ok := o.pending[o.fd.Next()]
+		if !ok {
+			return
+		}
+		delete(o.pending, o.fd.Next())
+		o.fd.Add(next)
+	}
+}
+
+// Sum is the file digest, once every chunk's digest is in.
+func (o *orderedSums) Sum() ([]byte, error) { return o.fd.Sum() }
