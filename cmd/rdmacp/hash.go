@@ -246,9 +246,15 @@ func (h *hasher) file(p string) error {
 		h.counts.Bytes.Add(size)
 	}
 	l := chunker.Layout{Size: size, ChunkSize: h.cs}
+	last := time.Now()
 	progress := func(done int64) {
-		if h.bar != nil {
+		switch {
+		case h.bar != nil:
 			h.bar.progress(initiator.Progress{Path: p, Bytes: done, Total: size})
+		case !h.quiet && time.Since(last) >= logEvery && done < size:
+			// No terminal (serve --prehash logs these): a line now and then.
+			last = time.Now()
+			fmt.Fprintf(os.Stderr, "hashing %s: %d%%, %s of %s\n", p, percent(done, size), formatSI(done), formatSI(size))
 		}
 	}
 	hashed, err := chunker.Persist(h.ctx, f, l, h.alg, h.store, h.workers, progress)
@@ -263,6 +269,9 @@ func (h *hasher) file(p string) error {
 	}
 	return nil
 }
+
+// logEvery spaces the progress lines of a file hashed without a terminal.
+var logEvery = 10 * time.Second
 
 // lowerPriority puts every thread of this process at nice 19 and in the
 // idle I/O class; threads started later inherit it from the thread that

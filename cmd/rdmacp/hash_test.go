@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/blockdev"
 	"github.com/rdmacp/rdmacp/chunker"
 )
@@ -361,4 +363,56 @@ func TestServeRestartNoHashPass(t *testing.T) {
 	if n := servedRead(t, s, "f", want); n < size {
 		t.Errorf("after a restart with --no-persist-digests: the daemon read %d bytes, want at least %d", n, size)
 	}
+}
+
+// TestHashNice: rdmacp hash --nice (what serve --prehash runs) puts every
+// thread at nice 19 in the idle I/O class, while it hashes.
+func TestHashNice(t *testing.T) {
+	p, state := filepath.Join(t.TempDir(), "big"), filepath.Join(t.TempDir(), "state")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(8 << 30) // sparse: hashing it reads zeros, for a few seconds on one thread
+	f.Close()
+	then := time.Now().Add(-time.Hour)
+	os.Chtimes(p, then, then)
+	time.Sleep(2100 * time.Millisecond) // past the racy window: it hashes at once
+	cmd := rdmacp("hash", "--nice", "-q", "--state-dir", state, p)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nice, idle, n := taskPriorities(cmd.Process.Pid)
+		if n > 0 && nice == n && idle == n {
+			return // every thread
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d threads, %d at nice 19, %d in the idle I/O class", n, nice, idle)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// taskPriorities counts pid's threads, those at nice 19 and those in the
+// idle I/O class.
+func taskPriorities(pid int) (nice, idle, n int) {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		n++
+		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil && 20-prio == 19 {
+			nice++
+		}
+		const ioprioWhoProcess, ioprioClassIdle = 1, 3
+		if v, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(tid), 0); e == 0 && v>>13 == ioprioClassIdle {
+			idle++
+		}
+	}
+	return nice, idle, n
 }
