@@ -416,3 +416,21 @@ func taskPriorities(pid int) (nice, idle, n int) {
 	}
 	return nice, idle, n
 }
+
+// TestServeDefaultStateDirUnusable: a default state directory that can't
+// be used (here $STATE_DIRECTORY writable by all) costs a warning, not
+// the daemon: it serves, hashing as before.
+func TestServeDefaultStateDirUnusable(t *testing.T) {
+	src, bad := t.TempDir(), t.TempDir()
+	os.Chmod(bad, 0o777)
+	t.Setenv("STATE_DIRECTORY", bad)
+	want := oldFile(t, filepath.Join(src, "f"), 1<<20)
+	s := serve(t, src, nil)
+	if !strings.Contains(s.logs.String(), "digests will not persist across restarts") || !strings.Contains(s.logs.String(), "writable by group or others") {
+		t.Errorf("no warning about the state directory:\n%s", s.logs)
+	}
+	servedRead(t, s, "f", want)
+	if ents, _ := os.ReadDir(bad); len(ents) != 0 {
+		t.Errorf("the refused state directory was written: %v", ents)
+	}
+}
