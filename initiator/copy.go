@@ -58,6 +58,12 @@ type GetOptions struct {
 	// DryRun says what the copy would do (Result.Unchanged, or the
 	// source's size in Bytes) and touches nothing.
 	DryRun bool
+	// Sparse (rsync's -S) turns runs of zero blocks in the data into
+	// holes at the destination too, not only the source's holes: on a
+	// block device only where Zero is not ZeroWrite (sparse.go).
+	Sparse bool
+	// Zero is how zeros land on a block device DEST (--zero).
+	Zero ZeroMode
 }
 
 // Result describes a finished copy.
@@ -161,6 +167,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		return openDest(dst, layout.Size, opt.Force)
 	}
 	sp.resume = func() *resumer { return rs }
+	sp.land = opt.zeros(sp.land)
 	res, land, err := s.pull(ctx, src, dst, sp)
 	res.Cleaned = cleaned
 	if errors.Is(err, errSame) {
@@ -407,14 +414,17 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	} else if err != nil {
 		return err
 	}
-	f.zeroFill = (st.land.device && !st.land.discard) || st.land.partial != nil
-	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	out, err := st.land.open(f.ext, layout, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	if err != nil {
+		return err
+	}
 	f.out = out
 	sums, err := f.run()
 	out.close()
 	st.keep(f)
 	res.Retries += f.retries
 	res.BytesRead += f.bytesRead
+	resuspected := f.resuspected
 	res.directBytes += out.directBytes()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
@@ -443,14 +453,22 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	if changed {
 		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
 	}
-	if _, byWindow := m.(*protocol.Closed); !byWindow {
+	_, byWindow := m.(*protocol.Closed)
+	if !byWindow {
 		theirs = or.FileDigest
+	}
+	stale := byWindow && len(theirs) == 0 && resuspected > 0
+	if stale {
+		// The target's stored digests were stale, so it has no file
+		// digest to give: every chunk was verified against one hashed
+		// again from the file, which stands for it.
+		s.cfg.Logger.Warn("target's stored digests were stale: verified chunk by chunk against fresh ones", "path", src)
 	}
 	local, err := chunker.FileDigest(alg, layout, sums)
 	if err != nil {
 		return err
 	}
-	if !chunker.Equal(local, theirs) {
+	if !stale && !chunker.Equal(local, theirs) {
 		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, theirs))
 	}
 	res.Bytes = layout.Size
@@ -536,6 +554,21 @@ type landing struct {
 	discard bool     // /dev/null: nothing to sync
 	partial *resumer // with --partial: kept on failure, for a later run
 	remove  func()   // if set, how abort removes the file
+
+	sparse bool     // -S (GetOptions.Sparse)
+	zero   ZeroMode // on a device (GetOptions.Zero)
+	ready  bool     // open has reserved the space (sparse.go)
+}
+
+// zeros gives the landings land opens opt's -S and --zero.
+func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*landing, error)) func(*protocol.OpenReply, chunker.Layout) (*landing, error) {
+	return func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		l, err := land(or, layout)
+		if l != nil {
+			l.sparse, l.zero = opt.Sparse, opt.Zero
+		}
+		return l, err
+	}
 }
 
 // directMin is the smallest file landed with O_DIRECT: below a chunk (or
@@ -665,8 +698,10 @@ func (l *landing) commit(e protocol.Entry) error {
 	return l.f.Close()
 }
 
-// createTemp makes the temporary file a copy lands in and reserves its
-// space, so that a full disk shows up before any byte moves.
+// createTemp makes the temporary file a copy lands in, of the source's
+// size; the space for the source's data is reserved by landing.open
+// (reserve), so that a full disk shows up before any byte moves while
+// the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), tempBase(filepath.Base(dst)))
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -676,21 +711,20 @@ func createTemp(dst string, size int64) (*os.File, error) {
 	if err := allocate(f, size); err != nil {
 		f.Close()
 		os.Remove(name)
-		return nil, &fs.PathError{Op: "allocate", Path: dst, Err: err}
+		return nil, &fs.PathError{Op: "truncate", Path: dst, Err: err}
 	}
 	return f, nil
 }
 
-// allocate reserves size bytes for f.
+// allocate gives a new landing file f its size, all hole: landing.open
+// reserves the chunks that will hold data (sparse.go's reserve), once
+// the source's extents are known. Fallocating the whole file here made
+// a 100 GiB sparse source holding 1 GiB need 100 GiB free.
 func allocate(f *os.File, size int64) error {
 	if size <= 0 {
 		return nil
 	}
-	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
-	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
-		err = f.Truncate(size)
-	}
-	return err
+	return f.Truncate(size)
 }
 
 func randRead(b []byte) { rand.Read(b) }
@@ -762,10 +796,12 @@ type fetch struct {
 
 	// Holes: ext is where the source's data is (nil: all data, a target
 	// without digests by window); a chunk wholly in a hole is neither
-	// mapped nor READ, and lands as a hole (landHole). zeroFill: the
-	// landing may hold other bytes there (a device, a resumed file).
-	ext      *extentMap
-	zeroFill bool
+	// mapped nor READ, and lands as a hole (landHole: the sink decides
+	// what a hole becomes).
+	ext *extentMap
+	// resuspected: chunks whose digest the target hashed again
+	// (Suspect) and found different; its file digest can't be had then.
+	resuspected int
 }
 
 type chunk struct {
@@ -1095,6 +1131,7 @@ func (f *fetch) resuspect(c *chunk, why error) error {
 		return why
 	}
 	copy(c.win.digests[j*size:], fresh)
+	f.resuspected++
 	return f.eng.Retry(&c.g, c.g.Tries+1)
 }
 
@@ -1211,7 +1248,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		}
 		digests, err := f.fetchDigests(ctx, first, end)
 		if err != nil {
-			send(winOrErr{err: err})
+			send(winOrErr{err: f.mapErr(err)}) // a source that changed while hashed: ErrChanged
 			return
 		}
 		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}

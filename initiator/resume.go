@@ -47,6 +47,7 @@ type resumer struct {
 	tmpName string // the temporary file's name in dir
 	f       *os.File
 	log     *slog.Logger
+	kept    bool // f is a previous run's file: it may hold old bytes anywhere
 
 	mu      sync.Mutex
 	sc      Sidecar
@@ -73,7 +74,7 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 		f, err := dir.OpenFile(r.tmpName, os.O_RDWR, 0)
 		if err == nil {
 			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == layout.Size {
-				r.f = f
+				r.f, r.kept = f, true
 				if err := r.check(ctx, old.Bitmap, layout, alg); err != nil {
 					f.Close()
 					return nil, err

@@ -114,30 +114,12 @@ func (f *fetch) holeChunk(i int) bool {
 	return !f.ext.data(off, n)
 }
 
-// holer is the sink's way of leaving a hole (sparse files).
-type holer interface {
-	Hole(off, n int64) error
-}
-
 // landHole makes source bytes [off, off+n), zeros, so at the
-// destination: a hole where the sink can leave one, else zeros written.
-// A fresh temporary file reads as zeros already (zeroFill false).
+// destination. The sink decides what that takes (sink.Hole, sparse.go):
+// nothing on a fresh file, a punched hole in a kept one, zeros (or
+// --zero's ioctl) on a device.
 func (f *fetch) landHole(off, n int64) error {
-	if h, ok := any(f.out).(holer); ok {
-		return h.Hole(off, n)
-	}
-	if !f.zeroFill {
-		return nil
-	}
-	zero := make([]byte, min(n, 1<<20))
-	for done := int64(0); done < n; {
-		k := min(int64(len(zero)), n-done)
-		if _, err := f.out.WriteAt(zero[:k], off+done); err != nil {
-			return err
-		}
-		done += k
-	}
-	return nil
+	return f.out.Hole(off, n)
 }
 
 // digestsRange asks for the target's digests of chunks [first, end) of

@@ -27,7 +27,7 @@ var sampleEntry = Entry{
 
 // samples returns one message of every type with every field set.
 func samples() []Message {
-	return []Message{
+	return append([]Message{
 		&Hello{RequestID: 1, MinVersion: 1, MaxVersion: 3, ClientNonce: nonce(1), Client: "rdmacp/0.1"},
 		&AuthAs{RequestID: 3, MAC: nonce(5), Identity: "alice"},
 		&Challenge{RequestID: 1, Version: 1, ServerNonce: nonce(100), AuthRequired: true,
@@ -82,7 +82,7 @@ func samples() []Message {
 				{Dir: 1, PackedFile: PackedFile{Code: CodePermission, Entry: Entry{Type: FileRegular, Name: "secret"}, Message: "permission denied"}},
 			}},
 		&Working{RequestID: 17},
-	}
+	}, winSamples()...) // FeatureWinDigests' messages: fuzz_test.go
 }
 
 func mustMarshal(t testing.TB, m Message) []byte {

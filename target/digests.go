@@ -40,6 +40,9 @@ type winDigests struct {
 	wins    map[int][]byte
 	sum     []byte // the file digest, once every window is in
 	err     error
+	// tainted: a Suspect found a stored digest wrong; the file digest,
+	// fed from the store, can't be vouched for (Close sends none).
+	tainted bool
 }
 
 // lookahead is how many windows produce hashes past the one last asked
@@ -296,6 +299,9 @@ func (wd *winDigests) fileDigest(ctx context.Context) []byte {
 	}
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
+	if wd.tainted {
+		return nil
+	}
 	return wd.sum
 }
 
@@ -305,5 +311,8 @@ func (wd *winDigests) suspect(ctx context.Context, i int) ([]byte, error) {
 	if st := wd.srv.cfg.Digests; st != nil && wd.keyed {
 		st.Drop(wd.key.Dev, wd.key.Ino)
 	}
+	wd.mu.Lock()
+	wd.tainted = true
+	wd.mu.Unlock()
 	return chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
 }

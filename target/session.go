@@ -729,6 +729,9 @@ func (ss *session) digestsReply(ctx context.Context, m *protocol.Digests) protoc
 		}
 		count := min(int(m.Count), protocol.MaxDigestsPerReply(h.wd.alg.Size()))
 		b, err := h.wd.get(ctx, int(m.First), count)
+		if errors.Is(err, chunker.ErrChanged) {
+			return errf(protocol.CodeChanged, "%s changed while it was hashed", h.path)
+		}
 		if err != nil {
 			return errf(protocol.CodeInternal, "%s: %v", h.path, err)
 		}
