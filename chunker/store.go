@@ -68,14 +68,14 @@ func Persistable(k Key, hashStart time.Time) bool {
 // bounded: past the bound, the least recently used files are removed (use
 // is the file's mtime, which Save and Load move), each file counted in
 // whole 4 KiB blocks; files under 64 KiB are not stored at all (see
-// storeMinFile). Several processes may
+// StoreMinFile). Several processes may
 // share a directory (a daemon and rdmacp hash): slots of one version are
 // the same whoever writes them, and files are created whole under a
 // temporary name and linked into place, never replaced under a writer.
 type DirStore struct {
 	dir string
 	max int64
-	min int64            // smaller files are not stored: storeMinFile
+	min int64            // smaller files are not stored: StoreMinFile
 	now func() time.Time // time.Now; replaceable by tests
 
 	mu      sync.Mutex
@@ -92,12 +92,12 @@ const (
 	// touchEvery throttles Load's mtime updates: LRU order to the minute
 	// is enough, and a Load per window should not cost a syscall each.
 	touchEvery = time.Minute
-	// storeMinFile: the digests of a file smaller than this are not
-	// stored. Hashing a 64 KiB page-cached file took 50 µs here
+	// StoreMinFile: a DirStore does not store the digests of a file
+	// smaller than this. Hashing a 64 KiB page-cached file took 50 µs here
 	// (BenchmarkHashSmall), a lookup 20 µs (BenchmarkStoreLoad), and a
 	// store file takes a 4 KiB block and an inode: for a tree of small
 	// files the store would cost more disk than it saves CPU.
-	storeMinFile = 64 << 10
+	StoreMinFile = 64 << 10
 	// storeBlock is what a store file is counted as taking, at least
 	// and in multiples: a file system block.
 	storeBlock = 4096
@@ -139,7 +139,7 @@ func OpenDirStore(dir string, maxBytes int64) (*DirStore, error) {
 	if err := checkStoreDir(dir); err != nil {
 		return nil, err
 	}
-	s := &DirStore{dir: dir, max: maxBytes, min: storeMinFile, now: time.Now, touched: map[string]time.Time{}}
+	s := &DirStore{dir: dir, max: maxBytes, min: StoreMinFile, now: time.Now, touched: map[string]time.Time{}}
 	total, _, err := s.scan()
 	if err != nil {
 		return nil, err

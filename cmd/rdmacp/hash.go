@@ -28,9 +28,10 @@ func hashCommand() *cli.Command {
 		Name:      "hash",
 		Usage:     "hash files ahead of time into the state directory, so that serve sends them with no hash pass",
 		ArgsUsage: "PATH...",
-		Description: "Hashes each file (a directory: every regular file under it; a block device: the device) with\n" +
-			"the digest and chunk size given, as `rdmacp serve` would, into the state directory: a daemon\n" +
-			"started later with the same --state-dir, --digest and --chunk-size serves them at once.\n" +
+		Description: "Hashes each file (a directory: every regular file of 64 KiB or more under it; a block\n" +
+			"device: the device) with the digest and chunk size given, as `rdmacp serve` would, into the\n" +
+			"state directory: a daemon started later with the same --state-dir, --digest and --chunk-size\n" +
+			"serves them at once (smaller files are not stored: hashing them costs about a lookup).\n" +
 			"Digests already stored are not hashed again.",
 		Flags: []cli.Flag{
 			stateDirFlag(),
@@ -216,6 +217,9 @@ func (h *hasher) walk(root string) ([]string, error) {
 		fi, err := d.Info()
 		if err != nil {
 			return nil
+		}
+		if fi.Mode().IsRegular() && fi.Size() < chunker.StoreMinFile {
+			return nil // not stored: hashed when served, about as fast as a lookup
 		}
 		if fi.Mode().IsRegular() || (p == root && blockdev.Is(fi)) {
 			out = append(out, p)

@@ -79,6 +79,7 @@ func TestHashCommand(t *testing.T) {
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
 	oldFile(t, filepath.Join(src, "sub", "b"), 64<<10)
 	os.Symlink("a", filepath.Join(src, "link"))
+	oldFile(t, filepath.Join(src, "tiny"), 1000) // under 64 KiB: not stored, not hashed
 
 	_, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--checksum", "blake3", src)
 	if code != 0 {
