@@ -32,6 +32,7 @@ func openTestStore(t *testing.T, max int64) *DirStore {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.min = 0 // the tests' files are small
 	return s
 }
 
@@ -226,8 +227,10 @@ func TestStoreDrop(t *testing.T) {
 }
 
 func TestStoreSizeBoundEvicts(t *testing.T) {
-	// Each file: 72 + 128 × 8 = 1096 bytes; room for 4.
-	s := openTestStore(t, 4500)
+	// Each file: 72 + 128 × 8 = 1096 bytes, counted as a 4 KiB block;
+	// room for 4.
+	const bound = 4*4096 + 100
+	s := openTestStore(t, bound)
 	now := time.Now()
 	s.now = func() time.Time { return now }
 	keys := make([]Key, 6)
@@ -247,8 +250,8 @@ func TestStoreSizeBoundEvicts(t *testing.T) {
 		}
 	}
 	total, files, _ := s.scan()
-	if total > 4500 {
-		t.Errorf("store holds %d bytes in %d files, over its bound of 4500", total, len(files))
+	if total > bound {
+		t.Errorf("store holds %d bytes in %d files, over its bound of %d", total, len(files), bound)
 	}
 	if _, ok := s.Load(keys[1], 0, 1); ok {
 		t.Error("least recently used key 1 not evicted")
@@ -259,7 +262,7 @@ func TestStoreSizeBoundEvicts(t *testing.T) {
 		}
 	}
 	// A version larger than the whole store is not kept at all.
-	big := testKey(200, 1024*4096, CRC32C)
+	big := testKey(200, 4096*4096, CRC32C) // 32 KiB of slots
 	if err := s.Save(big, 0, testDigests(CRC32C, 0, 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -305,6 +308,27 @@ func TestStoreRacyNotSaved(t *testing.T) {
 	}
 	if !Persistable(testKey(10, 1, CRC32C), time.Now()) {
 		t.Error("Persistable: file changed an hour ago: false")
+	}
+}
+
+// TestStoreSmallFilesNotStored: a file under 64 KiB costs a lookup no
+// less than a hash; its digests are not stored.
+func TestStoreSmallFilesNotStored(t *testing.T) {
+	s, err := OpenDirStore(filepath.Join(t.TempDir(), "state"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, big := testKey(14, 64<<10-1, CRC32C), testKey(15, 64<<10, CRC32C)
+	for _, k := range []Key{small, big} {
+		if err := s.Save(k, 0, testDigests(CRC32C, 0, 16)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := s.Load(small, 0, 16); ok {
+		t.Error("digests of a file under 64 KiB stored")
+	}
+	if _, ok := s.Load(big, 0, 16); !ok {
+		t.Error("digests of a 64 KiB file not stored")
 	}
 }
 
@@ -518,6 +542,39 @@ func TestStoreConcurrent(t *testing.T) {
 	for range 8 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkStoreLoad: one window's lookup (open, two preads, close), to
+// set against hashing that window (BenchmarkHashSmall).
+func BenchmarkStoreLoad(b *testing.B) {
+	s, err := OpenDirStore(filepath.Join(b.TempDir(), "state"), 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	k := testKey(1, 64*4096, CRC32C)
+	if err := s.Save(k, 0, testDigests(CRC32C, 0, 64)); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, ok := s.Load(k, 0, 64); !ok {
+			b.Fatal("not loaded")
+		}
+	}
+}
+
+// BenchmarkHashSmall: hashing a 64 KiB page-cached file in one chunk.
+func BenchmarkHashSmall(b *testing.B) {
+	p := filepath.Join(b.TempDir(), "f")
+	os.WriteFile(p, make([]byte, 64<<10), 0o644)
+	f, _ := os.Open(p)
+	defer f.Close()
+	l := Layout{Size: 64 << 10, ChunkSize: 4 << 20}
+	b.SetBytes(l.Size)
+	for b.Loop() {
+		if _, err := HashFile(context.Background(), f, l, CRC32C, 1); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

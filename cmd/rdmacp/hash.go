@@ -28,9 +28,10 @@ func hashCommand() *cli.Command {
 		Name:      "hash",
 		Usage:     "hash files ahead of time into the state directory, so that serve sends them with no hash pass",
 		ArgsUsage: "PATH...",
-		Description: "Hashes each file (a directory: every regular file under it; a block device: the device) with\n" +
-			"the digest and chunk size given, as `rdmacp serve` would, into the state directory: a daemon\n" +
-			"started later with the same --state-dir, --digest and --chunk-size serves them at once.\n" +
+		Description: "Hashes each file (a directory: every regular file of 64 KiB or more under it; a block\n" +
+			"device: the device) with the digest and chunk size given, as `rdmacp serve` would, into the\n" +
+			"state directory: a daemon started later with the same --state-dir, --digest and --chunk-size\n" +
+			"serves them at once (smaller files are not stored: hashing them costs about a lookup).\n" +
 			"Digests already stored are not hashed again.",
 		Flags: []cli.Flag{
 			stateDirFlag(),
@@ -217,6 +218,9 @@ func (h *hasher) walk(root string) ([]string, error) {
 		if err != nil {
 			return nil
 		}
+		if fi.Mode().IsRegular() && fi.Size() < chunker.StoreMinFile {
+			return nil // not stored: hashed when served, about as fast as a lookup
+		}
 		if fi.Mode().IsRegular() || (p == root && blockdev.Is(fi)) {
 			out = append(out, p)
 			h.counts.Files.Add(1)
@@ -246,9 +250,15 @@ func (h *hasher) file(p string) error {
 		h.counts.Bytes.Add(size)
 	}
 	l := chunker.Layout{Size: size, ChunkSize: h.cs}
+	last := time.Now()
 	progress := func(done int64) {
-		if h.bar != nil {
+		switch {
+		case h.bar != nil:
 			h.bar.progress(initiator.Progress{Path: p, Bytes: done, Total: size})
+		case !h.quiet && time.Since(last) >= logEvery && done < size:
+			// No terminal (serve --prehash logs these): a line now and then.
+			last = time.Now()
+			fmt.Fprintf(os.Stderr, "hashing %s: %d%%, %s of %s\n", p, percent(done, size), formatSI(done), formatSI(size))
 		}
 	}
 	hashed, err := chunker.Persist(h.ctx, f, l, h.alg, h.store, h.workers, progress)
@@ -263,6 +273,9 @@ func (h *hasher) file(p string) error {
 	}
 	return nil
 }
+
+// logEvery spaces the progress lines of a file hashed without a terminal.
+var logEvery = 10 * time.Second
 
 // lowerPriority puts every thread of this process at nice 19 and in the
 // idle I/O class; threads started later inherit it from the thread that

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/blockdev"
 	"github.com/rdmacp/rdmacp/chunker"
 )
@@ -77,6 +79,7 @@ func TestHashCommand(t *testing.T) {
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
 	oldFile(t, filepath.Join(src, "sub", "b"), 64<<10)
 	os.Symlink("a", filepath.Join(src, "link"))
+	oldFile(t, filepath.Join(src, "tiny"), 1000) // under 64 KiB: not stored, not hashed
 
 	_, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--checksum", "blake3", src)
 	if code != 0 {
@@ -360,5 +363,75 @@ func TestServeRestartNoHashPass(t *testing.T) {
 	s = serve(t, src, nil, "--state-dir", state, "--no-persist-digests")
 	if n := servedRead(t, s, "f", want); n < size {
 		t.Errorf("after a restart with --no-persist-digests: the daemon read %d bytes, want at least %d", n, size)
+	}
+}
+
+// TestHashNice: rdmacp hash --nice (what serve --prehash runs) puts every
+// thread at nice 19 in the idle I/O class, while it hashes.
+func TestHashNice(t *testing.T) {
+	p, state := filepath.Join(t.TempDir(), "big"), filepath.Join(t.TempDir(), "state")
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(8 << 30) // sparse: hashing it reads zeros, for a few seconds on one thread
+	f.Close()
+	then := time.Now().Add(-time.Hour)
+	os.Chtimes(p, then, then)
+	time.Sleep(2100 * time.Millisecond) // past the racy window: it hashes at once
+	cmd := rdmacp("hash", "--nice", "-q", "--state-dir", state, p)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		nice, idle, n := taskPriorities(cmd.Process.Pid)
+		if n > 0 && nice == n && idle == n {
+			return // every thread
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d threads, %d at nice 19, %d in the idle I/O class", n, nice, idle)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// taskPriorities counts pid's threads, those at nice 19 and those in the
+// idle I/O class.
+func taskPriorities(pid int) (nice, idle, n int) {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		n++
+		if prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid); err == nil && 20-prio == 19 {
+			nice++
+		}
+		const ioprioWhoProcess, ioprioClassIdle = 1, 3
+		if v, _, e := unix.Syscall(unix.SYS_IOPRIO_GET, ioprioWhoProcess, uintptr(tid), 0); e == 0 && v>>13 == ioprioClassIdle {
+			idle++
+		}
+	}
+	return nice, idle, n
+}
+
+// TestServeDefaultStateDirUnusable: a default state directory that can't
+// be used (here $STATE_DIRECTORY writable by all) costs a warning, not
+// the daemon: it serves, hashing as before.
+func TestServeDefaultStateDirUnusable(t *testing.T) {
+	src, bad := t.TempDir(), t.TempDir()
+	os.Chmod(bad, 0o777)
+	t.Setenv("STATE_DIRECTORY", bad)
+	want := oldFile(t, filepath.Join(src, "f"), 1<<20)
+	s := serve(t, src, nil)
+	if !strings.Contains(s.logs.String(), "digests will not persist across restarts") || !strings.Contains(s.logs.String(), "writable by group or others") {
+		t.Errorf("no warning about the state directory:\n%s", s.logs)
+	}
+	servedRead(t, s, "f", want)
+	if ents, _ := os.ReadDir(bad); len(ents) != 0 {
+		t.Errorf("the refused state directory was written: %v", ents)
 	}
 }
