@@ -58,6 +58,13 @@ func (ss *session) newWinDigests(f *os.File, l chunker.Layout, alg chunker.Algor
 			wd.key, wd.keyed = k, true
 		}
 	}
+	if wd.windows() == 0 {
+		// An empty file's digest is there at once: Close may come
+		// before the producer has run.
+		if fd, err := chunker.NewFileDigester(alg, l); err == nil {
+			wd.sum, _ = fd.Sum()
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	wd.cancel = cancel
 	go wd.produce(ctx)
@@ -96,11 +103,6 @@ func (wd *winDigests) bump() {
 func (wd *winDigests) produce(ctx context.Context) {
 	defer close(wd.done)
 	fd, err := chunker.NewFileDigester(wd.alg, wd.l)
-	if err == nil && wd.windows() == 0 { // an empty file
-		wd.mu.Lock()
-		wd.sum, err = fd.Sum()
-		wd.mu.Unlock()
-	}
 	for i := 0; err == nil && i < wd.windows(); i++ {
 		if err = wd.await(ctx, i); err != nil {
 			break
