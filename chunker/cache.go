@@ -9,6 +9,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/rdmacp/rdmacp/blockdev"
 )
 
 // Key identifies one version of a file's chunk digests. A file whose size,
@@ -82,6 +84,9 @@ func NewCache(maxBytes int64, workers int) *Cache {
 		flights: make(map[Key]*flight),
 	}
 }
+
+// Workers is how many goroutines hash one file.
+func (c *Cache) Workers() int { return c.workers }
 
 func cost(d Digests) int64 { return int64(len(d.Bytes())) + entryOverhead }
 
@@ -157,7 +162,7 @@ func (c *Cache) Digests(ctx context.Context, f *os.File, l Layout, alg Algorithm
 		}
 		return d, false, nil
 	}
-	k, err := keyOf(fi, l, alg)
+	k, err := KeyOf(fi, l, alg)
 	if err != nil {
 		return Digests{}, false, err
 	}
@@ -217,7 +222,7 @@ func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k
 	if err != nil {
 		return Digests{}, fmt.Errorf("chunker: %w", err)
 	}
-	after, err := keyOf(fi, l, alg)
+	after, err := KeyOf(fi, l, alg)
 	if err != nil {
 		return Digests{}, err
 	}
@@ -227,7 +232,13 @@ func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k
 	return d, nil
 }
 
-func keyOf(fi os.FileInfo, l Layout, alg Algorithm) (Key, error) {
+// KeyOf is the key of the digests of the file fi describes, laid out as l.
+// For a block device, whose stat says nothing of its contents, see
+// deviceKey.
+func KeyOf(fi os.FileInfo, l Layout, alg Algorithm) (Key, error) {
+	if blockdev.Is(fi) {
+		return deviceKey(fi, l, alg)
+	}
 	if fi.Size() != l.Size {
 		return Key{}, fmt.Errorf("chunker: %s is %d bytes, layout says %d: %w", fi.Name(), fi.Size(), l.Size, ErrChanged)
 	}

@@ -1,10 +1,7 @@
 package chunker
 
 import (
-	"encoding/binary"
 	"fmt"
-
-	"lukechampine.com/blake3"
 )
 
 // CRC combination works in GF(2)[x] modulo the Castagnoli polynomial P,
@@ -90,30 +87,12 @@ func FileDigest(alg Algorithm, l Layout, d Digests) ([]byte, error) {
 	if d.Len() != l.Chunks() {
 		return nil, fmt.Errorf("chunker: file digest: %d digests for %d chunks", d.Len(), l.Chunks())
 	}
-	switch alg {
-	case CRC32C:
-		full := xPow8n(l.ChunkSize)
-		var crc uint32
-		for i := range d.Len() {
-			c := binary.BigEndian.Uint32(d.At(i))
-			if _, length := l.Chunk(i); length == l.ChunkSize {
-				crc = gfMul(full, crc) ^ c
-			} else {
-				crc = CombineCRC32C(crc, c, length)
-			}
-		}
-		return binary.BigEndian.AppendUint32(nil, crc), nil
-	case BLAKE3:
-		h := blake3.New(32, nil)
-		var sizes [16]byte
-		binary.BigEndian.PutUint64(sizes[:8], uint64(l.ChunkSize))
-		binary.BigEndian.PutUint64(sizes[8:], uint64(l.Size))
-		h.Write([]byte(blake3ListLabel))
-		h.Write(sizes[:])
-		h.Write(d.Bytes())
-		return h.Sum(nil), nil
-	case None:
-		return []byte{}, nil
+	fd, err := NewFileDigester(alg, l)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("chunker: unknown algorithm %d", uint8(alg))
+	if err := fd.Add(d.Bytes()); err != nil {
+		return nil, err
+	}
+	return fd.Sum()
 }

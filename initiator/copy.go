@@ -58,6 +58,12 @@ type GetOptions struct {
 	// DryRun says what the copy would do (Result.Unchanged, or the
 	// source's size in Bytes) and touches nothing.
 	DryRun bool
+	// Sparse (rsync's -S) turns runs of zero blocks in the data into
+	// holes at the destination too, not only the source's holes: on a
+	// block device only where Zero is not ZeroWrite (sparse.go).
+	Sparse bool
+	// Zero is how zeros land on a block device DEST (--zero).
+	Zero ZeroMode
 }
 
 // Result describes a finished copy.
@@ -137,8 +143,8 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 			return &landing{f: f, dst: dst, device: true, discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
-				return nil, err
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
+				return nil, err // errSame too, by window
 			} else if same {
 				return nil, errSame
 			}
@@ -161,6 +167,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		return openDest(dst, layout.Size, opt.Force)
 	}
 	sp.resume = func() *resumer { return rs }
+	sp.land = opt.zeros(sp.land)
 	res, land, err := s.pull(ctx, src, dst, sp)
 	res.Cleaned = cleaned
 	if errors.Is(err, errSame) {
@@ -224,8 +231,11 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 var errSame = errors.New("destination already matches")
 
 // sameFile reports whether the file open opens is a regular file with src's whole-file
-// digest, computed locally over the target's layout.
-func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
+// digest, computed locally over the target's layout. Against a target
+// that hashes by window (no file digest at Open), it compares window by
+// window (sameByWindows) and says so with a *sameDigest error carrying
+// the local file digest, for Close's to confirm.
+func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
 	alg := chunker.Algorithm(or.Algorithm)
 	if alg == chunker.None {
 		return false, nil
@@ -239,6 +249,13 @@ func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.O
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != layout.Size {
 		return false, nil
 	}
+	if len(or.FileDigest) == 0 && s.winDigests() {
+		fd, same, err := s.sameByWindows(ctx, f, or.Handle, alg, layout)
+		if err != nil || !same {
+			return false, err
+		}
+		return false, &sameDigest{fd}
+	}
 	d, err := chunker.HashFile(ctx, f, layout, alg, 2)
 	if err != nil {
 		return false, err
@@ -249,6 +266,13 @@ func sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.O
 	}
 	return chunker.Equal(fd, or.FileDigest), nil
 }
+
+// sameDigest is errSame from sameByWindows: the destination's file
+// digest, which the target's at Close must match.
+type sameDigest struct{ digest []byte }
+
+func (e *sameDigest) Error() string        { return errSame.Error() }
+func (e *sameDigest) Is(target error) bool { return target == errSame }
 
 // pullSpec says where one file's bytes go.
 type pullSpec struct {
@@ -304,8 +328,9 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 type pullState struct {
 	land  *landing
 	entry protocol.Entry
-	have  []bool // chunks verified and written, by this command
-	sums  []byte // their digests, chunk by chunk
+	have  []bool       // chunks verified and written, by this command
+	sums  *orderedSums // their digests, combined into the file digest
+	ext   *extentMap
 }
 
 func (st *pullState) verified() int {
@@ -370,28 +395,43 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
+	if s.winDigests() && or.Entry.Type == protocol.FileRegular {
+		if f.ext, err = s.listExtents(ctx, or.Handle, layout.Size); err != nil {
+			return err
+		}
+		st.ext = f.ext
+	}
 	if err := st.arm(f, sp, or, layout); errors.Is(err, errSame) {
+		closed = true
+		fd, err := s.confirmSame(ctx, or, err)
+		if err != nil {
+			return err
+		}
 		res.Skipped = true
 		res.Bytes = layout.Size
-		res.Digest = chunker.FormatDigest(alg, or.FileDigest)
+		res.Digest = chunker.FormatDigest(alg, fd)
 		return errSame
 	} else if err != nil {
 		return err
 	}
-	out := newSink(st.land.f, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	out, err := st.land.open(f.ext, layout, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	if err != nil {
+		return err
+	}
 	f.out = out
-	sums, err := f.run()
+	err = f.run()
 	out.close()
 	st.keep(f)
 	res.Retries += f.retries
 	res.BytesRead += f.bytesRead
+	resuspected := f.resuspected
 	res.directBytes += out.directBytes()
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
 			closed = true
 			if m, cerr := s.callWithin(ctx, tidyWait, &protocol.Close{Handle: or.Handle}); cerr == nil {
-				if cr, ok := m.(*protocol.CloseReply); ok && cr.Changed {
+				if changed, _, _ := closeAnswer(m); changed {
 					return fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
 				}
 			}
@@ -406,19 +446,57 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	if err != nil {
 		return err
 	}
-	if cr, ok := m.(*protocol.CloseReply); !ok || cr.Changed {
-		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
-	}
-	local, err := chunker.FileDigest(alg, layout, sums)
+	changed, theirs, err := closeAnswer(m)
 	if err != nil {
 		return err
 	}
-	if !chunker.Equal(local, or.FileDigest) {
-		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, or.FileDigest))
+	if changed {
+		return fmt.Errorf("%w: %s was modified while it was read", ErrChanged, src)
+	}
+	_, byWindow := m.(*protocol.Closed)
+	if !byWindow {
+		theirs = or.FileDigest
+	}
+	stale := byWindow && len(theirs) == 0 && resuspected > 0
+	if stale {
+		// The target's stored digests were stale, so it has no file
+		// digest to give: every chunk was verified against one hashed
+		// again from the file, which stands for it.
+		s.cfg.Logger.Warn("target's stored digests were stale: verified chunk by chunk against fresh ones", "path", src)
+	}
+	local, err := st.sums.Sum()
+	if err != nil {
+		return err
+	}
+	if !stale && !chunker.Equal(local, theirs) {
+		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, theirs))
 	}
 	res.Bytes = layout.Size
 	res.Digest = chunker.FormatDigest(alg, local)
 	return nil
+}
+
+// confirmSame closes a file -c found the same: by window (a
+// *sameDigest), Close must say the source did not change and carry the
+// same file digest. It returns the file digest.
+func (s *Session) confirmSame(ctx context.Context, or *protocol.OpenReply, same error) ([]byte, error) {
+	var sd *sameDigest
+	if !errors.As(same, &sd) {
+		s.tidy(ctx, &protocol.Close{Handle: or.Handle})
+		return or.FileDigest, nil
+	}
+	m, err := s.call(ctx, &protocol.Close{Handle: or.Handle})
+	if err != nil {
+		return nil, err
+	}
+	changed, theirs, err := closeAnswer(m)
+	if err != nil {
+		return nil, err
+	}
+	if changed || !chunker.Equal(theirs, sd.digest) {
+		return nil, fmt.Errorf("%w: %s changed while it was compared", ErrChanged, or.Entry.Name)
+	}
+	return theirs, nil
 }
 
 // arm sets f up to carry on from st: on the first session's go the
@@ -434,14 +512,19 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 		}
 		st.land, st.entry = land, or.Entry
 		st.have = make([]bool, layout.Chunks())
-		st.sums = make([]byte, layout.Chunks()*f.alg.Size())
+		sums, err := newOrderedSums(f.alg, layout)
+		if err != nil {
+			return err
+		}
+		st.sums = sums
 	} else {
-		f.have, f.pre, f.trusted = st.have, st.sums, true
+		f.have, f.trusted = st.have, true
 	}
+	f.sums = st.sums
 	if sp.resume != nil {
 		if rs := sp.resume(); rs != nil {
 			if first {
-				f.have, f.pre = rs.have, rs.pre
+				f.have, f.local = rs.have, rs.sum
 			}
 			f.onDone = rs.done
 		}
@@ -449,13 +532,12 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 	return nil
 }
 
-// keep records the chunks f verified, for the next session's go.
+// keep records the chunks f verified, for the next session's go (their
+// digests are in st.sums already).
 func (st *pullState) keep(f *fetch) {
-	size := f.alg.Size()
 	for i, ok := range f.verified {
 		if ok {
 			st.have[i] = true
-			copy(st.sums[i*size:(i+1)*size], f.sums[i*size:(i+1)*size])
 		}
 	}
 }
@@ -476,6 +558,21 @@ type landing struct {
 	discard bool     // /dev/null: nothing to sync
 	partial *resumer // with --partial: kept on failure, for a later run
 	remove  func()   // if set, how abort removes the file
+
+	sparse bool     // -S (GetOptions.Sparse)
+	zero   ZeroMode // on a device (GetOptions.Zero)
+	ready  bool     // open has reserved the space (sparse.go)
+}
+
+// zeros gives the landings land opens opt's -S and --zero.
+func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*landing, error)) func(*protocol.OpenReply, chunker.Layout) (*landing, error) {
+	return func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		l, err := land(or, layout)
+		if l != nil {
+			l.sparse, l.zero = opt.Sparse, opt.Zero
+		}
+		return l, err
+	}
 }
 
 // directMin is the smallest file landed with O_DIRECT: below a chunk (or
@@ -605,8 +702,10 @@ func (l *landing) commit(e protocol.Entry) error {
 	return l.f.Close()
 }
 
-// createTemp makes the temporary file a copy lands in and reserves its
-// space, so that a full disk shows up before any byte moves.
+// createTemp makes the temporary file a copy lands in, of the source's
+// size; the space for the source's data is reserved by landing.open
+// (reserve), so that a full disk shows up before any byte moves while
+// the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), tempBase(filepath.Base(dst)))
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -616,21 +715,20 @@ func createTemp(dst string, size int64) (*os.File, error) {
 	if err := allocate(f, size); err != nil {
 		f.Close()
 		os.Remove(name)
-		return nil, &fs.PathError{Op: "allocate", Path: dst, Err: err}
+		return nil, &fs.PathError{Op: "truncate", Path: dst, Err: err}
 	}
 	return f, nil
 }
 
-// allocate reserves size bytes for f.
+// allocate gives a new landing file f its size, all hole: landing.open
+// reserves the chunks that will hold data (sparse.go's reserve), once
+// the source's extents are known. Fallocating the whole file here made
+// a 100 GiB sparse source holding 1 GiB need 100 GiB free.
 func allocate(f *os.File, size int64) error {
 	if size <= 0 {
 		return nil
 	}
-	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
-	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
-		err = f.Truncate(size)
-	}
-	return err
+	return f.Truncate(size)
 }
 
 func randRead(b []byte) { rand.Read(b) }
@@ -681,43 +779,54 @@ type fetch struct {
 	mr       verbs.MR
 	slots    []*chunk // by slot index; nil when free
 	free     []int
-	jobs     chan *chunk // chunks whose READs are all in, to verify
-	sums     []byte      // local digests, chunk by chunk
-	verified []bool      // chunks verified and written (or trusted)
+	jobs     chan *chunk  // chunks whose READs are all in, to verify
+	sums     *orderedSums // local digests, into the file digest
+	verified []bool       // chunks verified and written (or trusted)
 	written  int64
 	done     int // chunks verified
 	retries  int
 	tick     reads.Every
 
-	// Resuming: have marks chunks the destination is believed to hold,
-	// whose local digests pre holds (chunk by chunk); a chunk whose
-	// digest matches the target's is not read again, and with trusted
-	// (verified earlier by this command) one is not compared either.
-	// onDone is told of every chunk verified in place.
+	// Resuming: have marks chunks the destination is believed to hold; a
+	// chunk whose local digest (local hashes it, when its window comes)
+	// matches the target's is not read again. With trusted (verified
+	// earlier by this command, its digest in sums already) one is not
+	// compared either. onDone is told of every chunk verified in place.
 	have      []bool
-	pre       []byte
+	local     func(i int) ([]byte, error)
 	trusted   bool
 	onDone    func(idx int)
 	bytesRead int64 // bytes READ successfully
+
+	// Holes: ext is where the source's data is (nil: all data, a target
+	// without digests by window); a chunk wholly in a hole is neither
+	// mapped nor READ, and lands as a hole (landHole: the sink decides
+	// what a hole becomes).
+	ext *extentMap
+	// resuspected: chunks whose digest the target hashed again
+	// (Suspect) and found different; its file digest can't be had then.
+	resuspected int
 }
 
 type chunk struct {
-	idx  int
-	off  int64
-	n    int
-	slot int
-	win  *win
-	g    reads.Group
+	idx       int
+	off       int64
+	n         int
+	slot      int
+	win       *win
+	g         reads.Group
+	suspected bool // the target was asked to hash it again (Suspect)
 }
 
 // win is a mapped window and the digests of the chunks it covers.
 type win struct {
 	w       protocol.Window
 	keys    *reads.Keys
-	first   int // first chunk
-	end     int // one past the last chunk
-	digests []byte
-	left    int // chunks not yet written
+	first   int    // first chunk
+	end     int    // one past the last chunk
+	digests []byte // nil for a hole window
+	left    int    // chunks not yet written
+	hole    bool   // all hole: not mapped, nothing to READ or unmap
 }
 
 // verifiers is how many goroutines check and write chunks: buffered
@@ -729,21 +838,21 @@ var verifiers = 4
 type verdict struct {
 	c   *chunk
 	ok  bool
+	sum []byte // its digest, when ok
 	err error
 }
 
 // run moves the file's chunks: plan (windows come from mapWindows), post
 // (start fills free slots), complete (the engine), verify (verifiers),
 // land (judge).
-func (f *fetch) run() (_ chunker.Digests, err error) {
+func (f *fetch) run() (err error) {
 	n := f.layout.Chunks()
-	f.sums = make([]byte, n*f.alg.Size())
 	f.verified = make([]bool, n)
 	if n == 0 {
-		return chunker.MakeDigests(f.alg, 0, nil)
+		return nil
 	}
 	if err := f.setup(); err != nil {
-		return chunker.Digests{}, err
+		return err
 	}
 	defer f.teardown()
 	ctx, cancel := context.WithCancel(f.ctx)
@@ -756,7 +865,7 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	})
 	if err != nil {
 		cancel()
-		return chunker.Digests{}, err
+		return err
 	}
 	f.eng = eng
 	// On the way out: stop the helpers, wait for the verifiers to let go
@@ -788,15 +897,15 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	for f.done < n {
 		busy, err := f.start(&cur, &next, wins)
 		if err != nil {
-			return chunker.Digests{}, err
+			return err
 		}
 		stepped, err := eng.Step()
 		if err != nil {
-			return chunker.Digests{}, f.engineErr(err)
+			return f.engineErr(err)
 		}
 		judged, err := f.judgeAll(verdicts)
 		if err != nil {
-			return chunker.Digests{}, err
+			return err
 		}
 		f.report(false)
 		if busy || stepped || judged || f.done == n {
@@ -810,19 +919,19 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 		case <-eng.Ready():
 		case v := <-verdicts:
 			if err := f.judge(v); err != nil {
-				return chunker.Digests{}, err
+				return err
 			}
 		case we := <-winc:
 			if we.err != nil {
-				return chunker.Digests{}, we.err
+				return we.err
 			}
 			cur = we.w
 		case <-ctx.Done():
-			return chunker.Digests{}, ctx.Err()
+			return ctx.Err()
 		}
 	}
 	f.report(true)
-	return chunker.MakeDigests(f.alg, n, f.sums)
+	return nil
 }
 
 // endEngine closes the fetch's engine (Session.endEngine).
@@ -860,6 +969,14 @@ func (f *fetch) start(cur **win, next *int, wins chan winOrErr) (bool, error) {
 			}
 		}
 		w := *cur
+		if f.holeChunk(*next) && f.zeroOK(w, *next) {
+			if err := f.landZeros(w, *next); err != nil {
+				return busy, err
+			}
+			*next++
+			busy = true
+			continue
+		}
 		if f.haveChunk(w, *next) {
 			f.chunkDone(w, *next)
 			*next++
@@ -944,7 +1061,7 @@ func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- ver
 			i := c.idx - c.win.first
 			v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
 			if v.ok {
-				copy(f.sums[c.idx*size:], sum)
+				v.sum = append([]byte(nil), sum...)
 			}
 		}
 		if v.ok {
@@ -987,7 +1104,11 @@ func (f *fetch) judge(v verdict) error {
 	}
 	if !v.ok {
 		f.retries++
-		if err := f.eng.Retry(&c.g, f.s.cfg.Retries); err != nil {
+		err := f.eng.Retry(&c.g, f.s.cfg.Retries)
+		if err != nil && !c.suspected && f.s.winDigests() {
+			err = f.resuspect(c, err)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest: %w", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, err)
 		}
 		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.g.Tries)
@@ -995,8 +1116,28 @@ func (f *fetch) judge(v verdict) error {
 	}
 	f.slots[c.slot] = nil
 	f.free = append(f.free, c.slot)
+	f.sums.put(c.idx, v.sum)
 	f.chunkDone(c.win, c.idx)
 	return nil
+}
+
+// resuspect asks the target to hash chunk c again (its digest may have
+// been a stale stored one) and, if that gives another digest, reads the
+// chunk once more against it; else the chunk's failure (why) stands.
+func (f *fetch) resuspect(c *chunk, why error) error {
+	c.suspected = true
+	fresh, err := f.suspect(c.idx)
+	if err != nil {
+		return err
+	}
+	size := f.alg.Size()
+	j := c.idx - c.win.first
+	if chunker.Equal(fresh, c.win.digests[j*size:(j+1)*size]) {
+		return why
+	}
+	copy(c.win.digests[j*size:], fresh)
+	f.resuspected++
+	return f.eng.Retry(&c.g, c.g.Tries+1)
 }
 
 // haveChunk reports whether chunk i is already in place: marked by a
@@ -1007,16 +1148,19 @@ func (f *fetch) haveChunk(w *win, i int) bool {
 		return false
 	}
 	if f.trusted {
-		copy(f.sums[i*size:], f.pre[i*size:(i+1)*size])
-		return true
+		return true // its digest is in f.sums already
 	}
 	j := i - w.first
-	local := f.pre[i*size : (i+1)*size]
+	local, err := f.local(i)
+	if err != nil {
+		f.s.cfg.Logger.Debug("resumed chunk unreadable; reading it again", "chunk", i, "err", err)
+		return false
+	}
 	if !chunker.Equal(local, w.digests[j*size:(j+1)*size]) {
 		f.s.cfg.Logger.Debug("resumed chunk differs from the target's; reading it again", "chunk", i)
 		return false
 	}
-	copy(f.sums[i*size:], local)
+	f.sums.put(i, local)
 	return true
 }
 
@@ -1031,7 +1175,10 @@ func (f *fetch) chunkDone(w *win, i int) {
 		f.onDone(i)
 	}
 	w.left--
-	if w.left == 0 {
+	if w.left == 0 && w.hole {
+		<-f.windows
+	}
+	if w.left == 0 && !w.hole {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
@@ -1065,11 +1212,23 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 			return false
 		}
 	}
+	per := int(want / uint64(cs))
 	for first := 0; first < n; {
+		// A token per window in flight, holes too: what waits to be
+		// combined into the file digest (orderedSums) is a few windows.
 		select {
 		case f.windows <- struct{}{}:
 		case <-ctx.Done():
 			return
+		}
+		if d := f.ext.nextData(f.layout, first); d > first {
+			// Holes up to the next data: no Map, no digests asked.
+			end := min(d, first+per)
+			if !send(winOrErr{w: &win{first: first, end: end, left: end - first, hole: true}}) {
+				return
+			}
+			first = end
+			continue
 		}
 		off := int64(first) * cs
 		gens := s.qps.Gens() // before the Map: see reads.Set.Gens
@@ -1102,7 +1261,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		}
 		digests, err := f.fetchDigests(ctx, first, end)
 		if err != nil {
-			send(winOrErr{err: err})
+			send(winOrErr{err: f.mapErr(err)}) // a source that changed while hashed: ErrChanged
 			return
 		}
 		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
@@ -1128,22 +1287,30 @@ func (f *fetch) mapErr(err error) error {
 }
 
 func (f *fetch) fetchDigests(ctx context.Context, first, end int) ([]byte, error) {
+	return f.s.digestsRange(ctx, f.handle, f.alg, first, end)
+}
+
+// zeroOK reports whether hole chunk i of window w may land as zeros
+// unread: the target's digest for it, where it sent one, is the digest
+// of zeros (else the file changed since its extents were listed, and the
+// chunk is read and verified like any other).
+func (f *fetch) zeroOK(w *win, i int) bool {
 	size := f.alg.Size()
-	if size == 0 {
-		return nil, nil
+	if w.hole || size == 0 {
+		return true
 	}
-	out := make([]byte, 0, (end-first)*size)
-	for i := first; i < end; {
-		m, err := f.s.call(ctx, &protocol.Digests{Handle: f.handle, First: uint32(i), Count: uint32(end - i)})
-		if err != nil {
-			return nil, err
-		}
-		r, ok := m.(*protocol.DigestsReply)
-		if !ok || int(r.First) != i || len(r.Digests)%size != 0 || len(r.Digests) == 0 || len(r.Digests)/size > end-i {
-			return nil, fmt.Errorf("%w: bad digests reply for chunks %d-%d", protocol.ErrMalformed, i, end)
-		}
-		out = append(out, r.Digests...)
-		i += len(r.Digests) / size
+	_, n := f.layout.Chunk(i)
+	j := i - w.first
+	return chunker.Equal(w.digests[j*size:(j+1)*size], chunker.ZeroDigest(f.alg, n))
+}
+
+// landZeros lands hole chunk i of window w: nothing READ, a hole left.
+func (f *fetch) landZeros(w *win, i int) error {
+	off, n := f.layout.Chunk(i)
+	if err := f.landHole(off, n); err != nil {
+		return fmt.Errorf("writing %s: %w", f.out.Name(), err)
 	}
-	return out, nil
+	f.sums.put(i, chunker.ZeroDigest(f.alg, n))
+	f.chunkDone(w, i)
+	return nil
 }

@@ -76,6 +76,12 @@ type sink struct {
 	log    *slog.Logger
 	direct atomic.Int64 // bytes written through d
 	why    string       // why d is nil, for the log
+
+	// What zeros become (sparse.go): set by landing.open.
+	kind   destKind
+	sparse bool     // -S: zero blocks of data become holes too
+	zero   ZeroMode // on a device
+	block  int64    // -S's unit
 }
 
 // newSink lands in f: with O_DIRECT where want and the file system allow
@@ -134,8 +140,17 @@ func directAlign(f *os.File) (int64, string) {
 // Name is the file's name.
 func (s *sink) Name() string { return s.f.Name() }
 
-// WriteAt writes p at off: directly when it can, else buffered.
+// WriteAt writes p at off: with -S, its zero blocks as holes
+// (writeSparse); the rest directly when it can, else buffered.
 func (s *sink) WriteAt(p []byte, off int64) (int, error) {
+	if s.sparseOn() && s.block > 0 {
+		return s.writeSparse(p, off)
+	}
+	return s.write(p, off)
+}
+
+// write writes p at off: directly when it can, else buffered.
+func (s *sink) write(p []byte, off int64) (int, error) {
 	if s.d == nil || s.off.Load() || !s.aligned(p, off) {
 		return s.f.WriteAt(p, off)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -89,6 +90,9 @@ func BenchmarkLanding(b *testing.B) {
 			b.Fatal(err)
 		}
 		if err := allocate(f, size); err != nil {
+			b.Fatal(err)
+		}
+		if err := reserve(f, nil, chunker.Layout{Size: size, ChunkSize: chunk}); err != nil {
 			b.Fatal(err)
 		}
 		return f

@@ -47,11 +47,14 @@ type resumer struct {
 	tmpName string // the temporary file's name in dir
 	f       *os.File
 	log     *slog.Logger
+	kept    bool // f is a previous run's file: it may hold old bytes anywhere
 
 	mu      sync.Mutex
 	sc      Sidecar
 	have    []bool // chunks believed present at the start (read-only)
-	pre     []byte // their local digests
+	layout  chunker.Layout
+	alg     chunker.Algorithm
+	buf     []byte // sum's
 	unsaved int
 	saved   time.Time
 }
@@ -73,7 +76,7 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 		f, err := dir.OpenFile(r.tmpName, os.O_RDWR, 0)
 		if err == nil {
 			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == layout.Size {
-				r.f = f
+				r.f, r.kept = f, true
 				if err := r.check(ctx, old.Bitmap, layout, alg); err != nil {
 					f.Close()
 					return nil, err
@@ -107,35 +110,39 @@ func readSidecar(dir *os.Root, name string) (Sidecar, bool) {
 	return sc, true
 }
 
-// check hashes the chunks bitmap marks, so that fetch can compare them
-// with the target's digests.
+// check takes the chunks bitmap marks as believed present. They are
+// hashed one at a time as the copy reaches them (sum), to be compared
+// with the target's digests for their window: nothing is hashed before
+// the first byte moves, and no digest of the whole file is held.
 func (r *resumer) check(ctx context.Context, bitmap []byte, layout chunker.Layout, alg chunker.Algorithm) error {
 	n := layout.Chunks()
-	size := alg.Size()
-	if size == 0 {
+	if alg.Size() == 0 {
 		return nil // nothing to check against: read it all again
 	}
 	r.have = make([]bool, n)
-	r.pre = make([]byte, n*size)
-	buf := make([]byte, layout.ChunkSize)
+	r.layout, r.alg = layout, alg
 	marked := 0
 	for i := range n {
-		if bitmap[i/8]&(1<<(i%8)) == 0 {
-			continue
+		if bitmap[i/8]&(1<<(i%8)) != 0 {
+			r.have[i] = true
+			marked++
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		off, ln := layout.Chunk(i)
-		if _, err := r.f.ReadAt(buf[:ln], off); err != nil {
-			return fmt.Errorf("resuming %s: %w", r.f.Name(), err)
-		}
-		copy(r.pre[i*size:], chunker.Sum(alg, buf[:ln]))
-		r.have[i] = true
-		marked++
 	}
 	r.log.Debug("resuming a partial copy", "sidecar", r.path, "chunks_marked", marked, "chunks", n)
 	return nil
+}
+
+// sum hashes chunk i of the temporary file, for fetch to compare with
+// the target's digest (called from fetch's loop only).
+func (r *resumer) sum(i int) ([]byte, error) {
+	off, ln := r.layout.Chunk(i)
+	if int64(len(r.buf)) < ln {
+		r.buf = make([]byte, r.layout.ChunkSize)
+	}
+	if _, err := r.f.ReadAt(r.buf[:ln], off); err != nil {
+		return nil, fmt.Errorf("resuming %s: %w", r.f.Name(), err)
+	}
+	return chunker.Sum(r.alg, r.buf[:ln]), nil
 }
 
 // done marks chunk i verified and written, saving the sidecar now and then.

@@ -349,7 +349,7 @@ func (e *timeoutErr) Unwrap() error { return e.err }
 
 func (s *Session) hello(ctx context.Context) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
-		Client: protocol.ClientString("rdmacp", s.cfg.Archive.features()...)}
+		Client: protocol.ClientString("rdmacp", append(s.cfg.Archive.features(), protocol.FeatureWinDigests)...)}
 	m, err := s.call(ctx, h)
 	if err != nil {
 		var pe *protocol.Error

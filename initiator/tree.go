@@ -1069,7 +1069,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)
 		}
 		if opt.SkipSame {
-			if same, err := sameFile(ctx, func() (*os.File, error) { return d.Open(base) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return d.Open(base) }, or, layout); err != nil {
 				return nil, err
 			} else if same {
 				return nil, errSame

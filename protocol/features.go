@@ -18,6 +18,13 @@ const (
 	// FeatureXattrs: the initiator wants extended attributes (and so
 	// POSIX ACLs) in Meta too. It implies FeatureMeta.
 	FeatureXattrs = "xattrs"
+	// FeatureWinDigests: the initiator takes chunk digests window by
+	// window (Open does not hash the file; Digests hashes as it is
+	// asked, one window ahead), asks for a file's data extents
+	// (Extents), takes the whole-file digest at Close (Closed), and may
+	// report a chunk that keeps failing (Suspect). A target that does
+	// all this announces it in Challenge.Server.
+	FeatureWinDigests = "windigests"
 )
 
 // WorkingInterval is how long a target serves a request before it sends

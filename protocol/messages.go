@@ -234,6 +234,63 @@ type CloseReply struct {
 	Changed   bool
 }
 
+// Extents asks where an open file's data is, from file offset Offset on
+// (FeatureWinDigests): the ranges SEEK_DATA and SEEK_HOLE find. The rest
+// of the file is holes, which read as zeros.
+type Extents struct {
+	RequestID uint32
+	Handle    uint32
+	Offset    uint64
+}
+
+// ExtentsReply is one page of a file's data extents, in file order, none
+// overlapping, each within the file and not empty. Next is where the
+// next page starts, to ask Extents from; 0 on the last page. A block
+// device, or a file system that can't say, is one extent: all data.
+type ExtentsReply struct {
+	RequestID uint32
+	Handle    uint32
+	Next      uint64
+	Extents   []Extent
+}
+
+// Extent is a range of file bytes that holds data.
+type Extent struct {
+	Offset uint64
+	Length uint64
+}
+
+// ExtentsReplyOverhead is the size of an ExtentsReply with no extents;
+// each extent takes ExtentSize more.
+const (
+	ExtentsReplyOverhead = HeaderSize + 4 + 8 + 4
+	ExtentSize           = 16
+)
+
+// MaxExtentsPerReply is the most extents one ExtentsReply holds.
+const MaxExtentsPerReply = (MaxMessage - ExtentsReplyOverhead) / ExtentSize
+
+// Closed answers Close for an initiator that announced
+// FeatureWinDigests: CloseReply's Changed, and the whole-file digest
+// (chunker.FileDigest) of the chunk digests the target computed, which
+// Open no longer carries. FileDigest is empty when the target did not
+// compute every chunk's digest (the initiator stopped early).
+type Closed struct {
+	RequestID  uint32
+	Changed    bool
+	FileDigest []byte
+}
+
+// Suspect reports chunk Chunk of an open file, which failed its digest
+// on every read (FeatureWinDigests): the target forgets the digests it
+// stored for the file, hashes the chunk again from the file and answers
+// DigestsReply with that one digest.
+type Suspect struct {
+	RequestID uint32
+	Handle    uint32
+	Chunk     uint32
+}
+
 // Code is an error code in an Error message.
 type Code uint16
 
@@ -588,6 +645,18 @@ func (m *Working) SetID(id uint32)         { m.RequestID = id }
 func (m *PushCommit) Type() Type           { return TypePushCommit }
 func (m *PushCommit) ID() uint32           { return m.RequestID }
 func (m *PushCommit) SetID(id uint32)      { m.RequestID = id }
+func (m *Extents) Type() Type              { return TypeExtents }
+func (m *Extents) ID() uint32              { return m.RequestID }
+func (m *Extents) SetID(id uint32)         { m.RequestID = id }
+func (m *ExtentsReply) Type() Type         { return TypeExtentsReply }
+func (m *ExtentsReply) ID() uint32         { return m.RequestID }
+func (m *ExtentsReply) SetID(id uint32)    { m.RequestID = id }
+func (m *Closed) Type() Type               { return TypeClosed }
+func (m *Closed) ID() uint32               { return m.RequestID }
+func (m *Closed) SetID(id uint32)          { m.RequestID = id }
+func (m *Suspect) Type() Type              { return TypeSuspect }
+func (m *Suspect) ID() uint32              { return m.RequestID }
+func (m *Suspect) SetID(id uint32)         { m.RequestID = id }
 
 // Bodies. Each encode writes the fields in wire order; each decode reads
 // them back in the same order.
@@ -1019,4 +1088,57 @@ func (m *WalkBatch) decode(d *decoder) {
 func (m *PushCommit) decode(d *decoder) {
 	m.Handle = d.u32()
 	m.FileDigest = d.blob()
+}
+
+func (m *Extents) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u64(m.Offset)
+}
+
+func (m *Extents) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Offset = d.u64()
+}
+
+func (m *ExtentsReply) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u64(m.Next)
+	e.count(len(m.Extents))
+	for _, x := range m.Extents {
+		e.u64(x.Offset)
+		e.u64(x.Length)
+	}
+}
+
+func (m *ExtentsReply) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Next = d.u64()
+	n := d.count(ExtentSize)
+	if n == 0 {
+		return
+	}
+	m.Extents = make([]Extent, n)
+	for i := range m.Extents {
+		m.Extents[i] = Extent{Offset: d.u64(), Length: d.u64()}
+	}
+}
+
+func (m *Closed) encode(e *encoder) {
+	e.bool(m.Changed)
+	e.blob(m.FileDigest)
+}
+
+func (m *Closed) decode(d *decoder) {
+	m.Changed = d.bool()
+	m.FileDigest = d.blob()
+}
+
+func (m *Suspect) encode(e *encoder) {
+	e.u32(m.Handle)
+	e.u32(m.Chunk)
+}
+
+func (m *Suspect) decode(d *decoder) {
+	m.Handle = d.u32()
+	m.Chunk = d.u32()
 }

@@ -98,6 +98,10 @@ const (
 	TypeWalkBatch       Type = 30
 	TypeWorking         Type = 31
 	TypeAuthAs          Type = 32 // Auth naming an identity: see identity.go
+	TypeExtents         Type = 33 // FeatureWinDigests: where an open file's data is
+	TypeExtentsReply    Type = 34
+	TypeClosed          Type = 35 // FeatureWinDigests: CloseReply with the file digest
+	TypeSuspect         Type = 36 // FeatureWinDigests: a chunk that keeps failing
 
 	// typeMax is the highest type this package knows.
 	typeMax = TypeRailDrop
@@ -139,6 +143,10 @@ var typeNames = [...]string{
 	TypeRails:           "Rails",
 	TypeRailsReply:      "RailsReply",
 	TypeRailDrop:        "RailDrop",
+	TypeExtents:         "Extents",
+	TypeExtentsReply:    "ExtentsReply",
+	TypeClosed:          "Closed",
+	TypeSuspect:         "Suspect",
 }
 
 func (t Type) String() string {
@@ -221,6 +229,14 @@ func newMessage(t Type) Message {
 		return new(RailsReply)
 	case TypeRailDrop:
 		return new(RailDrop)
+	case TypeExtents:
+		return new(Extents)
+	case TypeExtentsReply:
+		return new(ExtentsReply)
+	case TypeClosed:
+		return new(Closed)
+	case TypeSuspect:
+		return new(Suspect)
 	}
 	return nil
 }

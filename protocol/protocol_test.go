@@ -27,7 +27,7 @@ var sampleEntry = Entry{
 
 // samples returns one message of every type with every field set.
 func samples() []Message {
-	return []Message{
+	return append([]Message{
 		&Hello{RequestID: 1, MinVersion: 1, MaxVersion: 3, ClientNonce: nonce(1), Client: "rdmacp/0.1"},
 		&AuthAs{RequestID: 3, MAC: nonce(5), Identity: "alice"},
 		&Rails{RequestID: 4}, &RailsReply{RequestID: 4, Addrs: []string{"10.0.0.1:7471", "[fd00::2]:7471"}}, &RailDrop{RequestID: 5, Index: 3},
@@ -83,7 +83,7 @@ func samples() []Message {
 				{Dir: 1, PackedFile: PackedFile{Code: CodePermission, Entry: Entry{Type: FileRegular, Name: "secret"}, Message: "permission denied"}},
 			}},
 		&Working{RequestID: 17},
-	}
+	}, winSamples()...) // FeatureWinDigests' messages: fuzz_test.go
 }
 
 func mustMarshal(t testing.TB, m Message) []byte {

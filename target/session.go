@@ -33,8 +33,11 @@ type session struct {
 	// any request is served)
 	working bool
 	// want: the metadata the initiator asked for in Hello (wantOf)
-	want  metaWant
-	names idNames
+	want metaWant
+	// winDigests: the initiator takes digests window by window
+	// (protocol.FeatureWinDigests)
+	winDigests bool
+	names      idNames
 	// client is the identity the session authenticated as (nil before,
 	// or on a target without a secret), under srv.kmu; addr its peer's
 	// address, which exports' hosts rules judge.
@@ -78,7 +81,8 @@ type handle struct {
 	push     *push   // a push in progress: no file open for reading
 	walk     *walker // a walk in progress: its windows are its batches'
 	layout   chunker.Layout
-	digests  chunker.Digests
+	digests  chunker.Digests // the whole file's, for an initiator without FeatureWinDigests
+	wd       *winDigests     // window by window, for one with it
 	windows  map[uint32]*window
 	acc      fileStats // for the access log
 }
@@ -294,8 +298,12 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxWindow:     cfg.MaxWindow,
 	}
 	ch.Server = ss.srv.withRails(ss.srv.serverString(ch.AuthRequired))
+	if !cfg.NoWinDigests {
+		ch.Server += " +" + protocol.FeatureWinDigests
+	}
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
+	ss.winDigests = !cfg.NoWinDigests && protocol.HasFeature(h.Client, protocol.FeatureWinDigests)
 	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
 		if err := ss.setAuthed(); err != nil {
@@ -438,7 +446,14 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 	case *protocol.Open:
 		return ss.open(ctx, m)
 	case *protocol.Digests:
-		return ss.digestsReply(m)
+		return ss.digestsReply(ctx, m)
+	case *protocol.Extents:
+		if !ss.winDigests {
+			break
+		}
+		return ss.extentsReply(m)
+	case *protocol.Suspect:
+		return ss.suspect(ctx, m)
 	case *protocol.Map:
 		return ss.mapWindow(ctx, m)
 	case *protocol.Pack:
@@ -482,6 +497,12 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		}
 		changed := h.file() && h.changed()
 		h.acc.result = map[bool]string{false: "ok", true: "changed"}[changed]
+		if h.wd != nil {
+			closed := &protocol.Closed{Changed: changed, FileDigest: []byte{}}
+			closed.FileDigest = h.wd.fileDigest(ctx)
+			ss.closeHandle(h)
+			return closed
+		}
 		ss.closeHandle(h)
 		return &protocol.CloseReply{Changed: changed}
 	}
@@ -631,23 +652,17 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 		}
 	}
 	layout := chunker.Layout{Size: size, ChunkSize: cs}
-	if perr := ss.digestRoom(m.Path, layout, alg); perr != nil {
+	h := &handle{id: ss.nextHandle, export: x, path: m.Path, f: f, size: size, mtime: mtime, blockdev: isDev,
+		layout: layout, windows: map[uint32]*window{}}
+	fd, cached, perr := ss.openDigests(ctx, h, alg)
+	if perr != nil {
 		f.Close()
 		return perr
 	}
-	digests, cached, err := ss.hashed(ctx, f, layout, alg)
-	if err != nil {
-		f.Close()
-		return errf(protocol.CodeInternal, "hashing %s: %v", m.Path, err)
-	}
-	fd, err := chunker.FileDigest(alg, layout, digests)
-	if err != nil {
-		f.Close()
-		return errf(protocol.CodeInternal, "%v", err)
-	}
-	h := &handle{id: ss.nextHandle, export: x, path: m.Path, f: f, size: size, mtime: mtime, blockdev: isDev,
-		layout: layout, digests: digests, windows: map[uint32]*window{}}
 	if h.changed() {
+		if h.wd != nil {
+			h.wd.stop()
+		}
 		f.Close()
 		return errf(protocol.CodeChanged, "%s changed while it was hashed", m.Path)
 	}
@@ -679,10 +694,52 @@ func (h *handle) changed() bool {
 	return fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
 }
 
-func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
+// openDigests gives h its digests: for an initiator with
+// FeatureWinDigests a winDigests, which hashes nothing yet beyond the
+// first window, and no file digest (it comes at Close); for any other,
+// the whole file's, hashed now (or cached), and the file digest.
+func (ss *session) openDigests(ctx context.Context, h *handle, alg chunker.Algorithm) (fd []byte, cached bool, perr *protocol.Error) {
+	if ss.winDigests && alg.Size() > 0 {
+		if perr := ss.digestRoomFor(h.path, digestWindowBytes(h.layout, alg, ss.srv.cfg.MaxWindow), h.layout, alg); perr != nil {
+			return nil, false, perr
+		}
+		h.wd = ss.newWinDigests(h.f, h.layout, alg, h.blockdev)
+		return []byte{}, false, nil
+	}
+	if perr := ss.digestRoom(h.path, h.layout, alg); perr != nil {
+		return nil, false, perr
+	}
+	digests, cached, err := ss.hashed(ctx, h.f, h.layout, alg)
+	if err != nil {
+		return nil, false, errf(protocol.CodeInternal, "hashing %s: %v", h.path, err)
+	}
+	fd, err = chunker.FileDigest(alg, h.layout, digests)
+	if err != nil {
+		return nil, false, errf(protocol.CodeInternal, "%v", err)
+	}
+	h.digests = digests
+	return fd, cached, nil
+}
+
+func (ss *session) digestsReply(ctx context.Context, m *protocol.Digests) protocol.Message {
 	h := ss.handles[m.Handle]
 	if h == nil || !h.file() {
 		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
+	}
+	if h.wd != nil {
+		n := h.layout.Chunks()
+		if int64(m.First) >= int64(n) || m.Count == 0 {
+			return errf(protocol.CodeBadRequest, "chunks %d+%d of %d", m.First, m.Count, n)
+		}
+		count := min(int(m.Count), protocol.MaxDigestsPerReply(h.wd.alg.Size()))
+		b, err := h.wd.get(ctx, int(m.First), count)
+		if errors.Is(err, chunker.ErrChanged) {
+			return errf(protocol.CodeChanged, "%s changed while it was hashed", h.path)
+		}
+		if err != nil {
+			return errf(protocol.CodeInternal, "%s: %v", h.path, err)
+		}
+		return &protocol.DigestsReply{Handle: h.id, First: m.First, Digests: b}
 	}
 	n := h.digests.Len()
 	if int64(m.First) > int64(n) {
@@ -695,6 +752,41 @@ func (ss *session) digestsReply(m *protocol.Digests) protocol.Message {
 		b = append(b, h.digests.At(int(m.First)+i)...)
 	}
 	return &protocol.DigestsReply{Handle: h.id, First: m.First, Digests: b}
+}
+
+// extentsReply answers Extents: a page of the file's data ranges.
+func (ss *session) extentsReply(m *protocol.Extents) protocol.Message {
+	h := ss.handles[m.Handle]
+	if h == nil || !h.file() {
+		return errf(protocol.CodeBadRequest, "no file handle %d", m.Handle)
+	}
+	if m.Offset > uint64(h.size) {
+		return errf(protocol.CodeBadRequest, "extents from %d of a %d-byte file", m.Offset, h.size)
+	}
+	xs, next, err := extents(h.f, h.blockdev, int64(m.Offset), h.size, protocol.MaxExtentsPerReply)
+	if err != nil {
+		return errf(protocol.CodeInternal, "finding the data of %s: %v", h.path, err)
+	}
+	return &protocol.ExtentsReply{Handle: h.id, Next: uint64(next), Extents: xs}
+}
+
+// suspect answers Suspect: a chunk that failed its digest on every read
+// may have had a stale stored digest, so the file's stored digests go
+// and the chunk is hashed again from the file.
+func (ss *session) suspect(ctx context.Context, m *protocol.Suspect) protocol.Message {
+	h := ss.handles[m.Handle]
+	if h == nil || h.wd == nil {
+		return errf(protocol.CodeBadRequest, "no file handle %d with digests by window", m.Handle)
+	}
+	if int64(m.Chunk) >= int64(h.layout.Chunks()) {
+		return errf(protocol.CodeBadRequest, "chunk %d of %d", m.Chunk, h.layout.Chunks())
+	}
+	b, err := h.wd.suspect(ctx, int(m.Chunk))
+	if err != nil {
+		return errf(protocol.CodeInternal, "%s: %v", h.path, err)
+	}
+	ss.log.Warn("chunk failed its digest on every read: stored digests dropped, chunk hashed again", "path", h.path, "chunk", m.Chunk)
+	return &protocol.DigestsReply{Handle: h.id, First: m.Chunk, Digests: b}
 }
 
 // mapWindow maps file bytes for RDMA READ: an mmap of exactly the asked
@@ -720,6 +812,9 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	}
 	if h.changed() {
 		return errf(protocol.CodeChanged, "%s changed since it was opened", h.path)
+	}
+	if h.wd != nil {
+		h.wd.reach(h.wd.windowOf(m.Offset)) // hash it while the one before is read
 	}
 	qps, perr := ss.dataQPs()
 	if perr != nil {
@@ -942,6 +1037,9 @@ func (ss *session) closeHandle(h *handle) {
 	ss.fileClosed(h)
 	for _, w := range h.windows {
 		ss.unmap(h, w)
+	}
+	if h.wd != nil {
+		h.wd.stop() // before the file closes under it
 	}
 	if h.f != nil {
 		h.f.Close()

@@ -73,6 +73,10 @@ type Config struct {
 	// default 64 MiB. An Open over it is answered TooMany, asking for
 	// larger chunks.
 	MaxDigestMemory uint64
+	// Digests, when set, keeps chunk digests across restarts (a
+	// chunker.DirStore in the state directory): a file served again
+	// unchanged is not hashed again. nil: digests live in memory only.
+	Digests chunker.Store
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
 	// MaxSessions caps authenticated sessions; default 64. A control
@@ -115,6 +119,10 @@ type Config struct {
 	// NoPush answers Push with Unsupported, as a target from before Push
 	// would.
 	NoPush bool
+	// NoWinDigests hashes whole files at Open for every initiator, as a
+	// target from before digests by window would (it announces no
+	// protocol.FeatureWinDigests and answers none of its requests).
+	NoWinDigests bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int
@@ -489,6 +497,8 @@ func (h *handle) digestBytes() uint64 {
 	switch {
 	case h.push != nil:
 		return uint64(h.push.layout.Chunks()) * uint64(h.push.alg.Size())
+	case h.wd != nil:
+		return h.wd.heldBytes()
 	case h.file():
 		return uint64(len(h.digests.Bytes()))
 	}
@@ -498,8 +508,12 @@ func (h *handle) digestBytes() uint64 {
 // digestRoom refuses a file of layout and alg whose digests would take
 // the session's over MaxDigestMemory (under hmu).
 func (ss *session) digestRoom(path string, layout chunker.Layout, alg chunker.Algorithm) *protocol.Error {
+	return ss.digestRoomFor(path, uint64(layout.Chunks())*uint64(alg.Size()), layout, alg)
+}
+
+// digestRoomFor is digestRoom for a file whose digests take need bytes.
+func (ss *session) digestRoomFor(path string, need uint64, layout chunker.Layout, alg chunker.Algorithm) *protocol.Error {
 	limit := ss.srv.cfg.MaxDigestMemory
-	need := uint64(layout.Chunks()) * uint64(alg.Size())
 	var held uint64
 	for _, h := range ss.handles {
 		held += h.digestBytes()

@@ -24,6 +24,16 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
+	// Daemons under test keep their digests in a scratch state
+	// directory, not in the machine's /var/lib/rdmacp.
+	if os.Getenv("STATE_DIRECTORY") == "" {
+		if d, err := os.MkdirTemp("", "rdmacp-state-"); err == nil {
+			os.Setenv("STATE_DIRECTORY", d)
+			code := m.Run()
+			os.RemoveAll(d)
+			os.Exit(code)
+		}
+	}
 	os.Exit(m.Run())
 }
 

@@ -47,6 +47,8 @@ func cpCommand() *cli.Command {
 			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see the README)", rules, ruleExclude),
 			filterFlag("include", "keep what matches `PATTERN`, even if a later --exclude matches it (the first rule that matches wins)", rules, ruleInclude),
 			filterFlag("exclude-from", "--exclude each pattern in `FILE`, one a line (# and ; start comments)", rules, ruleExcludeFrom),
+			&cli.BoolFlag{Name: "sparse", Aliases: []string{"S"}, Usage: "turn runs of zero blocks in the data into holes at DEST too (the source's holes always stay holes); on a block device only with --zero zeroout or discard"},
+			&cli.StringFlag{Name: "zero", Value: "write", Usage: "how zeros land on a block device DEST (--force): `MODE` write (zero bytes, any device), zeroout (BLKZEROOUT: the device zeroes, blocks stay provisioned) or discard (unmapped, only where the device guarantees zeros after)"},
 			&cli.BoolFlag{Name: "no-direct", Usage: "write with buffered I/O instead of O_DIRECT (which cp uses where the file system takes it); leaves DEST in the page cache"},
 		),
 		Action: runCp,
@@ -85,6 +87,9 @@ type errorLine struct {
 }
 
 func runCp(c *cli.Context) error {
+	if err := checkSparseFlags(c); err != nil {
+		return err
+	}
 	var err error
 	switch {
 	case c.String("from") != "":
@@ -166,7 +171,11 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return nil
 	}
 	r := newRenderer(jsonOut, quiet, stdout)
-	res, err := s.Get(ctx, src.path, dst, getOptions(c, r.update))
+	opt := getOptions(c, r.update)
+	if opt.Sparse, opt.Zero, err = sparseOptions(c); err != nil {
+		return err
+	}
+	res, err := s.Get(ctx, src.path, dst, opt)
 	r.finish()
 	if err != nil {
 		return err
@@ -225,7 +234,7 @@ func skippedSummary(c *cli.Context, s *initiator.Session, srcArg string, res *in
 // pushOne pushes the local file srcArg to the target's writable export,
 // which READs it from this side's registered windows.
 func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer) error {
-	for _, f := range []string{"recursive", "partial", "checksum", "force", "delete", "dry-run", "P"} {
+	for _, f := range []string{"recursive", "partial", "checksum", "force", "delete", "dry-run", "P", "sparse"} {
 		if c.Bool(f) {
 			if f == "recursive" {
 				return usagef("cp -r copies remote trees only: push files one at a time (LOCAL HOST:EXPORT/PATH)")

@@ -161,7 +161,7 @@ func newApp() *cli.App {
 		Description: "rdmacp serve exports files read-only; rdmacp cp pulls them with pipelined, verified RDMA READs\n" +
 			"over libibverbs (-tags rdma builds) or a pure-Go software iWARP transport that works on any machine.\n" +
 			"Into exports served --writable, rdmacp cp LOCAL HOST:EXPORT/PATH pushes a file, which the target READs.",
-		Commands: []*cli.Command{serveCommand(), cpCommand(), lsCommand(), demoCommand(), benchCommand(), doctorCommand(),
+		Commands: []*cli.Command{serveCommand(), cpCommand(), lsCommand(), hashCommand(), demoCommand(), benchCommand(), doctorCommand(),
 			completionCommand(), manCommand(), helpCommand()},
 		// Our own help command (helpCommand) keeps urfave from adding
 		// --help to the app: add it here.

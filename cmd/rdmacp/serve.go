@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -50,6 +51,10 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "log warnings and errors only (--log-level warn)"},
 			metricsFlag(),
+			stateDirFlag(),
+			maxStateSizeFlag(),
+			&cli.BoolFlag{Name: "no-persist-digests", Usage: "keep chunk digests in memory only: hash every file again after a restart"},
+			&cli.BoolFlag{Name: "prehash", Usage: "once listening, hash every exported file not already in the state directory, in the background at low priority"},
 		}, transportFlags()...),
 		Action: runServe,
 	}
@@ -133,6 +138,11 @@ type serveFile struct {
 	LogLevel        string `json:"log_level"`
 	Quiet           bool   `json:"quiet"`
 	MetricsListen   string `json:"metrics_listen"`
+	// Persisted digests.
+	StateDir         string `json:"state_dir"`
+	MaxStateSize     string `json:"max_state_size"`
+	NoPersistDigests bool   `json:"no_persist_digests"`
+	Prehash          bool   `json:"prehash"`
 	// The transport flags.
 	Transport string `json:"transport"`
 	Device    string `json:"device"`
@@ -303,13 +313,22 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	store, err := digestStore(c, log)
+	if err != nil {
+		dev.Close()
+		return err
+	}
 	lns, err := listenAll(c.Context, dev, listens)
 	if err != nil {
 		dev.Close()
 		return err
 	}
 	ln := target.Listeners(lns...)
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns),
+	var digests chunker.Store
+	if store != nil {
+		digests = store // a nil *DirStore is not a nil Store
+	}
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: digests,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
 		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
 		DrainTimeout: drainTimeout, Logger: log,
@@ -339,9 +358,38 @@ func runServe(c *cli.Context) error {
 	}
 	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
 	go reloadOnHUP(c, srv, log)
+	if c.Bool("prehash") {
+		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
+		go prehash(c.Context, log, store, max, alg, cs, exports)
+	}
 	err = srv.Serve(c.Context, ln)
 	log.Info("stopped")
 	return err
+}
+
+// digestStore opens the state directory where digests persist, unless
+// --no-persist-digests. A state directory given (--state-dir or its key)
+// that cannot be used is an error; the default one only a warning, so
+// that a daemon set up before digests persisted (a unit file without
+// StateDirectory=, where /var/lib is read-only) still starts.
+func digestStore(c *cli.Context, log *slog.Logger) (*chunker.DirStore, error) {
+	if c.Bool("no-persist-digests") {
+		if c.Bool("prehash") {
+			return nil, usagef("--prehash needs persisted digests: drop --no-persist-digests")
+		}
+		return nil, nil
+	}
+	s, err := openStateDir(c)
+	var ue usageError
+	switch {
+	case err == nil:
+		log.Debug("digests persist", "state_dir", s.Dir())
+		return s, nil
+	case errors.As(err, &ue), c.IsSet("state-dir"), c.Bool("prehash"):
+		return nil, err
+	}
+	log.Warn("digests will not persist across restarts: the default state directory is not usable; give --state-dir, or --no-persist-digests to silence this", "err", err)
+	return nil, nil
 }
 
 // On SIGTERM or SIGINT the daemon exits within about two seconds

@@ -1,0 +1,133 @@
+package chunker
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+
+	"lukechampine.com/blake3"
+)
+
+// HashRange computes the digests of chunks [first, end) of r laid out as
+// l, as HashFile does for the whole file, into one slice of end-first
+// digests. A chunk for which hole(i) is true is not read: it lies wholly
+// in a hole, and its digest is ZeroDigest of its length. hole may be nil.
+// It is what the target hashes one window at a time, so that what it
+// holds is a window's digests, not a file's.
+func HashRange(ctx context.Context, r io.ReaderAt, l Layout, first, end int, alg Algorithm, workers int, hole func(i int) bool) ([]byte, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if first < 0 || end > l.Chunks() || first > end {
+		return nil, fmt.Errorf("chunker: chunks [%d, %d) out of range [0, %d)", first, end, l.Chunks())
+	}
+	size := alg.Size()
+	out := make([]byte, (end-first)*size)
+	if size == 0 {
+		return out, nil
+	}
+	// Runs of data chunks are hashed by HashFile over their section of
+	// the file (chunk-aligned, so its chunks are the file's); holes are
+	// filled in between.
+	for i := first; i < end; {
+		if hole != nil && hole(i) {
+			_, n := l.Chunk(i)
+			copy(out[(i-first)*size:], ZeroDigest(alg, n))
+			i++
+			continue
+		}
+		j := i + 1
+		for j < end && (hole == nil || !hole(j)) {
+			j++
+		}
+		off, _ := l.Chunk(i)
+		lastOff, lastLen := l.Chunk(j - 1)
+		length := lastOff + lastLen - off
+		d, err := HashFile(ctx, io.NewSectionReader(r, off, length), Layout{Size: length, ChunkSize: l.ChunkSize}, alg, workers)
+		if err != nil {
+			return nil, err
+		}
+		copy(out[(i-first)*size:], d.Bytes())
+		i = j
+	}
+	return out, nil
+}
+
+// FileDigester computes FileDigest from chunk digests fed in order, one
+// window at a time, holding none of them: a crc32c running combination,
+// or the BLAKE3 list hash's state.
+type FileDigester struct {
+	alg  Algorithm
+	l    Layout
+	next int // chunks added
+	crc  uint32
+	full uint32 // x^(8·ChunkSize): a whole chunk's shift
+	b3   *blake3.Hasher
+}
+
+// NewFileDigester starts the whole-file digest of a file laid out as l.
+func NewFileDigester(alg Algorithm, l Layout) (*FileDigester, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if !alg.Valid() {
+		return nil, fmt.Errorf("chunker: unknown algorithm %d", uint8(alg))
+	}
+	fd := &FileDigester{alg: alg, l: l}
+	switch alg {
+	case CRC32C:
+		fd.full = xPow8n(l.ChunkSize)
+	case BLAKE3:
+		fd.b3 = blake3.New(32, nil)
+		var sizes [16]byte
+		binary.BigEndian.PutUint64(sizes[:8], uint64(l.ChunkSize))
+		binary.BigEndian.PutUint64(sizes[8:], uint64(l.Size))
+		fd.b3.Write([]byte(blake3ListLabel))
+		fd.b3.Write(sizes[:])
+	}
+	return fd, nil
+}
+
+// Next is the index of the chunk whose digest Add takes next.
+func (fd *FileDigester) Next() int { return fd.next }
+
+// Add takes the digests b of the next len(b)/size chunks.
+func (fd *FileDigester) Add(b []byte) error {
+	size := fd.alg.Size()
+	if size == 0 {
+		return nil
+	}
+	if len(b)%size != 0 || fd.next+len(b)/size > fd.l.Chunks() {
+		return fmt.Errorf("chunker: file digest: %d bytes of digests after chunk %d of %d", len(b), fd.next, fd.l.Chunks())
+	}
+	switch fd.alg {
+	case CRC32C:
+		for p := b; len(p) > 0; p = p[4:] {
+			c := binary.BigEndian.Uint32(p)
+			if _, length := fd.l.Chunk(fd.next); length == fd.l.ChunkSize {
+				fd.crc = gfMul(fd.full, fd.crc) ^ c
+			} else {
+				fd.crc = CombineCRC32C(fd.crc, c, length)
+			}
+			fd.next++
+		}
+	case BLAKE3:
+		fd.b3.Write(b)
+		fd.next += len(b) / size
+	}
+	return nil
+}
+
+// Sum is the whole-file digest, once every chunk's digest has been added.
+func (fd *FileDigester) Sum() ([]byte, error) {
+	switch {
+	case fd.alg == None:
+		return []byte{}, nil
+	case fd.next != fd.l.Chunks():
+		return nil, fmt.Errorf("chunker: file digest: %d digests for %d chunks", fd.next, fd.l.Chunks())
+	case fd.alg == CRC32C:
+		return binary.BigEndian.AppendUint32(nil, fd.crc), nil
+	}
+	return fd.b3.Sum(nil), nil
+}

@@ -1,0 +1,436 @@
+package initiator
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/chunker"
+)
+
+// Sparse destinations. Bytes the source holds as zeros (a hole the
+// target's extents name, or with Sparse a run of zero blocks in data)
+// become, by what the destination is:
+//
+//   - a fresh temporary file: nothing at all. It was created empty and
+//     given its size with ftruncate, and only the chunks holding data
+//     were fallocated (reserve), so a hole stays a hole. A zero run
+//     inside a reserved chunk (Sparse) is punched, which gives back the
+//     reservation.
+//   - a file written in place (a --partial resume's kept file, whose
+//     range may hold old bytes): a punched hole (fallocate PUNCH_HOLE),
+//     or zeros written where the file system punches none.
+//   - a block device (--force): what ZeroMode says. Writing zeros is the
+//     default because it is right on every device; the others are the
+//     user's to ask for, since what the device does with them (keep the
+//     blocks provisioned or not, how fast) is theirs to know.
+//   - /dev/null: nothing.
+//
+// The sink (landing.open) is the one place that decides this: the fetch
+// only says "these bytes are zeros" (landHole, sink.Hole).
+
+// ZeroMode is how zeros land on a block device: --zero.
+type ZeroMode uint8
+
+const (
+	// ZeroWrite writes zero bytes: right on every device, at the cost of
+	// the device's write bandwidth.
+	ZeroWrite ZeroMode = iota
+	// ZeroOut asks the kernel to zero the range (BLKZEROOUT): the device's
+	// WRITE ZEROES where it has one (NVMe Write Zeroes, SCSI WRITE SAME),
+	// else the kernel writes zero pages itself. It always reads back as
+	// zeros; the blocks stay provisioned.
+	ZeroOut
+	// ZeroDiscard deallocates the range where the device guarantees that
+	// it then reads as zeros: fallocate(PUNCH_HOLE) on the device node,
+	// which the kernel turns into WRITE ZEROES with unmapping allowed and
+	// never into a plain discard (a plain BLKDISCARD promises nothing
+	// about what is read afterwards). A device without write-zeroes
+	// support (queue/write_zeroes_max_bytes 0) is refused at the start.
+	ZeroDiscard
+)
+
+// ParseZeroMode reads --zero's value: write, zeroout or discard.
+func ParseZeroMode(s string) (ZeroMode, error) {
+	switch s {
+	case "", "write":
+		return ZeroWrite, nil
+	case "zeroout":
+		return ZeroOut, nil
+	case "discard":
+		return ZeroDiscard, nil
+	}
+	return 0, fmt.Errorf("--zero %q: want write, zeroout or discard", s)
+}
+
+func (m ZeroMode) String() string {
+	switch m {
+	case ZeroOut:
+		return "zeroout"
+	case ZeroDiscard:
+		return "discard"
+	}
+	return "write"
+}
+
+// destKind is what a landing writes into, as far as zeros go.
+type destKind uint8
+
+const (
+	destFresh   destKind = iota // a new file: unwritten bytes read as zeros
+	destInPlace                 // a kept file: unwritten bytes may be old data
+	destDevice                  // a block device
+	destDiscard                 // /dev/null
+)
+
+// kind is what l writes into.
+func (l *landing) kind() destKind {
+	switch {
+	case l.discard:
+		return destDiscard
+	case l.device:
+		return destDevice
+	case l.partial != nil && l.partial.kept:
+		return destInPlace
+	}
+	return destFresh
+}
+
+// open makes the sink for one session's go at the copy. The first call
+// reserves the space the source's data will take (reserve) and checks
+// that the device can do what --zero asks, so that either fails before
+// any byte moves.
+func (l *landing) open(ext *extentMap, layout chunker.Layout, want bool, log *slog.Logger) (*sink, error) {
+	if !l.ready {
+		if err := l.prepare(ext, layout); err != nil {
+			return nil, err
+		}
+		l.ready = true
+	}
+	s := newSink(l.f, want, log)
+	s.kind, s.sparse, s.zero = l.kind(), l.sparse, l.zero
+	s.block = sparseBlock(l.f, s.align)
+	return s, nil
+}
+
+// prepare is open's first-time work.
+func (l *landing) prepare(ext *extentMap, layout chunker.Layout) error {
+	switch l.kind() {
+	case destDiscard:
+		return nil
+	case destDevice:
+		if l.zero == ZeroDiscard {
+			return discardZeroes(l.f, l.dst)
+		}
+		return nil
+	}
+	if err := reserve(l.f, ext, layout); err != nil {
+		return fmt.Errorf("%w: reserving space for the source's %d bytes of data: %w",
+			ErrDest, dataBytes(ext, layout), &fs.PathError{Op: "fallocate", Path: l.dst, Err: err})
+	}
+	return nil
+}
+
+// reserve fallocates the chunks of layout that hold data (all of them
+// when ext is nil: a target that lists no extents, or a device source),
+// so that a full disk shows up before the first byte, and the chunks
+// that stay holes take no space. Chunks are what the fetch writes, whole,
+// so the reservation is exactly what it will write. The extents are
+// already held by the fetch (at most maxExtents), so this costs no
+// memory of its own; adjacent data chunks merge into one fallocate.
+func reserve(f *os.File, ext *extentMap, layout chunker.Layout) error {
+	var err error
+	dataRanges(ext, layout, func(off, n int64) bool {
+		err = unix.Fallocate(int(f.Fd()), 0, off, n)
+		return err == nil
+	})
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+		return nil // the file system reserves nothing; writes find out
+	}
+	return err
+}
+
+// dataRanges calls fn for each run of chunks holding data, merged, in
+// order, until fn returns false.
+func dataRanges(ext *extentMap, layout chunker.Layout, fn func(off, n int64) bool) {
+	if layout.Size <= 0 {
+		return
+	}
+	if ext == nil {
+		fn(0, layout.Size)
+		return
+	}
+	cs := layout.ChunkSize
+	var start, end int64 = -1, -1 // the run being merged
+	add := func(off, n int64) bool {
+		a := off / cs * cs
+		b := min(layout.Size, (off+n+cs-1)/cs*cs)
+		if start >= 0 && a <= end {
+			end = max(end, b)
+			return true
+		}
+		if start >= 0 && !fn(start, end-start) {
+			return false
+		}
+		start, end = a, b
+		return true
+	}
+	for _, x := range ext.xs {
+		if !add(int64(x.Offset), int64(x.Length)) {
+			return
+		}
+	}
+	if ext.upTo > 0 && ext.upTo < layout.Size && !add(ext.upTo, layout.Size-ext.upTo) {
+		return
+	}
+	if start >= 0 {
+		fn(start, end-start)
+	}
+}
+
+// dataBytes is how much reserve asks for.
+func dataBytes(ext *extentMap, layout chunker.Layout) int64 {
+	var n int64
+	dataRanges(ext, layout, func(_, k int64) bool { n += k; return true })
+	return n
+}
+
+// discardZeroes refuses --zero=discard on a device that cannot promise
+// zeros after it: the kernel's write-zeroes limit for its queue is 0.
+func discardZeroes(f *os.File, name string) error {
+	max, err := writeZeroesMax(f)
+	if err != nil {
+		return fmt.Errorf("%w: %s: --zero=discard: cannot tell whether the device reads discarded blocks as zeros (%v); use --zero=zeroout or write", ErrDest, name, err)
+	}
+	if max == 0 {
+		return fmt.Errorf("%w: %s: --zero=discard: the device does not guarantee zeros after a discard (queue/write_zeroes_max_bytes is 0); use --zero=zeroout or write", ErrDest, name)
+	}
+	return nil
+}
+
+// writeZeroesMax reads queue/write_zeroes_max_bytes of f's device (a
+// partition's queue is its disk's).
+func writeZeroesMax(f *os.File) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	dir := fmt.Sprintf("/sys/dev/block/%d:%d/", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	var b []byte
+	var err error
+	for _, q := range []string{"queue/", "../queue/"} {
+		if b, err = os.ReadFile(dir + q + "write_zeroes_max_bytes"); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// sparseBlock is the unit of -S's zero runs: the file system's block,
+// and no less than what keeps direct writes aligned (a page at least).
+func sparseBlock(f *os.File, align int64) int64 {
+	b := max(pageSize, align)
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) == nil && st.Blksize > 0 && int64(st.Blksize)%b == 0 {
+		b = int64(st.Blksize)
+	}
+	return b
+}
+
+// Hole makes bytes [off, off+n) of the destination zeros, as the kind
+// of destination wants (see the top of this file).
+func (s *sink) Hole(off, n int64) error {
+	if n <= 0 {
+		return nil
+	}
+	switch s.kind {
+	case destFresh:
+		return nil
+	case destInPlace:
+		return s.punch(off, n)
+	case destDevice:
+		return s.zeroDevice(off, n)
+	}
+	return nil
+}
+
+// punch punches a hole in a regular file, or writes zeros where the file
+// system punches none and the range may hold other bytes.
+func (s *sink) punch(off, n int64) error {
+	err := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return &fs.PathError{Op: "punch hole", Path: s.f.Name(), Err: err}
+	}
+	if s.kind == destFresh {
+		return nil // never written, and fallocated ranges read as zeros
+	}
+	return s.writeZeros(off, n)
+}
+
+// zeroDevice zeros a device's range as --zero says. The ioctl and
+// fallocate want whole logical blocks: the edges (a short last chunk)
+// are written.
+func (s *sink) zeroDevice(off, n int64) error {
+	if s.zero == ZeroWrite {
+		return s.writeZeros(off, n)
+	}
+	const lbs = 4096 // a multiple of every logical block size in use
+	a, b := (off+lbs-1)/lbs*lbs, (off+n)/lbs*lbs
+	if b <= a {
+		return s.writeZeros(off, n)
+	}
+	if a > off {
+		if err := s.writeZeros(off, a-off); err != nil {
+			return err
+		}
+	}
+	var err error
+	if s.zero == ZeroOut {
+		r := [2]uint64{uint64(a), uint64(b - a)}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, s.f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r[0]))); e != 0 {
+			err = &fs.PathError{Op: "BLKZEROOUT", Path: s.f.Name(), Err: e}
+		}
+	} else if e := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, a, b-a); e != nil {
+		err = &fs.PathError{Op: "discard (write zeroes, unmap)", Path: s.f.Name(), Err: e}
+	}
+	if err != nil {
+		return err
+	}
+	if off+n > b {
+		return s.writeZeros(b, off+n-b)
+	}
+	return nil
+}
+
+// zeroBuf is the zeros writeZeros writes from, never written to: page
+// aligned and off the heap, so that whole blocks of it go out through
+// O_DIRECT as chunks do (a device's holes, with --zero write, would
+// otherwise pass through and fill the page cache).
+var zeroBuf = sync.OnceValue(func() []byte {
+	b, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_POPULATE)
+	if err != nil {
+		return make([]byte, 1<<20)
+	}
+	return b
+})
+
+// writeZeros writes n zero bytes at off.
+func (s *sink) writeZeros(off, n int64) error {
+	z := zeroBuf()
+	for done := int64(0); done < n; {
+		k := min(int64(len(z)), n-done)
+		if _, err := s.write(z[:k], off+done); err != nil {
+			return err
+		}
+		done += k
+	}
+	return nil
+}
+
+// sparseOn reports whether -S turns zero runs of this sink's writes into
+// holes: on files, and on devices whose --zero is not plain writing
+// (where writing the zeros is what writing the data does anyway).
+func (s *sink) sparseOn() bool {
+	switch s.kind {
+	case destFresh, destInPlace:
+		return s.sparse
+	case destDevice:
+		return s.sparse && s.zero != ZeroWrite
+	}
+	return false
+}
+
+// writeSparse writes p at off with its runs of zero blocks (whole
+// blocks of s.block, aligned in the file) left as holes: data runs go
+// through write, zero runs through zeroRun.
+func (s *sink) writeSparse(p []byte, off int64) (int, error) {
+	bs := s.block
+	// Blocks start at multiples of bs in the file: the head up to the
+	// first boundary, and a short tail, count as data.
+	head := int((bs - off%bs) % bs)
+	if head > len(p) {
+		head = len(p)
+	}
+	dataFrom := 0 // start of the data run being gathered
+	i := head
+	for i+int(bs) <= len(p) {
+		if !isZero(p[i : i+int(bs)]) {
+			i += int(bs)
+			continue
+		}
+		j := i + int(bs)
+		for j+int(bs) <= len(p) && isZero(p[j:j+int(bs)]) {
+			j += int(bs)
+		}
+		if i > dataFrom {
+			if _, err := s.write(p[dataFrom:i], off+int64(dataFrom)); err != nil {
+				return dataFrom, err
+			}
+		}
+		if err := s.zeroRun(off+int64(i), int64(j-i)); err != nil {
+			return i, err
+		}
+		dataFrom, i = j, j
+	}
+	if dataFrom < len(p) {
+		if _, err := s.write(p[dataFrom:], off+int64(dataFrom)); err != nil {
+			return dataFrom, err
+		}
+	}
+	return len(p), nil
+}
+
+// zeroRun lands a run of zero blocks found by -S.
+func (s *sink) zeroRun(off, n int64) error {
+	if s.kind == destDevice {
+		return s.zeroDevice(off, n)
+	}
+	// Fresh files too: the range was reserved (fallocated), and a punch
+	// gives the space back.
+	return s.punch(off, n)
+}
+
+// isZero reports whether b is all zeros, a word at a time: 8 words
+// OR-ed together per step, so the loop is one compare per 64 bytes.
+// (BenchmarkIsZero, all-zero 1 MiB, go test -count=5: median 7.6 GB/s
+// a core on a loaded 2-core EPYC, against 0.42 GB/s for a byte loop.)
+func isZero(b []byte) bool {
+	for len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 != 0 {
+		if b[0] != 0 {
+			return false
+		}
+		b = b[1:]
+	}
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+	for len(w) >= 8 {
+		if w[0]|w[1]|w[2]|w[3]|w[4]|w[5]|w[6]|w[7] != 0 {
+			return false
+		}
+		w = w[8:]
+	}
+	for _, x := range w {
+		if x != 0 {
+			return false
+		}
+	}
+	for _, c := range b[len(b)/8*8:] {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
