@@ -7,6 +7,7 @@
 #
 # usage: bench/longlink.sh [RUNS [RTT_MS [SIZE]]]     defaults: 3 200 512M
 #   CP_FLAGS="--qps 4 --depth 4"   extra flags for cp (e.g. the old fixed figures)
+#   SERVE_FLAGS="--max-window 256MiB"  extra flags for serve
 #   EMU_FLAGS="-rate 100"          extra flags for both links' emulator (rate in MB/s)
 #   COMPETE_MBPS=5                 a competing TCP flow, target to initiator, paced at this rate
 set -euo pipefail
@@ -35,7 +36,7 @@ one() {
   local delay=$1
   test/longlink/topo.sh up "$name" "$work/linkemu" -delay "${delay}ms" ${EMU_FLAGS:-}
   ip netns exec "$name-b" "$work/rdmacp" serve --listen 10.77.0.2:7362 --secret-file "$work/secret" \
-    --export x="$work/src" >"$work/serve.log" 2>&1 &
+    --export x="$work/src" ${SERVE_FLAGS:-} >"$work/serve.log" 2>&1 &
   local spid=$!
   local cpid=
   for _ in $(seq 100); do
@@ -49,8 +50,8 @@ one() {
     ip netns exec "$name-b" "$work/compete" send -connect 10.77.0.1:9100 -rate "$COMPETE_MBPS" -duration 600s >/dev/null 2>&1 &
     sleep 1
   fi
-  ip netns exec "$name-a" "$work/rdmacp" cp --json --secret-file "$work/secret" ${CP_FLAGS:-} \
-    10.77.0.2:x/f /dev/null >"$work/cp.json" 2>"$work/cp.err" || { cat "$work/cp.err" >&2; }
+  ip netns exec "$name-a" env LONGDBG=${LONGDBG:-} "$work/rdmacp" cp --json --secret-file "$work/secret" ${CP_FLAGS:-} \
+    10.77.0.2:x/f /dev/null >"$work/cp.json" 2>"$work/cp.err" || true; cat "$work/cp.err" >&2
   [ -n "$cpid" ] && kill "$cpid" 2>/dev/null
   kill "$spid" 2>/dev/null
   wait "$spid" 2>/dev/null || true

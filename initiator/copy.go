@@ -1055,7 +1055,7 @@ type winOrErr struct {
 func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 	s := f.s
 	cs := f.layout.ChunkSize
-	want := max(uint64(cs), s.ch0.MaxWindow/uint64(cs)*uint64(cs))
+	want := s.windowWant(cs)
 	n := f.layout.Chunks()
 	send := func(we winOrErr) bool {
 		select {

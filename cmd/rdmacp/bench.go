@@ -33,8 +33,8 @@ func benchCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "size", Aliases: []string{"s"}, Value: "1MiB", Usage: "bytes per RDMA READ"},
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "sweep READ sizes 2 bytes to 8MiB by powers of two, one row each (ib_read_bw -a)"},
-			&cli.IntFlag{Name: "qps", Value: 4, Usage: "data queue pairs (perftest's -q)"},
-			&cli.IntFlag{Name: "depth", Aliases: []string{"o", "outs"}, Value: 4, Usage: "RDMA READs in flight per queue pair, perftest's -o/--outs (capped by what the connection negotiated)"},
+			&cli.IntFlag{Name: "qps", DefaultText: "auto: 4, up to 16 on a long path", Usage: "data queue pairs, fixed (perftest's -q)"},
+			&cli.IntFlag{Name: "depth", Aliases: []string{"o", "outs"}, DefaultText: "auto: starts at 4, grows with the path", Usage: "RDMA READs in flight per queue pair, fixed, perftest's -o/--outs (capped by what the connection negotiated)"},
 			&cli.StringFlag{Name: "duration", Aliases: []string{"D"}, Usage: "how long to run each size: seconds, or a Go duration such as 500ms, instead of iterations"},
 			&cli.IntFlag{Name: "iters", Aliases: []string{"n"}, Usage: fmt.Sprintf("READs per queue pair and size (default %d, as perftest)", benchIters)},
 			&cli.StringFlag{Name: "interval", Value: "100ms", Usage: "slice of time the minimum and peak rates are taken over"},
