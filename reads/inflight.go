@@ -132,7 +132,8 @@ func (w *Window) Lost() {
 	w.cur = max(w.cur/2, w.min)
 	w.growing = w.max > w.min
 	w.lastRate = 0
-	w.startCur = w.cur
+	// A new epoch: the rate before the loss is no yardstick for after.
+	w.start, w.bytes, w.limited = time.Time{}, 0, false
 }
 
 // Tick ends the epoch if it is over: out is whether READs are in flight
