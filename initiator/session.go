@@ -589,7 +589,9 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	}
 	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, s.qps, s.reads, s.cfg.Timeout
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
-	cfg.Window = s.window()
+	if w := s.window(); w.Growing() {
+		cfg.Window = w // a window that can't grow is the depth already
+	}
 	return reads.New(ctx, cfg)
 }
 
