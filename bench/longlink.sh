@@ -9,6 +9,7 @@
 #   CP_FLAGS="--qps 4 --depth 4"   extra flags for cp (e.g. the old fixed figures)
 #   SERVE_FLAGS="--max-window 256MiB"  extra flags for serve
 #   EMU_FLAGS="-rate 100"          extra flags for both links' emulator (rate in MB/s)
+#   TBF=800mbit                    a tbf rate limit on the target's egress
 #   COMPETE_MBPS=5                 a competing TCP flow, target to initiator, paced at this rate
 set -euo pipefail
 runs=${1:-3}
@@ -35,6 +36,7 @@ chmod 0600 "$work/secret"
 one() {
   local delay=$1
   test/longlink/topo.sh up "$name" "$work/linkemu" -delay "${delay}ms" ${EMU_FLAGS:-}
+  [ -z "${TBF:-}" ] || test/longlink/topo.sh tbf "$name" "$TBF"
   ip netns exec "$name-b" "$work/rdmacp" serve --listen 10.77.0.2:7362 --secret-file "$work/secret" \
     --export x="$work/src" ${SERVE_FLAGS:-} >"$work/serve.log" 2>&1 &
   local spid=$!

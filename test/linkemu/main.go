@@ -196,6 +196,11 @@ func (d *dir) read() {
 	}
 }
 
+// burst is the most time a late writer may catch up on: a loaded host
+// oversleeps by milliseconds, and with less credit than this the rate
+// fell short of -rate.
+const burst = 10 * time.Millisecond
+
 // write sends each frame when it is due, and no sooner than the rate
 // allows after the one before.
 func (d *dir) write() {
@@ -210,8 +215,8 @@ func (d *dir) write() {
 		}
 		if d.cfg.rate > 0 {
 			start := at
-			if floor := time.Now().Add(-time.Millisecond); start.Before(floor) {
-				start = floor // no credit for idle time beyond a millisecond
+			if floor := time.Now().Add(-burst); start.Before(floor) {
+				start = floor // no credit for idle time beyond a burst
 			}
 			next = start.Add(time.Duration(float64(len(f.data)-vnetHdrLen) / d.cfg.rate * float64(time.Second)))
 		}

@@ -200,8 +200,11 @@ var serveFlags = []string{"--max-window", "256MiB"}
 const copySize = 1 << 30
 
 // ratioBound is generous against the proof's 0.7 (bench/longlink.sh
-// measures it: 0.71 for 2 GiB on the loaded 2-core host), and far above
-// the 0.20 of fixed 16 MiB in flight.
+// measures that figure, for 2 GiB): on the loaded 2-core host the
+// no-delay rate is CPU-bound and swings by 1.5x from run to run, so one
+// pair of copies gave 0.55 to 0.87 here. The fixed 16 MiB in flight of
+// before gave 0.40 (TestLongRTT) and 0.33 (TestCompetingFlow), with the
+// same target.
 func ratioBound() float64 {
 	if v, err := strconv.ParseFloat(os.Getenv("LONGLINK_MIN_RATIO"), 64); err == nil {
 		return v
@@ -227,13 +230,13 @@ func TestLongRTT(t *testing.T) {
 	}
 }
 
-// TestCompetingFlow: with a TCP flow taking 5% of a 100 MB/s link (tbf),
+// TestCompetingFlow: with a TCP flow taking 5% of a 200 MB/s link (tbf),
 // a copy at 200 ms RTT does not collapse: it keeps most of what the
 // link gives it with no delay and no competitor.
 func TestCompetingFlow(t *testing.T) {
 	b := setup(t)
 	dir, secret := source(t, b, copySize)
-	const tbf, competeMBps = "800mbit", 5.0
+	const tbf, competeMBps = "1600mbit", 10.0
 	l := newLink(t, b, tbf, "-delay", "0s")
 	l.serve(b, dir, secret, serveFlags...)
 	near := l.cp(b, secret)
