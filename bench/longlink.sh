@@ -11,6 +11,7 @@
 #   EMU_FLAGS="-rate 100"          extra flags for both links' emulator (rate in MB/s)
 #   TBF=800mbit                    a tbf rate limit on the target's egress
 #   COMPETE_MBPS=5                 a competing TCP flow, target to initiator, paced at this rate
+#   RDMACP_BIN=/path/to/rdmacp     measure that binary (both ends) instead of building ./cmd/rdmacp
 set -euo pipefail
 runs=${1:-3}
 rtt=${2:-200}
@@ -24,7 +25,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-go build -o "$work/rdmacp" ./cmd/rdmacp
+if [ -n "${RDMACP_BIN:-}" ]; then cp "$RDMACP_BIN" "$work/rdmacp"; else go build -o "$work/rdmacp" ./cmd/rdmacp; fi
 go build -o "$work/linkemu" ./test/linkemu
 go build -o "$work/compete" ./test/longlink/compete
 mkdir -p "$work/src"
@@ -52,7 +53,7 @@ one() {
     ip netns exec "$name-b" "$work/compete" send -connect 10.77.0.1:9100 -rate "$COMPETE_MBPS" -duration 600s >/dev/null 2>&1 &
     sleep 1
   fi
-  ip netns exec "$name-a" env LONGDBG=${LONGDBG:-} "$work/rdmacp" cp --json --secret-file "$work/secret" ${CP_FLAGS:-} \
+  ip netns exec "$name-a" "$work/rdmacp" cp --json --secret-file "$work/secret" ${CP_FLAGS:-} \
     10.77.0.2:x/f /dev/null >"$work/cp.json" 2>"$work/cp.err" || true; cat "$work/cp.err" >&2
   [ -n "$cpid" ] && kill "$cpid" 2>/dev/null
   kill "$spid" 2>/dev/null
