@@ -99,7 +99,10 @@ func planPath(in planInput) pathPlan {
 		}
 	}
 	p.Inflight = int64(p.QPs) * int64(p.Depth) * rs
-	p.Start = min(p.Inflight, int64(shortQPs*shortDepth)*rs)
+	// Each QP starts at the short-path depth, as every QP always did:
+	// below that, the window's slow start only lagged TCP's own (a
+	// 16 MiB start over 16 QPs took 4 s to fill a 200 ms path).
+	p.Start = min(p.Inflight, floor)
 	if p.Fixed {
 		p.Start = p.Inflight
 	}

@@ -22,8 +22,8 @@ func TestPlanPathLongGrowsWithinCaps(t *testing.T) {
 	if p.QPs != maxAutoQPs {
 		t.Errorf("200 ms over 4 MiB TCP windows: %d QPs, want the cap %d", p.QPs, maxAutoQPs)
 	}
-	if p.Inflight != maxAutoInflight || p.Start != 16*mib || p.Fixed {
-		t.Errorf("200 ms: plan %+v, want up to %d in flight, starting at 16 MiB", p, maxAutoInflight)
+	if p.Inflight != maxAutoInflight || p.Start != 64*mib || p.Fixed {
+		t.Errorf("200 ms: plan %+v, want up to %d in flight, starting at 4 READs per QP", p, maxAutoInflight)
 	}
 	// 20 ms: 25 MB of rate x RTT needs 6 connections of 4 MiB.
 	p = planPath(planInput{RTT: 20 * time.Millisecond, ReadSize: mib, ChunkSize: 4 * mib, ConnWindow: 4 * mib, Memlock: -1})
