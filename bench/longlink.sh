@@ -12,6 +12,7 @@
 #   TBF=800mbit                    a tbf rate limit on the target's egress
 #   COMPETE_MBPS=5                 a competing TCP flow, target to initiator, paced at this rate
 #   RDMACP_BIN=/path/to/rdmacp     measure that binary (both ends) instead of building ./cmd/rdmacp
+#   WMEM_MAX=16777216              raise net.ipv4.tcp_wmem's maximum in the target's namespace
 set -euo pipefail
 runs=${1:-3}
 rtt=${2:-200}
@@ -38,6 +39,7 @@ one() {
   local delay=$1
   test/longlink/topo.sh up "$name" "$work/linkemu" -delay "${delay}ms" ${EMU_FLAGS:-}
   [ -z "${TBF:-}" ] || test/longlink/topo.sh tbf "$name" "$TBF"
+  [ -z "${WMEM_MAX:-}" ] || ip netns exec "$name-b" sysctl -qw net.ipv4.tcp_wmem="4096 16384 $WMEM_MAX"
   ip netns exec "$name-b" "$work/rdmacp" serve --listen 10.77.0.2:7362 --secret-file "$work/secret" \
     --export x="$work/src" ${SERVE_FLAGS:-} >"$work/serve.log" 2>&1 &
   local spid=$!

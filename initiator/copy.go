@@ -767,7 +767,7 @@ func (f *fetch) run() (_ chunker.Digests, err error) {
 	defer wg.Wait() // the verifiers, the mapper and the Unmaps: none outlives the fetch
 	defer cancel()
 	wins := make(chan winOrErr, 1)
-	f.windows = make(chan struct{}, maxWindows)
+	f.windows = make(chan struct{}, f.s.windowsAhead())
 	f.wg = &wg
 	wg.Add(1)
 	go func() {

@@ -119,6 +119,26 @@ func (s *Session) windowWant(cs int64) uint64 {
 	return max(uint64(cs), w/uint64(cs)*uint64(cs))
 }
 
+// longWindowsAhead is how many windows a copy keeps mapped on a long
+// path: each costs three serial control round trips before and after
+// its READs, and with the short path's maxWindows (3) a copy at 200 ms
+// RTT stalled between windows (2 GiB: 135 MB/s; with 6 windows of 128
+// MiB, 166 MB/s). Five leave three of the target's default eight per
+// session to a tree's Pack and Walk windows.
+const longWindowsAhead = 5
+
+// longPath is the RTT from which a path counts as long for windows
+// ahead: below it, three windows were always enough.
+const longPath = 10 * time.Millisecond
+
+// windowsAhead is how many windows a copy keeps mapped at once.
+func (s *Session) windowsAhead() int {
+	if s.plan.RTT >= longPath {
+		return longWindowsAhead
+	}
+	return maxWindows
+}
+
 // measureHello takes the Hello's round trip as the path's RTT and plans
 // the session (once: a session re-established after a fault keeps its
 // plan, which its transfers' staging was sized by).

@@ -193,7 +193,7 @@ func source(t *testing.T, b bins, size int64) (dir, secret string) {
 // Unmap); the target's default 32 MiB windows cap a copy at 56 MB/s at
 // 200 ms whatever the initiator does, so the suite's target maps larger
 // ones, as docs/performance.md tells an operator of a long link to.
-var serveFlags = []string{"--max-window", "256MiB"}
+var serveFlags = []string{"--max-window", "128MiB"}
 
 // copySize: 1 GiB, long enough that the first round trips (open, the
 // first window, TCP's own slow start) are not most of the copy.
