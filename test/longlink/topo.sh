@@ -8,7 +8,7 @@
 # emulator: a few thousand frames a second carry hundreds of MB/s.
 #
 # usage: topo.sh up NAME LINKEMU_BIN [linkemu flags...]   (prints nothing; emulator's log in /tmp/NAME-linkemu.log)
-#        topo.sh down NAME                                (removes the namespaces; the emulator dies with them)
+#        topo.sh down NAME                                (stops the emulator, removes the namespaces and its log)
 #        topo.sh tbf NAME RATE                            (tbf at RATE, e.g. 1gbit, on the target's egress b0)
 set -euo pipefail
 cmd=${1:?usage: topo.sh up|down|tbf NAME ...}
@@ -57,6 +57,7 @@ down)
     rm -f "/tmp/$name-linkemu.pid"
   fi
   for ns in a m b; do ip netns del "$name-$ns" 2>/dev/null || true; done
+  rm -f "/tmp/$name-linkemu.log"
   ;;
 *)
   echo "usage: topo.sh up|down|tbf NAME ..." >&2
