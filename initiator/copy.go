@@ -876,7 +876,7 @@ func (f *fetch) run() (err error) {
 	defer wg.Wait() // the verifiers, the mapper and the Unmaps: none outlives the fetch
 	defer cancel()
 	wins := make(chan winOrErr, 1)
-	f.windows = make(chan struct{}, maxWindows)
+	f.windows = make(chan struct{}, f.s.windowsAhead())
 	f.wg = &wg
 	wg.Add(1)
 	go func() {
@@ -1202,7 +1202,7 @@ type winOrErr struct {
 func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 	s := f.s
 	cs := f.layout.ChunkSize
-	want := max(uint64(cs), s.ch0.MaxWindow/uint64(cs)*uint64(cs))
+	want := s.windowWant(cs)
 	n := f.layout.Chunks()
 	send := func(we winOrErr) bool {
 		select {

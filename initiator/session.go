@@ -28,9 +28,14 @@ type Config struct {
 	// its key, to a target with per-client keys; "" is "default", the
 	// one identity of a target with a single secret.
 	Identity string
-	QPs      int // data QPs; default 4
-	// Depth is the READs in flight per data QP; default 4, capped by
-	// what the connection negotiated.
+	// QPs is the data QPs, fixed; 0 (the default) picks them from the
+	// RTT measured at connect: 4 on a short path, more on a long one,
+	// up to 16 (inflight.go).
+	QPs int
+	// Depth is the READs in flight per data QP, fixed; 0 (the default)
+	// starts at 4 and lets the in-flight window grow with the path, up
+	// to a cap planned from the RTT (at most 256 MiB in all). Either is
+	// capped by what the connection negotiated.
 	Depth int
 	// ReadSize is the bytes one READ moves; default 1 MiB, capped by the
 	// chunk size and the device's message limit.
@@ -83,12 +88,6 @@ const (
 )
 
 func (c *Config) setDefaults() {
-	if c.QPs == 0 {
-		c.QPs = 4
-	}
-	if c.Depth == 0 {
-		c.Depth = 4
-	}
 	if c.ReadSize == 0 {
 		c.ReadSize = 1 << 20
 	}
@@ -114,9 +113,9 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Device == nil:
 		return errors.New("initiator: no device")
-	case c.QPs < 1 || c.QPs > 64:
+	case c.QPs < 0 || c.QPs > 64:
 		return fmt.Errorf("initiator: --qps %d: want 1..64", c.QPs)
-	case c.Depth < 1 || c.Depth > 1024:
+	case c.Depth < 0 || c.Depth > 1024:
 		return fmt.Errorf("initiator: --depth %d: want 1..1024", c.Depth)
 	case c.ReadSize < 4096:
 		return fmt.Errorf("initiator: read size %d: want at least 4096", c.ReadSize)
@@ -167,6 +166,13 @@ type Session struct {
 	// rail (an index into rails): see rails.go.
 	rails    []*rail
 	slotRail []atomic.Int32
+	// plan is what the session settled on for its path at connect, from
+	// the user's QPs and Depth (0: automatic); win the in-flight window
+	// its engines share (inflight.go).
+	plan               pathPlan
+	userQPs, userDepth int
+	win                *reads.Window
+	winOnce            sync.Once
 
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
@@ -196,7 +202,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Session{cfg: cfg, addr: addr}
+	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth}
 	if err := s.dial(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -350,7 +356,9 @@ func (e *timeoutErr) Unwrap() error { return e.err }
 func (s *Session) hello(ctx context.Context) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
 		Client: protocol.ClientString("rdmacp", append(s.cfg.Archive.features(), protocol.FeatureWinDigests)...)}
+	t0 := time.Now()
 	m, err := s.call(ctx, h)
+	rtt := time.Since(t0)
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeVersion {
@@ -363,6 +371,7 @@ func (s *Session) hello(ctx context.Context) error {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
 	}
 	s.ch0 = ch
+	s.measureHello(rtt)
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {
 			// A target that knows no secret can't prove it is the one we meant.
@@ -417,16 +426,11 @@ func (s *Session) join(ctx context.Context) error {
 	for i := range s.slotRail {
 		s.slotRail[i].Store(int32(i % len(s.rails)))
 	}
-	qps := make([]verbs.QP, 0, n)
-	for i := range n {
-		qp, err := s.dialSlot(ctx, i)
-		if err != nil {
-			for _, qp := range qps {
-				qp.Close()
-			}
-			return err
-		}
-		qps = append(qps, qp)
+	qps, err := joinAll(ctx, n, s.dialSlot)
+	if err != nil {
+		return err
+	}
+	for _, qp := range qps {
 		s.reads = min(s.reads, qp.Info().ReadsOut)
 	}
 	s.info = qps[0].Info()
@@ -608,6 +612,9 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	}
 	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, railQPs{s.qps, s}, s.reads, s.cfg.Timeout
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
+	if w := s.window(); w.Growing() {
+		cfg.Window = w // a window that can't grow is the depth already
+	}
 	return reads.New(ctx, cfg)
 }
 

@@ -81,7 +81,13 @@ type Group struct {
 type Config struct {
 	CQ    verbs.CQ // the send CQ every data QP of QPs shares
 	QPs   QPs
-	Depth int // READs in flight per QP
+	Depth int // READs in flight per QP, at most
+	// Window, if set, bounds the bytes of READs in flight over all QPs
+	// together (within Depth per QP) and learns from the completions
+	// how large that bound should be (inflight.go). It may outlive the
+	// engine: a session's engines share one, so what the first file
+	// learnt holds for the next.
+	Window *Window
 	// Timeout: a QP with READs out and no completion for this long is
 	// dead. Zero means DefaultTimeout.
 	Timeout time.Duration
@@ -123,7 +129,8 @@ type Engine struct {
 	queue  []Piece
 	recs   []rec
 	free   []int
-	out    int // READs posted and not yet completed, every generation
+	out    int   // READs posted and not yet completed, every generation
+	outB   int64 // their bytes
 
 	slots    []slot
 	stuck    time.Time // when queued READs first had no QP to go to
@@ -142,8 +149,9 @@ type Engine struct {
 type slot struct {
 	qp       verbs.QP
 	gen      uint32
-	dead     bool // failed at this generation, not yet replaced
-	inflight int  // READs out on this generation
+	dead     bool  // failed at this generation, not yet replaced
+	inflight int   // READs out on this generation
+	inbytes  int64 // their bytes
 	last     time.Time
 }
 
@@ -261,6 +269,9 @@ func (e *Engine) Step() (bool, error) {
 	default:
 	}
 	now := time.Now()
+	if w := e.cfg.Window; w != nil {
+		w.Tick(now, e.out > 0)
+	}
 	e.deadlines(now)
 	e.stalls(now) // a QP stalled while the others go on: rails.go
 	if err := e.orphans(now); err != nil {
@@ -292,6 +303,9 @@ func (e *Engine) fail(q int, err error) {
 	}
 	s.dead = true
 	e.failures++
+	if w := e.cfg.Window; w != nil {
+		w.Lost()
+	}
 	e.cfg.QPs.Failed(q, s.gen, err)
 }
 
@@ -389,13 +403,14 @@ func (e *Engine) noPath() error {
 func (e *Engine) postOn(q int) (int, error) {
 	s := &e.slots[q]
 	room := min(e.cfg.Depth-s.inflight, len(e.free))
+	budget := e.windowRoom(s)
 	now := time.Now()
 	wrs := e.wrs[:0]
 	idx := e.idx[:0]
 	keep := e.queue[:0]
 	for i := range e.queue {
 		p := e.queue[i]
-		if len(wrs) >= room || !p.Keys.usable(q, s.gen) {
+		if len(wrs) >= room || !p.Keys.usable(q, s.gen) || !budget.take(int64(p.Local.Length)) {
 			keep = append(keep, p)
 			continue
 		}
@@ -408,6 +423,9 @@ func (e *Engine) postOn(q int) (int, error) {
 	}
 	e.queue = keep
 	e.wrs, e.idx = wrs, idx // reused: providers copy what they are posted
+	if budget.held {
+		e.cfg.Window.Held()
+	}
 	if len(wrs) == 0 {
 		return 0, nil
 	}
@@ -417,6 +435,10 @@ func (e *Engine) postOn(q int) (int, error) {
 	}
 	s.inflight += n
 	e.out += n
+	for _, r := range idx[:n] {
+		e.outB += int64(e.recs[r].p.Local.Length)
+		s.inbytes += int64(e.recs[r].p.Local.Length)
+	}
 	if n < len(idx) {
 		// What the QP did not take goes back to the head of the queue.
 		back := make([]Piece, 0, len(idx)-n+len(e.queue))
@@ -430,6 +452,46 @@ func (e *Engine) postOn(q int) (int, error) {
 		return n, fmt.Errorf("post on data QP %d: %w", q, err)
 	}
 	return n, nil
+}
+
+// room is what the window lets one batch post.
+type room struct {
+	on    bool  // there is a window
+	left  int64 // bytes it has room for
+	first bool  // nothing is out: one READ may go whatever its size
+	held  bool  // it kept a READ back
+}
+
+// windowRoom is what the window leaves slot s: its share of the window
+// (an even split over the live QPs, so that a small window still keeps
+// every QP's connection busy), within what the window leaves in all.
+func (e *Engine) windowRoom(s *slot) room {
+	if e.cfg.Window == nil {
+		return room{}
+	}
+	limit := e.cfg.Window.Limit()
+	live := int64(0)
+	for i := range e.slots {
+		if !e.slots[i].dead && e.slots[i].qp != nil {
+			live++
+		}
+	}
+	share := (limit + max(live, 1) - 1) / max(live, 1)
+	return room{on: true, left: min(limit-e.outB, share-s.inbytes), first: s.inbytes == 0}
+}
+
+// take reports whether n more bytes fit, and counts them.
+func (b *room) take(n int64) bool {
+	if !b.on {
+		return true
+	}
+	if b.first || n <= b.left {
+		b.first = false
+		b.left -= n
+		return true
+	}
+	b.held = true
+	return false
 }
 
 func (e *Engine) release(r int) {
@@ -463,13 +525,16 @@ func (e *Engine) complete(c verbs.Completion) {
 		return // an earlier engine's, or another user's of the CQ
 	}
 	p := e.recs[r].p
+	lat := time.Since(e.recs[r].posted)
 	e.release(r)
 	e.out--
+	e.outB -= int64(p.Local.Length)
 	s := &e.slots[q]
 	current := s.gen == gen
 	if current {
 		e.completed(q) // before s.last moves: rails.go
 		s.inflight--
+		s.inbytes -= int64(p.Local.Length)
 		s.last = time.Now()
 	}
 	if c.Status != verbs.StatusSuccess {
@@ -488,6 +553,9 @@ func (e *Engine) complete(c verbs.Completion) {
 	}
 	e.bytes += int64(p.Local.Length)
 	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
+	if w := e.cfg.Window; w != nil {
+		w.Done(int64(p.Local.Length), lat)
+	}
 	if e.cfg.Done != nil {
 		e.cfg.Done(&p)
 	}

@@ -33,8 +33,8 @@ func benchCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "size", Aliases: []string{"s"}, Value: "1MiB", Usage: "bytes per RDMA READ"},
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "sweep READ sizes 2 bytes to 8MiB by powers of two, one row each (ib_read_bw -a)"},
-			&cli.IntFlag{Name: "qps", Value: 4, Usage: "data queue pairs (perftest's -q)"},
-			&cli.IntFlag{Name: "depth", Aliases: []string{"o", "outs"}, Value: 4, Usage: "RDMA READs in flight per queue pair, perftest's -o/--outs (capped by what the connection negotiated)"},
+			&cli.IntFlag{Name: "qps", DefaultText: "auto: 4, up to 16 on a long path", Usage: "data queue pairs, fixed (perftest's -q)"},
+			&cli.IntFlag{Name: "depth", Aliases: []string{"o", "outs"}, DefaultText: "auto: starts at 4, grows with the path", Usage: "RDMA READs in flight per queue pair, fixed, perftest's -o/--outs (capped by what the connection negotiated)"},
 			&cli.StringFlag{Name: "duration", Aliases: []string{"D"}, Usage: "how long to run each size: seconds, or a Go duration such as 500ms, instead of iterations"},
 			&cli.IntFlag{Name: "iters", Aliases: []string{"n"}, Usage: fmt.Sprintf("READs per queue pair and size (default %d, as perftest)", benchIters)},
 			&cli.StringFlag{Name: "interval", Value: "100ms", Usage: "slice of time the minimum and peak rates are taken over"},
@@ -73,6 +73,12 @@ type benchLine struct {
 	CPUSeconds   float64   `json:"cpu_seconds"`
 	CPUSecsPerGB float64   `json:"cpu_seconds_per_gb"`
 	QPFailures   int       `json:"qp_failures"`
+	// The path and the bytes in flight the session settled on.
+	ConnectRTTms  float64 `json:"connect_rtt_ms"`
+	ReadRTTms     float64 `json:"read_rtt_ms"`
+	Inflight      int64   `json:"inflight_bytes"`
+	InflightStart int64   `json:"inflight_start_bytes"`
+	InflightMax   int64   `json:"inflight_max_bytes"`
 }
 
 // parseDuration takes seconds, as perftest's -D, or a Go duration.
@@ -184,7 +190,7 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	t := &benchTable{c: c, out: stdout, src: src, why: why}
+	t := &benchTable{c: c, out: stdout, src: src, why: why, s: s}
 	for i, size := range sizes {
 		opt.Size = size
 		res, err := s.Bench(ctx, src.path, opt)
@@ -215,6 +221,7 @@ type benchTable struct {
 	src   remote
 	why   string
 	begun bool
+	s     *initiator.Session
 }
 
 var benchRule = strings.Repeat("-", 96)
@@ -229,6 +236,8 @@ func (t *benchTable) unit() (string, func(float64) float64) {
 func (t *benchTable) row(res *initiator.BenchResult, first bool) error {
 	mb := func(r float64) float64 { return r / 1e6 }
 	gb := func(r float64) float64 { return r * 8 / 1e9 }
+	inf := t.s.InFlight()
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	if t.c.Bool("json") {
 		iv := make([]float64, len(res.Intervals))
 		for i, r := range res.Intervals {
@@ -240,7 +249,8 @@ func (t *benchTable) row(res *initiator.BenchResult, first bool) error {
 			AvgMBps: mb(res.Avg), MinMBps: mb(res.Min), PeakMBps: mb(res.Peak),
 			AvgGbps: gb(res.Avg), MinGbps: gb(res.Min), PeakGbps: gb(res.Peak),
 			IntervalMs: float64(res.Interval) / 1e6, Intervals: iv,
-			CPUSeconds: res.CPU.Seconds(), CPUSecsPerGB: res.CPUPerGB, QPFailures: res.QPFailures})
+			CPUSeconds: res.CPU.Seconds(), CPUSecsPerGB: res.CPUPerGB, QPFailures: res.QPFailures,
+			ConnectRTTms: ms(inf.ConnectRTT), ReadRTTms: ms(inf.RTT), Inflight: inf.Bytes, InflightStart: inf.Min, InflightMax: inf.Max})
 	}
 	unit, conv := t.unit()
 	if first {
@@ -249,7 +259,9 @@ func (t *benchTable) row(res *initiator.BenchResult, first bool) error {
 			fmt.Fprintln(t.out, benchRule)
 			fmt.Fprintf(t.out, "                    RDMA READ bandwidth test: %s\n", t.c.Args().First())
 			fmt.Fprintf(t.out, " transport     : %s\n", res.Transport)
-			fmt.Fprintf(t.out, " queue pairs   : %d, %d READs in flight each\n", res.QPs, res.Depth)
+			fmt.Fprintf(t.out, " queue pairs   : %d, up to %d READs in flight each\n", res.QPs, res.Depth)
+			fmt.Fprintf(t.out, " path          : RTT %.3f ms at connect, %.3f ms the fastest READ\n", ms(inf.ConnectRTT), ms(inf.RTT))
+			fmt.Fprintf(t.out, " in flight     : %s settled (from %s, at most %s)\n", formatBytes(inf.Bytes), formatBytes(inf.Min), formatBytes(inf.Max))
 			fmt.Fprintf(t.out, " window        : %s of %s\n", formatBytes(res.Window), t.src.path)
 			fmt.Fprintf(t.out, " min and peak  : over %v intervals\n", res.Interval)
 		}

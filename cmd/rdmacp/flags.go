@@ -13,9 +13,9 @@ import (
 // initiatorFlags tune a session; cp, ls and bench share them.
 func initiatorFlags() []cli.Flag {
 	return append([]cli.Flag{
-		&cli.IntFlag{Name: "qps", Value: 4, Usage: "data queue pairs (1..64; the target may grant fewer)"},
-		&cli.IntFlag{Name: "depth", Value: 4, Usage: "RDMA READs in flight per queue pair (1..1024; capped by what the connection negotiated)"},
-		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ (4KiB..256MiB; capped by the chunk size)"},
+		&cli.IntFlag{Name: "qps", DefaultText: "auto: 4, up to 16 on a long path", Usage: "data queue pairs, fixed (1..64; the target may grant fewer)"},
+		&cli.IntFlag{Name: "depth", DefaultText: "auto: starts at 4, grows with the path", Usage: "RDMA READs in flight per queue pair, fixed: no growth (1..1024; capped by what the connection negotiated)"},
+		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ, fixed (4KiB..256MiB; capped by the chunk size)"},
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk, a multiple of 4KiB up to 256MiB (default: the target's, 4MiB)"},
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again (0: never)"},

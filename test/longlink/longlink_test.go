@@ -1,0 +1,293 @@
+// Package longlink is rdmacp's long-link suite: real serve and cp
+// processes in two network namespaces joined through test/linkemu, the
+// project's userspace link emulator (this kernel has no sch_netem),
+// with tbf for a rate where one is wanted. See run.sh; it runs only with
+// RDMACP_LONGLINK=1, as root.
+package longlink
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// bins are the binaries the suite runs, built once.
+type bins struct{ rdmacp, linkemu, compete, dir string }
+
+var seq atomic.Int32
+
+func setup(t *testing.T) bins {
+	t.Helper()
+	if os.Getenv("RDMACP_LONGLINK") == "" {
+		t.Skip("SKIP: the long-link suite runs from test/longlink/run.sh (RDMACP_LONGLINK=1)")
+	}
+	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root on Linux (network namespaces, AF_PACKET)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("SKIP: no ip(8)")
+	}
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "rdmacp-longlink")
+		if err != nil {
+			built.err = err
+			return
+		}
+		b := bins{rdmacp: filepath.Join(dir, "rdmacp"), linkemu: filepath.Join(dir, "linkemu"), compete: filepath.Join(dir, "compete"), dir: dir}
+		if p := os.Getenv("RDMACP_BIN"); p != "" {
+			b.rdmacp = p
+		} else if built.err = build(b.rdmacp, "../../cmd/rdmacp"); built.err != nil {
+			return
+		}
+		if built.err = build(b.linkemu, "../linkemu"); built.err != nil {
+			return
+		}
+		built.err = build(b.compete, "./compete")
+		built.b = b
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.b
+}
+
+// built is the suite's binaries, built by the first test; TestMain
+// removes them.
+var built struct {
+	once sync.Once
+	b    bins
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.b.dir != "" {
+		os.RemoveAll(built.b.dir)
+	}
+	os.Exit(code)
+}
+
+func build(out, pkg string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if msg, err := exec.CommandContext(ctx, "go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, msg)
+	}
+	return nil
+}
+
+// link is one emulated link: namespaces NAME-a (initiator, 10.77.0.1)
+// and NAME-b (target, 10.77.0.2) through the emulator in NAME-m.
+type link struct {
+	t    *testing.T
+	name string
+}
+
+// newLink brings a link up (topo.sh) and tears it down at the end of the
+// test, failed or not.
+func newLink(t *testing.T, b bins, tbf string, emu ...string) *link {
+	t.Helper()
+	l := &link{t: t, name: fmt.Sprintf("ll%d%d", os.Getpid()%10000, seq.Add(1))}
+	args := append([]string{"up", l.name, b.linkemu}, emu...)
+	t.Cleanup(func() { exec.Command("./topo.sh", "down", l.name).Run() })
+	if msg, err := exec.Command("./topo.sh", args...).CombinedOutput(); err != nil {
+		t.Fatalf("topo.sh up: %v\n%s", err, msg)
+	}
+	if tbf != "" {
+		if msg, err := exec.Command("./topo.sh", "tbf", l.name, tbf).CombinedOutput(); err != nil {
+			t.Skipf("SKIP: tbf: %v: %s", err, msg)
+		}
+	}
+	return l
+}
+
+// in runs a command in namespace side ("a" or "b").
+func (l *link) in(ctx context.Context, side string, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", l.name + "-" + side, name}, args...)...)
+}
+
+// serve starts the target in NAME-b exporting dir as x, until the test ends.
+func (l *link) serve(b bins, dir, secret string, extra ...string) {
+	l.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var log bytes.Buffer
+	cmd := l.in(ctx, "b", b.rdmacp, append([]string{"serve", "--listen", "10.77.0.2:7362", "--secret-file", secret, "--export", "x=" + dir}, extra...)...)
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		cancel()
+		l.t.Fatal(err)
+	}
+	l.t.Cleanup(func() {
+		cancel()
+		cmd.Wait()
+		if l.t.Failed() {
+			l.t.Logf("serve's log:\n%s", log.String())
+		}
+	})
+	for range 100 {
+		if l.in(context.Background(), "a", "bash", "-c", "echo >/dev/tcp/10.77.0.2/7362").Run() == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	l.t.Fatalf("serve never listened:\n%s", log.String())
+}
+
+// cp copies x/f to /dev/null (verified chunk by chunk) and returns the
+// summary's MB/s.
+func (l *link) cp(b bins, secret string, flags ...string) float64 {
+	l.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	args := append([]string{"cp", "--json", "--secret-file", secret}, flags...)
+	out, err := l.in(ctx, "a", b.rdmacp, append(args, "10.77.0.2:x/f", "/dev/null")...).CombinedOutput()
+	if err != nil {
+		l.t.Fatalf("cp: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		var s struct {
+			Type string  `json:"message_type"`
+			MBps float64 `json:"mb_per_s"`
+		}
+		if json.Unmarshal([]byte(line), &s) == nil && s.Type == "summary" {
+			return s.MBps
+		}
+	}
+	l.t.Fatalf("cp printed no summary:\n%s", out)
+	return 0
+}
+
+// source makes a sparse file of size bytes and a secret.
+func source(t *testing.T, b bins, size int64) (dir, secret string) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := os.Truncate(filepath.Join(dir, "f"), size); err != nil {
+		f, err := os.Create(filepath.Join(dir, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if err := os.Truncate(filepath.Join(dir, "f"), size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret = filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("longlink-suite-secret-0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir, secret
+}
+
+// serveFlags: a window costs three control round trips (Map, Digests,
+// Unmap); the target's default 32 MiB windows cap a copy at 56 MB/s at
+// 200 ms whatever the initiator does, so the suite's target maps larger
+// ones, as docs/performance.md tells an operator of a long link to.
+var serveFlags = []string{"--max-window", "128MiB"}
+
+// copySize: 1 GiB, long enough that the first round trips (open, the
+// first window, TCP's own slow start) are not most of the copy.
+const copySize = 1 << 30
+
+// ratioBound is generous against the proof's 0.7 (bench/longlink.sh
+// measures that figure, for 2 GiB): on the loaded 2-core host the
+// no-delay rate is CPU-bound and swings by 1.5x from run to run, so one
+// pair of copies gave 0.55 to 0.87 here. The fixed 16 MiB in flight of
+// before gave 0.40 (TestLongRTT) and 0.33 (TestCompetingFlow), with the
+// same target.
+func ratioBound() float64 {
+	if v, err := strconv.ParseFloat(os.Getenv("LONGLINK_MIN_RATIO"), 64); err == nil {
+		return v
+	}
+	return 0.5
+}
+
+// TestLongRTT: a copy over a 200 ms RTT link reaches a good part of what
+// the same link carries with no added delay, measured here side by side.
+func TestLongRTT(t *testing.T) {
+	b := setup(t)
+	dir, secret := source(t, b, copySize)
+	rate := func(delay string) float64 {
+		l := newLink(t, b, "", "-delay", delay)
+		l.serve(b, dir, secret, serveFlags...)
+		return l.cp(b, secret)
+	}
+	near := rate("0s")
+	far := rate("100ms")
+	t.Logf("no added delay: %.1f MB/s; 200 ms RTT: %.1f MB/s; ratio %.2f", near, far, far/near)
+	if far < ratioBound()*near {
+		t.Errorf("200 ms RTT: %.1f MB/s, %.2fx the %.1f MB/s of the same link with no delay; want at least %.2fx", far, far/near, near, ratioBound())
+	}
+}
+
+// TestCompetingFlow: with a TCP flow taking 5% of a 200 MB/s link (tbf),
+// a copy at 200 ms RTT does not collapse: it keeps most of what the
+// link gives it with no delay and no competitor.
+func TestCompetingFlow(t *testing.T) {
+	b := setup(t)
+	dir, secret := source(t, b, copySize)
+	const tbf, competeMBps = "1600mbit", 10.0
+	l := newLink(t, b, tbf, "-delay", "0s")
+	l.serve(b, dir, secret, serveFlags...)
+	near := l.cp(b, secret)
+
+	l = newLink(t, b, tbf, "-delay", "100ms")
+	l.serve(b, dir, secret, serveFlags...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got bytes.Buffer
+	recv := l.in(ctx, "a", b.compete, "recv", "-listen", "10.77.0.1:9100")
+	recv.Stdout = &got
+	if err := recv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { waitFor(recv, 0) })
+	time.Sleep(200 * time.Millisecond)
+	send := l.in(ctx, "b", b.compete, "send", "-connect", "10.77.0.1:9100", "-rate", fmt.Sprint(competeMBps), "-duration", "10m")
+	if err := send.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	t0 := time.Now()
+	far := l.cp(b, secret)
+	secs := time.Since(t0).Seconds()
+	send.Process.Kill()
+	send.Wait()
+	waitFor(recv, 5*time.Second)
+	recv = nil
+	var r struct{ Bytes int64 }
+	json.Unmarshal(got.Bytes(), &r)
+	t.Logf("no delay, alone: %.1f MB/s; 200 ms RTT with a %.0f MB/s competitor: %.1f MB/s (ratio %.2f); the competitor moved %d bytes in %.1f s",
+		near, competeMBps, far, far/near, r.Bytes, secs+1)
+	if float64(r.Bytes) < 0.5*competeMBps*1e6*secs {
+		t.Errorf("the competing flow moved only %d bytes in %.1f s: it was not competing", r.Bytes, secs)
+	}
+	if far < ratioBound()*near {
+		t.Errorf("200 ms RTT with a competing flow: %.1f MB/s, %.2fx the %.1f MB/s alone with no delay; want at least %.2fx", far, far/near, near, ratioBound())
+	}
+}
+
+// waitFor waits for cmd to exit, killing it after d.
+func waitFor(cmd *exec.Cmd, d time.Duration) {
+	if cmd == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-done
+	}
+}
