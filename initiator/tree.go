@@ -483,9 +483,11 @@ func (c *treeCopy) copyLarge() error {
 }
 
 // settleEvery is how many files wait, verified, for a sync and their
-// renames: a batch's memory (a few hundred bytes a file), against a
-// syncfs per batch (measured: ...).
-const settleEvery = 8192
+// renames: the memory of a batch (a few hundred bytes a file: 8192 are
+// about 3 MB) against a syncfs per batch, and what a crash may lose of
+// the journal. Measured on tmpfs with 100,000 1 KiB files: the copy took
+// as long as with one syncfs at the end, within noise.
+var settleEvery = 8192
 
 // maybeSettle settles the files waiting if there are settleEvery of them.
 func (c *treeCopy) maybeSettle() error {
@@ -1020,7 +1022,12 @@ type dirRoots struct {
 
 // dirCacheMax bounds the directories dirRoots keeps open of each kind: a
 // tree can have more directories than the process may have descriptors.
-var dirCacheMax = 4096
+// A tree copy has four such caches (the packer's two, the renames', the
+// quick check's), so it holds at most about 4 x 256 directories open
+// whatever the tree, under the usual soft limit of 1024 descriptors plus
+// what Go raises it to; trees' directories are written one after the
+// other, so a small cache loses little.
+var dirCacheMax = 256
 
 // trim closes the directories dir opened, if there are more than
 // dirCacheMax: none of them may be in use.
