@@ -76,7 +76,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 	}
 
 	s = e.dial(t, nil) // as a new command would
-	inPlace := 0 // regular files found in place
+	inPlace := 0       // regular files found in place
 	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Partial: true, QuickCheck: true,
 		File: func(fr initiator.FileResult) {
 			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusUnchanged {

@@ -395,7 +395,13 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		return tr, err
 	}
 	// The files too large to pack, one at a time (each one uses all the
-	// data QPs).
+	// data QPs), once the others are in place: an interrupt while they
+	// copy keeps the rest (and the journal has them).
+	if len(c.large) > 0 {
+		if err := c.settle(false); err != nil {
+			return tr, err
+		}
+	}
 	if err := c.copyLarge(); err != nil {
 		return tr, err
 	}
