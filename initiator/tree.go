@@ -376,6 +376,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		c.clean(".")
 	}
 	defer c.flush.wait()
+	defer c.large.close()
 	defer func() {
 		for _, p := range c.waiting {
 			if p.rs != nil {
@@ -397,7 +398,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	// The files too large to pack, one at a time (each one uses all the
 	// data QPs), once the others are in place: an interrupt while they
 	// copy keeps the rest (and the journal has them).
-	if len(c.large) > 0 {
+	if c.large.len() > 0 {
 		if err := c.settle(false); err != nil {
 			return tr, err
 		}
@@ -465,27 +466,23 @@ func treeDest(src, dst string) string {
 
 // copyLarge copies the files the walk left for Open, one at a time.
 func (c *treeCopy) copyLarge() error {
-	for _, it := range c.large {
+	return c.large.each(func(it item) error {
 		p, err := c.s.treeFile(c.ctx, c.dr, c.src, it, c.opt)
 		if err != nil {
 			if c.ctx.Err() != nil || errors.Is(err, ErrConnect) {
 				return err
 			}
 			c.report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
-			continue
+			return nil
 		}
 		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
 			c.same(p, it.rel)
-			continue
+			return nil
 		}
 		c.wait(p)
-		if err := c.maybeSettle(); err != nil {
-			return err
-		}
-	}
-	c.large = nil
-	return nil
+		return c.maybeSettle()
+	})
 }
 
 // settleEvery is how many files wait, verified, for a sync and their
@@ -603,7 +600,7 @@ type treeCopy struct {
 	tr      *TreeResult
 	waiting []pending
 
-	large []item // regular files to copy with Open, after the rest
+	large largeQueue // regular files to copy with Open, after the rest
 	flush flusher
 	// The directories made and not finished (their modes and mtimes are
 	// set once everything in them is in place), and the path of those the
@@ -794,7 +791,7 @@ func (c *treeCopy) viaWalk() error {
 				continue
 			}
 			if !w.packed {
-				c.large = append(c.large, w.it)
+				c.large.add(w.it)
 				continue
 			}
 			dir, err := c.dr.dir(w.it.rel)
@@ -863,7 +860,7 @@ take:
 				}
 				continue
 			}
-			c.large = append(c.large, it)
+			c.large.add(it)
 		}
 		if err := c.maybeSettle(); err != nil {
 			return err
