@@ -337,7 +337,7 @@ func TestKillAndResume(t *testing.T) {
 	const files, size = 100_000, 1024
 	dir := tmpfs(t)
 	gen(t, filepath.Join(dir, "export", "s"), files, 100, size)
-	_, addr := serve(t, filepath.Join(dir, "export"))
+	sp, addr := serve(t, filepath.Join(dir, "export"))
 	dest := filepath.Join(dir, "D") // does not exist yet
 	journal := filepath.Join(dir, ".D.rdmacp-tree")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -371,12 +371,27 @@ func TestKillAndResume(t *testing.T) {
 		t.Fatal("the first run finished before it was killed")
 	}
 
+	// The second run lists and packs (the quick check's way): its
+	// memory and descriptors are held to the bounds too.
 	cmd, out := cpCmd(ctx, addr, dest, "--partial", "-q")
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cp := watch(cmd)
+	err = cmd.Wait()
+	cp.end()
+	if err != nil {
 		t.Fatalf("second run: %v", err)
 	}
+	sp.sample()
 	s := lastSummary(t, out.bytes())
 	t.Logf("second run: %+v", s)
+	cpRSS, cpFDs := cp.peaks()
+	sRSS, sFDs := sp.peaks()
+	t.Logf("cp peak RSS %d MiB, %d fds; serve (both runs) %d MiB, %d fds", cpRSS>>20, cpFDs, sRSS>>20, sFDs)
+	if cpRSS > maxRSS || sRSS > maxRSS || cpFDs > maxFDs || sFDs > maxFDs {
+		t.Errorf("over the bounds (%d MiB, %d descriptors)", maxRSS>>20, maxFDs)
+	}
 	if s.Status != "ok" || s.Dest != dest {
 		t.Fatalf("second run copied to %s (%s), want %s", s.Dest, s.Status, dest)
 	}
