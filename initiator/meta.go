@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"os/user"
 	"path"
@@ -250,7 +249,8 @@ type treeMeta struct {
 	entries map[string]protocol.Entry // by rel: files and symlinks
 	first   map[[2]uint64]string      // the rel copied of each linked inode
 	links   []hardLink
-	kept    map[string]bool // files found in place (quick check): links may point at them
+	kept    map[string]bool // link targets in place (landed, or found by the quick check)
+	targets map[string]bool // the files links point at: the first of each linked inode
 }
 
 type hardLink struct {
@@ -259,7 +259,7 @@ type hardLink struct {
 }
 
 func newTreeMeta(s *Session) *treeMeta {
-	return &treeMeta{s: s, entries: map[string]protocol.Entry{}, first: map[[2]uint64]string{}, kept: map[string]bool{}}
+	return &treeMeta{s: s, entries: map[string]protocol.Entry{}, first: map[[2]uint64]string{}, kept: map[string]bool{}, targets: map[string]bool{}}
 }
 
 // inPlace sets the metadata of a file the quick check left in place, at
@@ -268,11 +268,12 @@ func (m *treeMeta) inPlace(root *os.Root, rel string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e, has := m.entries[rel]; has {
+		delete(m.entries, rel)
 		if err := m.set(root, rel, e); err != nil {
 			return err
 		}
 	}
-	if m.s.cfg.Archive.HardLinks {
+	if m.targets[rel] {
 		m.kept[rel] = true
 	}
 	return nil
@@ -296,6 +297,7 @@ func (m *treeMeta) take(it item) bool {
 			return true
 		}
 		m.first[k] = it.rel
+		m.targets[it.rel] = true
 	}
 	if a.Perms && e.Mode&0o7000 != 0 || a.needsMeta() || a.Times && e.Type == protocol.FileSymlink {
 		m.entries[it.rel] = e
@@ -304,42 +306,44 @@ func (m *treeMeta) take(it item) bool {
 }
 
 // placed sets the metadata of the files and symlinks now in place (those
-// waiting that did not fail), then makes the hard links to those that
-// landed. It returns the links' results.
-func (m *treeMeta) placed(root *os.Root, waiting []pending) []FileResult {
+// waiting that did not fail), and forgets them; with final, it then makes
+// the hard links to those that landed and returns the links' results.
+// What it keeps from batch to batch is one path per hard-linked file that
+// landed (for the links made at the end), not one per file.
+func (m *treeMeta) placed(root *os.Root, waiting []pending, final bool) []FileResult {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.entries) == 0 && len(m.links) == 0 {
-		return nil // nothing beyond what landing set
-	}
-	ok := maps.Clone(m.kept)
 	for i := range waiting {
 		p := &waiting[i]
+		e, has := m.entries[p.rel]
+		delete(m.entries, p.rel)
 		if p.res.Status != StatusOK {
 			continue
 		}
-		e, has := m.entries[p.rel]
-		if !has {
-			ok[p.rel] = true
-			continue
+		if has {
+			if err := m.set(root, p.rel, e); err != nil {
+				p.res.Status, p.res.Err = StatusFailed, err
+				continue
+			}
 		}
-		err := m.set(root, p.rel, e)
-		if err != nil {
-			p.res.Status, p.res.Err = StatusFailed, err
-			continue
+		if m.targets[p.rel] {
+			m.kept[p.rel] = true
 		}
-		ok[p.rel] = true
+	}
+	if !final || len(m.links) == 0 {
+		return nil
 	}
 	out := make([]FileResult, 0, len(m.links))
 	for _, l := range m.links {
 		fr := FileResult{Path: l.rel, Type: protocol.FileRegular, Status: StatusOK}
-		if !ok[l.to] {
+		if !m.kept[l.to] {
 			fr.Status, fr.Err = StatusFailed, fmt.Errorf("%s: not linked: %s, the file it is a hard link of, failed", l.rel, l.to)
 		} else if err := link(root, l.to, l.rel); err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
 		out = append(out, fr)
 	}
+	m.links = nil
 	return out
 }
 

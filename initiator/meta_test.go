@@ -242,7 +242,8 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 	s := &Session{cfg: Config{Archive: Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
 	m := newTreeMeta(s)
 	m.links = []hardLink{{rel: "b", to: "a"}, {rel: "old", to: "a"}, {rel: "c", to: "gone"}}
-	res := m.placed(root, []pending{{res: &FileResult{Status: StatusOK}, rel: "a"}, {res: &FileResult{Status: StatusFailed}, rel: "gone"}})
+	m.targets["a"], m.targets["gone"] = true, true
+	res := m.placed(root, []pending{{res: &FileResult{Status: StatusOK}, rel: "a"}, {res: &FileResult{Status: StatusFailed}, rel: "gone"}}, true)
 	if len(res) != 3 || res[0].Status != StatusOK || res[1].Status != StatusOK || res[2].Status != StatusFailed {
 		t.Fatalf("%+v", res)
 	}

@@ -44,14 +44,15 @@ func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first i
 // pathFeed is the paths getPackedFeed packs, as they become known.
 type pathFeed interface {
 	// upTo blocks until the paths from i on are enough for a pack, or no
-	// more will come, and returns all the paths known so far: no more
-	// than i of them when there are no more.
+	// more will come, and returns the paths known from i on: none when
+	// there are no more. Paths before the previous call's i may be
+	// forgotten: the packs before it are done.
 	upTo(i int) []string
 }
 
 type staticPaths []string
 
-func (p staticPaths) upTo(int) []string { return p }
+func (p staticPaths) upTo(i int) []string { return p[min(i, len(p)):] }
 
 // getPackedFeed is getPacked for paths that come from feed as they are
 // found. The next Pack is asked for while this one is read and written
@@ -72,19 +73,19 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 		c := make(chan answer, 1)
 		go func() {
 			paths := feed.upTo(i)
-			if i >= len(paths) {
+			if len(paths) == 0 {
 				c <- answer{done: true, err: ctx.Err()}
 				return
 			}
-			j := i
-			for j < len(paths) && j-i < 1024 && protocol.PackSize(paths[i:j+1]) <= protocol.MaxMessage {
+			j := 0
+			for j < len(paths) && j < 1024 && protocol.PackSize(paths[:j+1]) <= protocol.MaxMessage {
 				j++
 			}
-			if j == i {
-				c <- answer{tooLong: paths[i]}
+			if j == 0 {
+				c <- answer{tooLong: paths[0]}
 				return
 			}
-			r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[i:j]})
+			r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[:j]})
 			c <- answer{r: r, gens: gens, err: err}
 		}()
 		return c

@@ -21,8 +21,11 @@ import (
 // quick reports whether regular files and symlinks already at the
 // destination are checked before they are copied.
 func (c *treeCopy) quick() bool {
-	return c.opt.QuickCheck && !c.opt.SkipSame && (c.dr == nil || !c.dr.final)
+	return (c.opt.QuickCheck || c.resuming()) && !c.opt.SkipSame && (c.dr == nil || !c.dr.final) && !c.fresh
 }
+
+// resuming reports whether a journal names files an earlier run finished.
+func (c *treeCopy) resuming() bool { return c.jn != nil && len(c.jn.done) > 0 }
 
 // sameMeta is rsync's quick check: fi, at the destination, is a regular
 // file with e's size and mtime.
@@ -84,7 +87,13 @@ func (c *treeCopy) unchanged(it item) bool {
 	if err != nil || !sameStat(st, it.entry) {
 		return false
 	}
-	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size)}
+	// With --ignore-times, only what the journal says an interrupted run
+	// finished is skipped.
+	done := c.jn.has(it.rel, it.entry.Size, it.entry.MtimeNs)
+	if !done && !c.opt.QuickCheck {
+		return false
+	}
+	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size), Done: done}
 	mask := c.s.cfg.Archive.modeMask()
 	if want := it.entry.Mode & mask; st.Mode&mask != want {
 		if err := c.root.Chmod(it.rel, fileMode(want)); err != nil {

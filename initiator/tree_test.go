@@ -71,7 +71,7 @@ func testGetTree(t *testing.T, noWalk bool) {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(out, "tree")
-	if tr.Dest != dst || tr.Failed != 0 || tr.Skipped != 1 || len(seen) != len(tr.Files) {
+	if tr.Dest != dst || tr.Failed != 0 || tr.Skipped != 1 || len(tr.Files) != 0 || len(seen) != tr.OK+tr.Skipped {
 		t.Fatalf("result %+v", tr)
 	}
 	var total int64

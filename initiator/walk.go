@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -164,35 +165,57 @@ func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func
 }
 
 // walkTrack follows a walk's directories across its batches, to give
-// each entry its path and to refuse what does not add up.
+// each entry its path and to refuse what does not add up. It keeps only
+// the directories the walk is in and those they sent that it has not
+// entered yet: a directory left for its parent is done, and forgotten, so
+// the memory is the tree's depth times its directories' fan-out, not its
+// directory count.
 type walkTrack struct {
-	src  string
-	dirs []walkDir // by Dir number: 0 is the walk's root
-	// The directories the walk is in, from the root, and the names each
-	// has sent so far: entries come depth first, so a directory left for
-	// its parent is done.
-	stack []int
-	seen  []map[string]bool
+	src   string
+	dirs  map[uint32]*walkDir // by Dir number: 0 is the walk's root
+	ndirs uint32              // the Dir numbers given so far
+	// The directories the walk is in, from the root: entries come depth
+	// first.
+	stack []*walkDir
 }
 
 type walkDir struct {
+	id      uint32
 	rel     string
-	parent  int
+	parent  uint32
 	bad     bool // refused or failed: nothing may come from it
 	entered bool
+	seen    map[string]bool // the names it has sent, once entered
+	kids    []uint32        // the directories it sent
 }
 
 func newWalkTrack(src string) *walkTrack {
-	return &walkTrack{src: src, dirs: []walkDir{{entered: true}}, stack: []int{0}, seen: []map[string]bool{{}}}
+	root := &walkDir{entered: true, seen: map[string]bool{}}
+	return &walkTrack{src: src, dirs: map[uint32]*walkDir{0: root}, ndirs: 1, stack: []*walkDir{root}}
+}
+
+// leave forgets the directories of the stack above level i, and those
+// they sent and the walk never entered: none can come again.
+func (t *walkTrack) leave(i int) {
+	for _, d := range t.stack[i+1:] {
+		for _, k := range d.kids {
+			if kd := t.dirs[k]; kd != nil && !kd.entered {
+				delete(t.dirs, k)
+			}
+		}
+		delete(t.dirs, d.id)
+	}
+	clear(t.stack[i+1:])
+	t.stack = t.stack[:i+1]
 }
 
 // enter makes directory k the one the walk is in: one it is already in,
 // or one its parent sent and it has not been in before.
-func (t *walkTrack) enter(k int) bool {
-	up := func(k int) bool { // back up to k, if the walk is in it
+func (t *walkTrack) enter(k uint32) bool {
+	up := func(k uint32) bool { // back up to k, if the walk is in it
 		for i := len(t.stack) - 1; i >= 0; i-- {
-			if t.stack[i] == k {
-				t.stack, t.seen = t.stack[:i+1], t.seen[:i+1]
+			if t.stack[i].id == k {
+				t.leave(i)
 				return true
 			}
 		}
@@ -201,13 +224,12 @@ func (t *walkTrack) enter(k int) bool {
 	if up(k) {
 		return true
 	}
-	d := &t.dirs[k]
-	if d.entered || !up(d.parent) {
+	d := t.dirs[k]
+	if d == nil || d.entered || !up(d.parent) {
 		return false
 	}
-	d.entered = true
-	t.stack = append(t.stack, k)
-	t.seen = append(t.seen, map[string]bool{})
+	d.entered, d.seen = true, map[string]bool{}
+	t.stack = append(t.stack, d)
 	return true
 }
 
@@ -230,14 +252,14 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 	out := make([]walked, len(b.Entries))
 	for i := range b.Entries {
 		e := &b.Entries[i]
-		if int64(e.Dir) >= int64(len(t.dirs)) {
-			return nil, malformed("entry %q in directory %d of %d", e.Entry.Name, e.Dir, len(t.dirs)-1)
+		if e.Dir >= t.ndirs {
+			return nil, malformed("entry %q in directory %d of %d", e.Entry.Name, e.Dir, t.ndirs-1)
 		}
-		if !t.enter(int(e.Dir)) {
+		if !t.enter(e.Dir) {
 			return nil, malformed("entry %q of directory %d out of order", e.Entry.Name, e.Dir)
 		}
-		d := &t.dirs[e.Dir]
-		it := listed(d.rel, e.Entry, t.seen[len(t.seen)-1])
+		d := t.stack[len(t.stack)-1]
+		it := listed(d.rel, e.Entry, d.seen)
 		switch {
 		case it.err != nil:
 		case d.bad:
@@ -246,7 +268,13 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 			it.err = fmt.Errorf("%s/%s: %w", t.src, it.rel, &protocol.Error{Code: e.Code, Message: e.Message})
 		}
 		if e.Entry.Type == protocol.FileDir {
-			t.dirs = append(t.dirs, walkDir{rel: it.rel, parent: int(e.Dir), bad: it.err != nil})
+			if t.ndirs == math.MaxUint32 {
+				return nil, malformed("more than %d directories", t.ndirs)
+			}
+			id := t.ndirs
+			t.ndirs++
+			t.dirs[id] = &walkDir{id: id, rel: it.rel, parent: e.Dir, bad: it.err != nil}
+			d.kids = append(d.kids, id)
 		}
 		if e.Packed {
 			if e.Entry.Type != protocol.FileRegular || e.Code != 0 || e.Offset > w.Length || e.Entry.Size > w.Length-e.Offset ||

@@ -104,6 +104,9 @@ type manySummary struct {
 	Dirs      int `json:"dirs"`
 	Links     int `json:"symlinks"`
 	Unchanged int `json:"files_unchanged"`
+	// Of Unchanged: files an interrupted run of the same tree copy
+	// finished (its journal says so), skipped without being read.
+	SkippedDone int `json:"files_skipped_done"`
 	// Deleted: entries --delete removed (with --dry-run, would remove).
 	Deleted   int     `json:"deleted"`
 	DryRun    bool    `json:"dry_run,omitempty"`
@@ -193,6 +196,9 @@ func (t *tally) count(fr initiator.FileResult) {
 	case initiator.StatusUnchanged:
 		t.sum.OK++
 		t.sum.Unchanged++
+		if fr.Done {
+			t.sum.SkippedDone++
+		}
 	case initiator.StatusOK, initiator.StatusSame, initiator.StatusWouldCopy:
 		t.sum.OK++
 		t.sum.Bytes += fr.Bytes
@@ -287,7 +293,11 @@ func (t *tally) summary(secs float64) string {
 	if s.DryRun {
 		copied = "to copy"
 	}
-	fmt.Fprintf(&b, "%d %s, %d unchanged, %d failed, %d skipped", s.OK-s.Unchanged, copied, s.Unchanged, s.Failed, s.Skipped)
+	fmt.Fprintf(&b, "%d %s, %d unchanged", s.OK-s.Unchanged, copied, s.Unchanged)
+	if s.SkippedDone > 0 {
+		fmt.Fprintf(&b, " (%d already done by an interrupted run)", s.SkippedDone)
+	}
+	fmt.Fprintf(&b, ", %d failed, %d skipped", s.Failed, s.Skipped)
 	if s.Deleted > 0 || t.c.Bool("delete") {
 		deleted := "deleted"
 		if s.DryRun {

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Copies trees of 10k, 100k and 1M small files (default 1 KiB, in
+# directories of 100) over loopback with rdmacp cp -r and with an rsync
+# daemon, and prints each one's time and peak RSS (both ends), and
+# rsync's time divided by rdmacp's: the goal is >= 2x at every size, with
+# memory that stays flat as the tree grows.
+#
+#   bench/trees.sh [-s "10000 100000 1000000"] [-b BYTES] [-r RUNS] [-d DIR]
+#
+# DIR defaults to a new directory in /dev/shm (tmpfs: the disk is not
+# measured); a 1M-file tree of 1 KiB files takes 4 GiB there, twice over
+# while a copy exists. Peak RSS is GNU time's "Maximum resident set size"
+# of cp (rsync: of the client, its largest process) and of the daemon
+# (serve; rsync: the daemon and its per-connection child), each daemon
+# started afresh for each size. The trees are made with test/trees/gentree.
+set -euo pipefail
+sizes="10000 100000 1000000" bytes=1024 runs=3 dir=
+while getopts s:b:r:d: o; do
+  case $o in s) sizes=$OPTARG ;; b) bytes=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; *) exit 2 ;; esac
+done
+cd "$(dirname "$0")/.."
+for c in rsync /usr/bin/time; do
+  command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 1; }
+done
+[ -n "$dir" ] || dir=$(mktemp -d /dev/shm/rdmacp-trees.XXXXXX)
+pids=()
+trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null || true; done; wait; rm -rf "$dir"' EXIT
+bin=$dir/rdmacp gen=$dir/gentree
+go build -o "$bin" ./cmd/rdmacp
+go build -o "$gen" ./test/trees/gentree
+now() { date +%s.%N; }
+maxrss() { awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$1"; } # MiB
+median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+printf '%-9s %-7s %9s %12s %12s\n' files tool seconds "cp MiB" "daemon MiB"
+for n in $sizes; do
+  rm -rf "$dir/export"
+  "$gen" -files "$n" -per 100 -size "$bytes" "$dir/export/s"
+  port=$((20000 + RANDOM % 20000)) rport=$((port + 1))
+  /usr/bin/time -v -o "$dir/serve.time" "$bin" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level error &
+  spid=$!
+  cat >"$dir/rsyncd.conf" <<CONF
+port = $rport
+address = 127.0.0.1
+use chroot = false
+pid file = $dir/rsyncd.pid
+[data]
+  path = $dir/export
+  read only = true
+CONF
+  rm -f "$dir/rsyncd.pid"
+  /usr/bin/time -v -o "$dir/rsyncd.time" rsync --daemon --no-detach --config="$dir/rsyncd.conf" &
+  rpid=$!
+  pids=($spid $rpid)
+  sleep 1
+  declare -A t=() m=()
+  for round in $(seq 1 "$runs"); do
+    for tool in rdmacp rsync; do
+      rm -rf "$dir/out"
+      mkdir "$dir/out"
+      t0=$(now)
+      if [ $tool = rdmacp ]; then
+        /usr/bin/time -v -o "$dir/cp.time" "$bin" cp -r -q --transport iwarp-soft 127.0.0.1:$port:data/s "$dir/out/"
+      else
+        /usr/bin/time -v -o "$dir/cp.time" rsync -a rsync://127.0.0.1:$rport/data/s "$dir/out/"
+      fi
+      t1=$(now)
+      got=$(find "$dir/out/s" -type f | wc -l)
+      [ "$got" -eq "$n" ] || { echo "$tool: $got files, want $n" >&2; exit 1; }
+      t[$tool]="${t[$tool]:-} $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+      m[$tool]=$(maxrss "$dir/cp.time")
+    done
+  done
+  rm -rf "$dir/out"
+  # the daemons' peaks: serve on SIGTERM, rsync's on SIGTERM of its pid
+  pkill -TERM -P $spid || true
+  kill -TERM "$(cat "$dir/rsyncd.pid")" 2>/dev/null || true
+  wait $spid $rpid 2>/dev/null || true
+  pids=()
+  ms=$(maxrss "$dir/serve.time") mr=$(maxrss "$dir/rsyncd.time")
+  tr_=$(echo "${t[rdmacp]}" | median) ts=$(echo "${t[rsync]}" | median)
+  printf '%-9s %-7s %9s %12s %12s   (runs:%s)\n' "$n" rdmacp "$tr_" "${m[rdmacp]}" "$ms" "${t[rdmacp]}"
+  printf '%-9s %-7s %9s %12s %12s   (runs:%s)\n' "$n" rsync "$ts" "${m[rsync]}" "$mr" "${t[rsync]}"
+  awk -v r="$ts" -v p="$tr_" -v n="$n" 'BEGIN { printf "%-9s rsync / rdmacp: %.2fx\n", n, r / p }'
+  unset t m
+done
