@@ -118,8 +118,12 @@ func (ss *session) fileClosed(h *handle) {
 		if result == "" {
 			result = "not closed: the session ended"
 		}
-		ss.log.Info("served", "export", h.export.Name, "path", h.path, "size", h.size, "bytes", h.acc.bytes,
-			"alg", h.layoutAlg(), "duration", time.Since(h.acc.at).Round(time.Microsecond).String(), "result", result)
+		attrs := []any{"export", h.export.Name, "path", h.path, "size", h.size, "bytes", h.acc.bytes,
+			"alg", h.layoutAlg(), "duration", time.Since(h.acc.at).Round(time.Microsecond).String(), "result", result}
+		if h.wd != nil {
+			attrs = append(attrs, "hashed", h.wd.hashed.Load())
+		}
+		ss.log.Info("served", attrs...)
 	}
 }
 

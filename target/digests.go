@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -32,6 +33,9 @@ type winDigests struct {
 	per   int  // chunks per window
 	key   chunker.Key
 	keyed bool // key is good for the store and the cache
+	// hashed counts the file bytes read to hash (holes and stored or
+	// cached windows cost nothing), for the access log.
+	hashed atomic.Int64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -190,6 +194,7 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 	}
 	wd.srv.met.hashSeconds.Add(time.Since(start).Seconds())
 	wd.srv.met.hashBytes.Add(float64(read))
+	wd.hashed.Add(read)
 	wd.save(first, b, start)
 	return b, nil
 }
