@@ -134,6 +134,18 @@ func (c *Cache) putLocked(k Key, d Digests) {
 	}
 }
 
+// Drop forgets the digests cached under k (a digest of them was found
+// wrong).
+func (c *Cache) Drop(k Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[k]; ok {
+		c.size -= cost(e.Value.(*cacheEntry).d)
+		c.lru.Remove(e)
+		delete(c.entries, k)
+	}
+}
+
 // Len is the number of cached entries.
 func (c *Cache) Len() int {
 	c.mu.Lock()

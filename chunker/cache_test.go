@@ -459,3 +459,25 @@ func TestKeyFor(t *testing.T) {
 type fakeInfo struct{ os.FileInfo }
 
 func (fakeInfo) Sys() any { return nil }
+
+func TestCacheDrop(t *testing.T) {
+	c := NewCache(1<<20, 1)
+	d, err := MakeDigests(CRC32C, 2, make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, k2 := Key{Ino: 1, Alg: CRC32C}, Key{Ino: 2, Alg: CRC32C}
+	c.Put(k1, d)
+	c.Put(k2, d)
+	c.Drop(k1)
+	c.Drop(Key{Ino: 3}) // not there: nothing happens
+	if _, ok := c.Get(k1); ok {
+		t.Fatal("dropped digests still cached")
+	}
+	if _, ok := c.Get(k2); !ok || c.Len() != 1 {
+		t.Fatalf("Drop took other digests too: %d left", c.Len())
+	}
+	if c.size != cost(d) {
+		t.Fatalf("size %d after Drop, want %d", c.size, cost(d))
+	}
+}

@@ -332,8 +332,19 @@ func (wd *winDigests) suspect(ctx context.Context, i int) ([]byte, error) {
 	if st := wd.srv.cfg.Digests; st != nil && wd.keyed {
 		st.Drop(wd.key.Dev, wd.key.Ino)
 	}
+	if wd.keyed {
+		wd.srv.cfg.Cache.Drop(wd.key)
+	}
+	fresh, err := chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
 	wd.mu.Lock()
+	defer wd.mu.Unlock()
 	wd.tainted = true
-	wd.mu.Unlock()
-	return chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
+	// A window still held keeps the bad digest: a later Digests for the
+	// chunk (a reconnect's) must get the one just hashed.
+	if b, ok := wd.wins[i/wd.per]; ok && err == nil {
+		first, _ := wd.span(i / wd.per)
+		size := wd.alg.Size()
+		copy(b[(i-first)*size:(i-first+1)*size], fresh)
+	}
+	return fresh, err
 }

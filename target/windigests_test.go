@@ -217,6 +217,11 @@ func TestSuspectDropsStoredDigests(t *testing.T) {
 	if n := st.dropped.Load(); n != 1 {
 		t.Fatalf("store dropped %d times, want 1", n)
 	}
+	// A later Digests for the chunk (a reconnect's, a second pass) gets
+	// the file's digest, not the store's held in the window.
+	if got := digestsOf(t, p, h, 3, 1, 4); !bytes.Equal(got, r.Digests) {
+		t.Fatalf("Digests after Suspect: %x, want %x", got, r.Digests)
+	}
 }
 
 // lyingStore holds a wrong digest for every chunk until dropped.
