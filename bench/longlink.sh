@@ -30,7 +30,7 @@ if [ -n "${RDMACP_BIN:-}" ]; then cp "$RDMACP_BIN" "$work/rdmacp"; else go build
 go build -o "$work/linkemu" ./test/linkemu
 go build -o "$work/compete" ./test/longlink/compete
 mkdir -p "$work/src"
-truncate -s "$size" "$work/src/f"
+{ yes rdmacp || true; } | head -c "$size" >"$work/src/f" # data, not holes: a target sends no holes
 head -c 32 /dev/urandom | base64 >"$work/secret"
 chmod 0600 "$work/secret"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rails: one cp of a sparse file over one rail, then over two, between two
+# Rails: one cp of a file over one rail, then over two, between two
 # network namespaces joined by two veth pairs, each limited with tbf on
 # the target's side (READ responses flow target -> initiator). Rounds
 # alternate one rail / two rails, side by side; prints each copy's MB/s,
@@ -47,7 +47,7 @@ for r in "$rate" "$rate2"; do
   ip netns exec $t tc qdisc replace dev bt$k root tbf rate "$r" burst "$(burst "$r")b" latency 50ms
   k=$((k + 1))
 done
-truncate -s "${size}M" "$work/f"
+{ yes rdmacp || true; } | head -c "${size}M" >"$work/f" # data, not holes: a target sends no holes
 echo rails-bench-secret >"$work/secret"; chmod 600 "$work/secret"
 ip netns exec $t "$bin" serve --export data="$work" --secret-file "$work/secret" --listen 10.86.1.1:7362 2>"$work/s1.log" &
 ip netns exec $t "$bin" serve --export data="$work" --secret-file "$work/secret" --listen 10.86.1.1:7363 --listen 10.86.2.1:7363 2>"$work/s2.log" &
@@ -61,7 +61,7 @@ for l in sys.stdin:
         print("%.1f" % d["mb_per_s"], " ".join("%s=%dMiB" % (r["remote"], r["bytes"]>>20) for r in d.get("rails") or []))'
 }
 one=() two=()
-echo "rails: ${size} MiB sparse file, rails $rate and $rate2, $runs rounds"
+echo "rails: ${size} MiB file, rails $rate and $rate2, $runs rounds"
 for n in $(seq "$runs"); do
   a=$(copy 10.86.1.1:7362); b=$(copy 10.86.1.1:7363)
   echo "round $n: one rail ${a%% *} MB/s; two rails $b"

@@ -168,19 +168,27 @@ func (l *link) cp(b bins, secret string, flags ...string) float64 {
 	return 0
 }
 
-// source makes a sparse file of size bytes and a secret.
+// source makes a file of size bytes of data (not sparse: a target
+// sends no holes, so a sparse source would cross the link as nothing)
+// and a secret.
 func source(t *testing.T, b bins, size int64) (dir, secret string) {
 	t.Helper()
 	dir = t.TempDir()
-	if err := os.Truncate(filepath.Join(dir, "f"), size); err != nil {
-		f, err := os.Create(filepath.Join(dir, "f"))
-		if err != nil {
+	f, err := os.Create(filepath.Join(dir, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i*7 + 1)
+	}
+	for n := size; n > 0; n -= int64(len(buf)) {
+		if _, err := f.Write(buf[:min(n, int64(len(buf)))]); err != nil {
 			t.Fatal(err)
 		}
-		f.Close()
-		if err := os.Truncate(filepath.Join(dir, "f"), size); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
 	}
 	secret = filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte("longlink-suite-secret-0123456789"), 0o600); err != nil {

@@ -185,16 +185,35 @@ func (l *lab) cp(t *testing.T, timeout time.Duration, during func(), args ...str
 	return sum
 }
 
-// sparse makes a file of n bytes that reads as zeros and takes no disk.
-func sparse(t *testing.T, path string, n int64) {
+// dense makes a file of n bytes of data. Not a sparse file: a target
+// sends no holes (digests by window), so a sparse source would move
+// nothing over the rails.
+func dense(t *testing.T, path string, n int64) {
+	t.Helper()
+	if err := writeDense(path, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeDense writes n bytes of a non-zero pattern to path.
+func writeDense(path string, n int64) error {
 	f, err := os.Create(path)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	defer f.Close()
-	if err := f.Truncate(n); err != nil {
-		t.Fatal(err)
+	buf := make([]byte, 1<<20)
+	for i := range buf {
+		buf[i] = byte(i*7 + 1)
 	}
+	for n > 0 {
+		k := min(n, int64(len(buf)))
+		if _, err := f.Write(buf[:k]); err != nil {
+			f.Close()
+			return err
+		}
+		n -= k
+	}
+	return f.Close()
 }
 
 // TestTwoRailsDoubleRate: two rails limited to 1 Gbit/s each carry one
@@ -206,7 +225,7 @@ func TestTwoRailsDoubleRate(t *testing.T) {
 	const size = 512 << 20
 	l := newLab(t, "1gbit")
 	dir := t.TempDir()
-	sparse(t, filepath.Join(dir, "f"), size)
+	dense(t, filepath.Join(dir, "f"), size)
 	one := l.serve(t, dir)
 	two := l.serveOn(t, dir, 7363)
 	var r1, r2 []float64
