@@ -48,6 +48,9 @@ type journal struct {
 	f    *os.File // nil: read only, for a run without Partial
 	w    *bufio.Writer
 	done []uint64 // sorted: the files an earlier run finished
+	// whole is where the last whole line read ends: a torn tail past it
+	// is cut off before appending, or nothing appended would be read.
+	whole int64
 }
 
 const journalMagic = "rdmacp-tree-journal 1 "
@@ -118,6 +121,12 @@ func openJournal(top, src string, write bool) (*journal, error) {
 	if err != nil {
 		return nil, err
 	}
+	if old == src && j.whole > 0 {
+		if err := f.Truncate(j.whole); err != nil { // a torn tail
+			f.Close()
+			return nil, &fs.PathError{Op: "truncate", Path: p, Err: err}
+		}
+	}
 	j.f, j.w = f, bufio.NewWriterSize(f, 64<<10)
 	if old != src {
 		j.w.WriteString(journalMagic + strconv.Quote(src) + "\n")
@@ -142,9 +151,11 @@ func (j *journal) read() error {
 	}
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 64<<10)
-	if _, err := r.ReadString('\n'); err != nil { // the header
+	head, err := r.ReadString('\n')
+	if err != nil { // the header
 		return nil
 	}
+	j.whole = int64(len(head))
 	var line [17]byte
 	for {
 		if _, err := io.ReadFull(r, line[:]); err != nil {
@@ -155,6 +166,7 @@ func (j *journal) read() error {
 			break
 		}
 		j.done = append(j.done, k)
+		j.whole += int64(len(line))
 	}
 	slices.Sort(j.done)
 	j.done = slices.Compact(j.done)
