@@ -53,7 +53,7 @@ func serveCommand() *cli.Command {
 			metricsFlag(),
 			stateDirFlag(),
 			maxStateSizeFlag(),
-			&cli.BoolFlag{Name: "no-persist-digests", Usage: "keep chunk digests in memory only: hash every file again after a restart"},
+			&cli.BoolFlag{Name: "no-persist-digests", Usage: "keep chunk digests in memory only (64 MiB of them at most, the least recently used going first): hash every file again after a restart"},
 			&cli.BoolFlag{Name: "prehash", Usage: "once listening, hash every exported file not already in the state directory, in the background at low priority"},
 		}, transportFlags()...),
 		Action: runServe,
@@ -324,11 +324,7 @@ func runServe(c *cli.Context) error {
 		return err
 	}
 	ln := target.Listeners(lns...)
-	var digests chunker.Store
-	if store != nil {
-		digests = store // a nil *DirStore is not a nil Store
-	}
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: digests,
+	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: store,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
 		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
 		DrainTimeout: drainTimeout, Logger: log,
@@ -358,9 +354,10 @@ func runServe(c *cli.Context) error {
 	}
 	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
 	go reloadOnHUP(c, srv, log)
-	if c.Bool("prehash") {
+	// digestStore gives --prehash a DirStore or an error.
+	if dir, ok := store.(*chunker.DirStore); ok && c.Bool("prehash") {
 		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
-		go prehash(c.Context, log, store, max, alg, cs, exports)
+		go prehash(c.Context, log, dir, max, alg, cs, exports)
 	}
 	err = srv.Serve(c.Context, ln)
 	log.Info("stopped")
@@ -368,16 +365,18 @@ func runServe(c *cli.Context) error {
 }
 
 // digestStore opens the state directory where digests persist, unless
-// --no-persist-digests. A state directory given (--state-dir or its key)
-// that cannot be used is an error; the default one only a warning, so
+// --no-persist-digests: then they are kept in memory, for the life of the
+// daemon, so that an unchanged file served again is still not hashed
+// again. A state directory given (--state-dir or its key) that cannot be
+// used is an error; the default one only a warning, and memory too, so
 // that a daemon set up before digests persisted (a unit file without
 // StateDirectory=, where /var/lib is read-only) still starts.
-func digestStore(c *cli.Context, log *slog.Logger) (*chunker.DirStore, error) {
+func digestStore(c *cli.Context, log *slog.Logger) (chunker.Store, error) {
 	if c.Bool("no-persist-digests") {
 		if c.Bool("prehash") {
 			return nil, usagef("--prehash needs persisted digests: drop --no-persist-digests")
 		}
-		return nil, nil
+		return chunker.NewMemStore(chunker.DefaultMemStoreMax), nil
 	}
 	s, err := openStateDir(c)
 	var ue usageError
@@ -388,8 +387,8 @@ func digestStore(c *cli.Context, log *slog.Logger) (*chunker.DirStore, error) {
 	case errors.As(err, &ue), c.IsSet("state-dir"), c.Bool("prehash"):
 		return nil, err
 	}
-	log.Warn("digests will not persist across restarts: the default state directory is not usable; give --state-dir, or --no-persist-digests to silence this", "err", err)
-	return nil, nil
+	log.Warn("digests will not persist across restarts, only in memory: the default state directory is not usable; give --state-dir, or --no-persist-digests to silence this", "err", err)
+	return chunker.NewMemStore(chunker.DefaultMemStoreMax), nil
 }
 
 // On SIGTERM or SIGINT the daemon exits within about two seconds
