@@ -93,7 +93,8 @@ func newMetrics(s *Server) *metrics {
 // to gather.
 func (s *Server) Registry() *prometheus.Registry { return s.met.reg }
 
-// refused counts a refusal for reason: "auth", "limits" or "busy".
+// refused counts a refusal for reason: "auth", "limits", "evicted" or
+// "busy".
 func (m *metrics) refused(reason string) { m.refusals.WithLabelValues(reason).Inc() }
 
 // handshakeFailed counts a handshake that failed authentication or found

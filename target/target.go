@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -329,9 +330,28 @@ type slot struct {
 	ip       string
 	deadline time.Time // for the handshake: HelloTimeout after the request
 	authed   bool
+	// ctx is the handshake's, and the session's after it; evict cancels
+	// it (under mu, and only before authentication: see admit). evicted:
+	// the slot was given to another address's connection and counts no
+	// more.
+	ctx     context.Context
+	evict   context.CancelFunc
+	evicted bool
 }
 
-type peerCount struct{ handshakes, sessions int }
+// A peerCount is what one IP address holds: its handshakes, oldest
+// first, and its sessions.
+type peerCount struct {
+	pending  []*slot
+	sessions int
+}
+
+func (pc *peerCount) handshakes() int { return len(pc.pending) }
+
+// drop takes sl out of pc's handshakes.
+func (pc *peerCount) drop(sl *slot) {
+	pc.pending = slices.DeleteFunc(pc.pending, func(x *slot) bool { return x == sl })
+}
 
 // Fair shares of the window budget. Every authenticated session is
 // entitled to share() of it: the budget over the sessions there are, or
@@ -739,7 +759,11 @@ func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
 	}
 	switch p.Kind {
 	case protocol.KindControl:
-		sl, why := s.admit(ip)
+		sl, evicted, why := s.admit(ctx, ip)
+		if evicted != "" {
+			s.met.refused("evicted")
+			s.hush.note(evicted, "handshakes", "were cut short for another address's: "+whyHandshakes, nil)
+		}
 		if why != "" {
 			s.met.refused("limits")
 			s.hush.note(ip, "handshakes", "were refused: "+why, nil)
@@ -776,12 +800,13 @@ func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
 // handshake sets up a session on an admitted control connection and
 // runs it; its slot is freed when it ends.
 func (s *Server) handshake(ctx context.Context, req verbs.ConnRequest, sl *slot, log *slog.Logger) {
-	ss, err := s.newSession(ctx, req, log, sl.deadline)
+	defer sl.evict()
+	ss, err := s.newSession(sl.ctx, req, log, sl.deadline)
 	if err != nil {
 		s.mu.Lock()
 		s.unslot(sl)
 		s.mu.Unlock()
-		if ctx.Err() == nil {
+		if sl.ctx.Err() == nil {
 			s.handshakeFailed(sl.ip, err)
 		}
 		return
@@ -790,7 +815,7 @@ func (s *Server) handshake(ctx context.Context, req verbs.ConnRequest, sl *slot,
 	s.sessions[ss.token] = ss
 	s.slots[ss] = sl
 	s.mu.Unlock()
-	ss.run(ctx)
+	ss.run(sl.ctx)
 	s.mu.Lock()
 	delete(s.sessions, ss.token)
 	delete(s.slots, ss)
@@ -810,7 +835,16 @@ const (
 // admit takes a handshake slot for a control connection from ip, or
 // says why there is none. A target whose sessions are all taken refuses
 // at once too: the handshake could only end in the same refusal.
-func (s *Server) admit(ip string) (*slot, string) {
+//
+// The handshakes in progress are shared out by address, max-min fair:
+// when all MaxHandshakes are taken, a connection from an address holding
+// fewer of them than another by at least two takes the oldest handshake
+// of the address holding the most, which ends at once (its QP closes).
+// So a flood from many addresses, each within MaxHandshakesPerAddr, can
+// fill the slots but not keep a client from another address out: it
+// gets one, and its Hello is answered. evicted names the address that
+// lost one ("" if none).
+func (s *Server) admit(ctx context.Context, ip string) (sl *slot, evicted, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pc := s.peers[ip]
@@ -818,19 +852,45 @@ func (s *Server) admit(ip string) (*slot, string) {
 		pc = &peerCount{}
 	}
 	switch {
-	case s.handshakes >= s.cfg.MaxHandshakes:
-		return nil, whyHandshakes
-	case pc.handshakes >= s.cfg.MaxHandshakesPerAddr:
-		return nil, whyHandshakesByAddr
+	case pc.handshakes() >= s.cfg.MaxHandshakesPerAddr:
+		return nil, "", whyHandshakesByAddr
 	case s.authed >= s.cfg.MaxSessions:
-		return nil, whySessions
+		return nil, "", whySessions
 	case pc.sessions >= s.cfg.MaxSessionsPerAddr:
-		return nil, whySessionsByAddr
+		return nil, "", whySessionsByAddr
+	case s.handshakes >= s.cfg.MaxHandshakes:
+		victim := s.mostHandshakes()
+		if victim == nil || victim.handshakes() < pc.handshakes()+2 {
+			return nil, "", whyHandshakes
+		}
+		evicted = victim.pending[0].ip
+		s.evict(victim.pending[0])
 	}
 	s.peers[ip] = pc
-	pc.handshakes++
+	sl = &slot{ip: ip, deadline: time.Now().Add(s.cfg.HelloTimeout)}
+	sl.ctx, sl.evict = context.WithCancel(ctx)
+	pc.pending = append(pc.pending, sl)
 	s.handshakes++
-	return &slot{ip: ip, deadline: time.Now().Add(s.cfg.HelloTimeout)}, ""
+	return sl, evicted, ""
+}
+
+// mostHandshakes is the address holding the most handshakes (under mu).
+func (s *Server) mostHandshakes() *peerCount {
+	var most *peerCount
+	for _, pc := range s.peers {
+		if pc.handshakes() > 0 && (most == nil || pc.handshakes() > most.handshakes()) {
+			most = pc
+		}
+	}
+	return most
+}
+
+// evict ends handshake sl for another's sake: its place is free at once,
+// and its goroutine, cancelled, releases the rest (under mu).
+func (s *Server) evict(sl *slot) {
+	s.unslot(sl)
+	sl.evicted = true
+	sl.evict()
 }
 
 // promote turns ss's handshake slot into a session's, or says why the
@@ -842,6 +902,9 @@ func (s *Server) promote(ss *session) error {
 	if sl == nil || sl.authed {
 		return nil
 	}
+	if sl.evicted {
+		return fullError(whyHandshakes)
+	}
 	pc := s.peers[sl.ip]
 	switch {
 	case s.authed >= s.cfg.MaxSessions:
@@ -850,24 +913,27 @@ func (s *Server) promote(ss *session) error {
 		return fullError(whySessionsByAddr)
 	}
 	s.handshakes--
-	pc.handshakes--
+	pc.drop(sl)
 	s.authed++
 	pc.sessions++
 	sl.authed = true
 	return nil
 }
 
-// unslot frees sl (under mu).
+// unslot frees sl (under mu); an evicted slot was freed already.
 func (s *Server) unslot(sl *slot) {
+	if sl.evicted {
+		return
+	}
 	pc := s.peers[sl.ip]
 	if sl.authed {
 		s.authed--
 		pc.sessions--
 	} else {
 		s.handshakes--
-		pc.handshakes--
+		pc.drop(sl)
 	}
-	if pc.handshakes == 0 && pc.sessions == 0 {
+	if pc.handshakes() == 0 && pc.sessions == 0 {
 		delete(s.peers, sl.ip)
 	}
 }

@@ -35,17 +35,17 @@ import (
 
 const (
 	floodConns   = 200              // connections the flood keeps trying to hold
-	floodAddrs   = 4                // flood sources: 127.0.0.2 .. 127.0.0.(1+floodAddrs)
+	floodAddrs   = 10               // flood sources: 127.0.0.2 .. 127.0.0.(1+floodAddrs); 10 × 16 > MaxHandshakes
 	floodFor     = 30 * time.Second // how long the flood lasts (six hello timeouts)
 	helloTimeout = 5 * time.Second
 	copies       = 8
 	copySize     = 16 << 20
-	copyLimit    = 45 * time.Second // each copy, flood and all
+	copyLimit    = 20 * time.Second // each copy, flood and all: well inside the flood (it ends 24 s after they start)
 
 	// Bounds the daemon must keep during the flood.
-	maxFloodRSS = 64 << 20         // bytes, the flood alone (before the copies)
-	maxRSS      = 256 << 20        // bytes, flood and copies: 8 × 16 MiB of windows mapped
-	maxFDs      = 300              // flood: 4 × 16 handshakes held, plus 8 sessions and the rejects in flight
+	maxFloodRSS = 96 << 20         // bytes, the flood alone (before the copies): 128 handshakes held, 33-55 MiB seen
+	maxRSS      = 320 << 20        // bytes, flood and copies: 8 × 16 MiB of windows mapped; 182-232 MiB seen
+	maxFDs      = 350              // every flood connection at once (200), 8 sessions × 5 sockets, the baseline; 188-260 seen
 	maxLogRate  = 20.0             // lines per second
 	settleLimit = 15 * time.Second // for fds to come back to the baseline after the flood
 )

@@ -4,10 +4,11 @@
 # in count and time. About 70 s on 2 cores. Each test prints a table of
 # its figures.
 #   - a 30 s flood of 200 connections that complete the MPA exchange and
-#     never send Hello (from 127.0.0.2-5), while 8 copies run from
-#     127.0.0.1: every copy byte-exact; the daemon's RSS and descriptors
-#     under their bounds, descriptors back to the baseline after; fewer
-#     than 20 log lines a second.
+#     never send Hello (from 127.0.0.2-11: they fill all 128 handshake
+#     slots), while 8 copies run from 127.0.0.1: every copy byte-exact
+#     within 20 s; the daemon's RSS and descriptors under their bounds,
+#     descriptors back to the baseline after; fewer than 20 log lines a
+#     second.
 #   - a single-file export swapped after start (a symlink to a secret,
 #     then another regular file): refused, exit 5, nothing at DEST.
 #   - a procfs file (exported itself, and bind-mounted into a directory
