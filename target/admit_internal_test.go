@@ -93,3 +93,20 @@ func TestEvictedHandshakeNotPromoted(t *testing.T) {
 		t.Errorf("%d sessions counted", s.authed)
 	}
 }
+
+// IPv6 peers are counted by /64: a flood spread over one host's /64
+// meets the per-address cap as one address would.
+func TestPeerGroup(t *testing.T) {
+	for ip, want := range map[string]string{
+		"192.0.2.7":            "192.0.2.7",
+		"::ffff:192.0.2.7":     "::ffff:192.0.2.7",
+		"2001:db8:1:2:3:4:5:6": "2001:db8:1:2::/64",
+		"2001:db8:1:2:ffff::9": "2001:db8:1:2::/64",
+		"fe80::1%eth0":         "fe80::/64",
+		"not an address":       "not an address",
+	} {
+		if got := peerGroup(ip); got != want {
+			t.Errorf("peerGroup(%q) = %q, want %q", ip, got, want)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"sort"
@@ -319,6 +320,7 @@ type Server struct {
 	handshakes int // slots not yet authenticated
 	authed     int // slots authenticated: the sessions MaxSessions counts
 	peers      map[string]*peerCount
+	admitted   uint64 // handshakes admitted, ever: their order
 	hush       *hushLog
 	met        *metrics
 
@@ -337,6 +339,7 @@ type slot struct {
 	ctx     context.Context
 	evict   context.CancelFunc
 	evicted bool
+	seq     uint64 // admission order
 }
 
 // A peerCount is what one IP address holds: its handshakes, oldest
@@ -759,7 +762,7 @@ func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
 	}
 	switch p.Kind {
 	case protocol.KindControl:
-		sl, evicted, why := s.admit(ctx, ip)
+		sl, evicted, why := s.admit(ctx, peerGroup(ip))
 		if evicted != "" {
 			s.met.refused("evicted")
 			s.hush.note(evicted, "handshakes", "were cut short for another address's: "+whyHandshakes, nil)
@@ -867,18 +870,25 @@ func (s *Server) admit(ctx context.Context, ip string) (sl *slot, evicted, why s
 		s.evict(victim.pending[0])
 	}
 	s.peers[ip] = pc
-	sl = &slot{ip: ip, deadline: time.Now().Add(s.cfg.HelloTimeout)}
+	s.admitted++
+	sl = &slot{ip: ip, deadline: time.Now().Add(s.cfg.HelloTimeout), seq: s.admitted}
 	sl.ctx, sl.evict = context.WithCancel(ctx)
 	pc.pending = append(pc.pending, sl)
 	s.handshakes++
 	return sl, evicted, ""
 }
 
-// mostHandshakes is the address holding the most handshakes (under mu).
+// mostHandshakes is the address holding the most handshakes, of those
+// the one whose oldest is oldest (under mu).
 func (s *Server) mostHandshakes() *peerCount {
 	var most *peerCount
 	for _, pc := range s.peers {
-		if pc.handshakes() > 0 && (most == nil || pc.handshakes() > most.handshakes()) {
+		n := pc.handshakes()
+		if n == 0 {
+			continue
+		}
+		if most == nil || n > most.handshakes() ||
+			n == most.handshakes() && pc.pending[0].seq < most.pending[0].seq {
 			most = pc
 		}
 	}
@@ -984,6 +994,18 @@ func (s *Server) peerOf(ss *session) string {
 }
 
 // peerIP is addr's host: limits and log lines are per IP address.
+// peerGroup is what the admission limits count "per address": the IPv4
+// address, or the /64 an IPv6 address is in (one host's share of a
+// network: a peer given a /64 has 2^64 addresses to spread a flood over).
+func peerGroup(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || a.Unmap().Is4() {
+		return ip
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
+}
+
 func peerIP(addr string) string {
 	if h, _, err := net.SplitHostPort(addr); err == nil {
 		return h
