@@ -214,7 +214,9 @@ func recv(args []string) error {
 	n := fs.Int("n", 4, "parallel TCP streams to accept")
 	out := fs.String("o", "", "file mode: the destination file")
 	doSync := fs.Bool("fsync", true, "file mode: fsync the destination before reporting")
+	ring := fs.Int("ring", bufSize, "memory mode: each stream reads into the next MiB of a ring of this many bytes (as READs land in their own slots: 4 MiB for rdmacp bench's 4 x 1 MiB per QP)")
 	fs.Parse(args)
+	ringSize = max(*ring/bufSize, 1) * bufSize
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -289,10 +291,15 @@ func recv(args []string) error {
 	return nil
 }
 
+// ringSize is recv's -ring: the memory each stream reads into, a MiB at
+// a time in turn.
+var ringSize = bufSize
+
 func recvStream(c net.Conn, h header, f *os.File, total *atomic.Int64) error {
-	buf := make([]byte, bufSize)
+	ring := make([]byte, ringSize)
 	off := int64(h.Offset)
-	for {
+	for next := 0; ; next = (next + bufSize) % len(ring) {
+		buf := ring[next : next+bufSize]
 		k, err := io.ReadFull(c, buf)
 		if k > 0 {
 			if f != nil {
