@@ -74,8 +74,9 @@ type Piece struct {
 }
 
 // Devices is a QPs whose slots are on several devices: Device is the
-// index of slot i's device, into Piece.LKeys. The device of a slot never
-// changes (a replacement QP is made on the same one).
+// index of slot i's device, into Piece.LKeys. The engine asks at every
+// post, so a slot may move to another device, but only while it has no
+// live QP (its replacement is being dialled elsewhere).
 type Devices interface {
 	Device(i int) int
 }
