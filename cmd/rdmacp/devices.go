@@ -17,7 +17,8 @@ import (
 // over the devices, rail i on device i (to the target's address i, when
 // it listens on several): see initiator/devices.go. `serve -d a,b` opens
 // the devices and binds each --listen address on the one that owns it;
-// without -d, an address another device owns opens that device.
+// without -d, an address another device owns opens that device (with
+// -d naming one, such an address is an error, as before).
 
 // deviceNames is -d split at commas: [""] when not given (the provider
 // picks).
@@ -84,7 +85,7 @@ func openMore(c *cli.Context, dev verbs.Device) ([]verbs.Device, error) {
 
 // serveDevices is where serve listens: each address on the first of
 // devs that owns it (a device refuses, as invalid, an address another
-// device owns); when none does and -d named no list, on another active
+// device owns); when none does and -d was not given, on another active
 // device of the same provider, which it opens. It returns the listeners,
 // each tagged with its device (target.OnDevice), and every device
 // opened, devs first; on error it has closed what it opened.
@@ -101,7 +102,7 @@ func serveDevices(ctx context.Context, c *cli.Context, devs []verbs.Device, addr
 	}
 	for _, a := range addrs {
 		ln, d, err := listenOn(ctx, devs, a)
-		if err != nil && errors.Is(err, verbs.ErrInvalid) && len(deviceNames(c)) == 1 {
+		if err != nil && errors.Is(err, verbs.ErrInvalid) && c.String("device") == "" {
 			more := otherDevices(ctx, c, devs)
 			devs = append(devs, more...)
 			if len(more) > 0 {
