@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -143,5 +144,99 @@ func TestDeviceTwice(t *testing.T) {
 	_, err := initiator.Dial(context.Background(), "127.0.0.1:1", initiator.Config{Device: d, MoreDevices: []verbs.Device{d}})
 	if err == nil {
 		t.Fatal("a device listed twice was taken")
+	}
+}
+
+// devTargetTelling is devTarget whose initiators are told addresses
+// told(real) instead of its listeners'.
+func devTargetTelling(t *testing.T, told func(real []string) []string) (dir string, addr string) {
+	t.Helper()
+	dir = t.TempDir()
+	devs := []verbs.Device{open(t, iwarp.New(iwarp.Config{})), open(t, iwarp.New(iwarp.Config{}))}
+	ctx, cancel := context.WithCancel(context.Background())
+	var lns []verbs.Listener
+	for k, a := range []string{"127.0.0.1:0", "127.0.0.2:0"} {
+		ln, err := devs[k].Listen(ctx, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, target.OnDevice(devs[k], ln))
+	}
+	srv, err := target.New(target.Config{Device: devs[0], Exports: []target.Export{{Name: "data", Path: dir}},
+		ChunkSize: 64 << 10, MaxWindow: 256 << 10, DataAddrs: told(target.DataAddrs(lns))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ml := target.Listeners(lns...)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ml) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		ml.Close()
+	})
+	return dir, lns[0].Addr()
+}
+
+// A device's rail that can't connect at the start is dropped; its slots
+// join on the other device's rail, and their READs name that device's
+// keys.
+func TestDeviceRailDeadAtStart(t *testing.T) {
+	dead, err := net.Listen("tcp", "127.0.0.5:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	dir, addr := devTargetTelling(t, func(real []string) []string { return []string{real[0], deadAddr} })
+	var recovered atomic.Int32
+	s := devDial(t, addr, &recovered)
+	railCopy(t, s, dir, 4<<20)
+	rails := s.Rails()
+	if len(rails) != 2 || rails[1].Down == "" || rails[1].QPs != 0 || rails[0].QPs != 4 || rails[0].Bytes != s.BytesRead() {
+		t.Fatalf("rails %+v: want the second device's down, its QPs on the first", rails)
+	}
+	if n := recovered.Load(); n != 0 {
+		t.Errorf("%d recoveries: a READ used another device's key", n)
+	}
+}
+
+// The QPs of one device die mid-copy: their READs go to the other
+// device's QPs (with its keys), they are replaced on their own device,
+// and the copy is byte-exact.
+func TestDeviceQPsDieMidCopy(t *testing.T) {
+	dir, addr := devTarget(t)
+	var recovered atomic.Int32
+	s := devDial(t, addr, &recovered)
+	want := randomFile(t, filepath.Join(dir, "f"), 16<<20)
+	dst := filepath.Join(t.TempDir(), "f")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	killed := false
+	_, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
+		if !killed && p.Bytes > 2<<20 {
+			killed = true
+			for _, i := range []int{1, 3} { // rail 1: the second device
+				if qp := initiator.DataQP(s, i); qp != nil {
+					qp.Disconnect()
+				}
+			}
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !killed {
+		t.Fatal("the copy ended before the QPs were killed")
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+		t.Fatal("copy differs")
+	}
+	if s.Reconnects() != 0 {
+		t.Errorf("%d reconnects: the other device's QPs should have carried on", s.Reconnects())
+	}
+	rails := s.Rails()
+	if len(rails) != 2 || rails[0].Bytes == 0 || rails[0].Bytes+rails[1].Bytes != s.BytesRead() {
+		t.Errorf("rails %+v, session read %d", rails, s.BytesRead())
 	}
 }
