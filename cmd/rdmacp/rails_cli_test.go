@@ -83,6 +83,9 @@ func TestDeviceListSoft(t *testing.T) {
 			t.Errorf("%v: exit %d, want 2 (usage) naming --bind: %s", args, code, errb)
 		}
 	}
+	if _, errb, code := run(t, "demo", "-d", "a,b"); code != 2 || !strings.Contains(errb, "one device") {
+		t.Errorf("demo -d a,b: exit %d, want 2 (usage): %s", code, errb)
+	}
 }
 
 // A config file's listen key takes a list, as --listen repeated.
