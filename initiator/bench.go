@@ -130,7 +130,7 @@ func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*Be
 	}
 
 	b := &bench{s: s, opt: opt, win: w, keys: &reads.Keys{RKeys: w.RKeys, Gens: gens}}
-	b.size = int(min(uint64(opt.Size), w.Length, s.cfg.Device.Caps().MaxMsgSize, 1<<31-1))
+	b.size = int(min(uint64(opt.Size), w.Length, s.maxMsgSize(), 1<<31-1))
 	if err := b.setup(); err != nil {
 		b.teardown()
 		return nil, err
@@ -181,7 +181,7 @@ func (b *bench) setup() error {
 	if b.stage, err = verbs.AllocBuffer(b.slots * b.size); err != nil {
 		return err
 	}
-	if b.mr, err = s.pd.RegMR(b.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+	if b.mr, err = s.regMR(b.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return err
 	}
 	b.positions = int(b.win.Length / uint64(b.size))
@@ -222,6 +222,7 @@ func (b *bench) piece() reads.Piece {
 	b.posted++
 	return reads.Piece{
 		Local:  verbs.SGE{Addr: b.mr.Addr() + uint64(slot*b.size), Length: uint32(b.size), LKey: b.mr.LKey()},
+		LKeys:  lkeys(b.mr),
 		Remote: b.win.Addr + uint64(pos)*uint64(b.size), Keys: b.keys,
 	}
 }

@@ -1004,6 +1004,7 @@ func (f *fetch) pieces(c *chunk) []reads.Piece {
 		ps = append(ps, reads.Piece{
 			Local: verbs.SGE{Addr: f.mr.Addr() + uint64(c.slot)*cs + uint64(off),
 				Length: uint32(min(f.readSize, c.n-off)), LKey: f.mr.LKey()},
+			LKeys:  lkeys(f.mr),
 			Remote: w.w.Addr + uint64(c.off+int64(off)) - w.w.Offset,
 			Keys:   w.keys,
 		})
@@ -1013,15 +1014,14 @@ func (f *fetch) pieces(c *chunk) []reads.Piece {
 
 func (f *fetch) setup() error {
 	s := f.s
-	caps := s.cfg.Device.Caps()
 	cs := int(f.layout.ChunkSize)
-	f.readSize = min(s.cfg.ReadSize, cs, int(min(caps.MaxMsgSize, 1<<30)))
+	f.readSize = min(s.cfg.ReadSize, cs, int(min(s.maxMsgSize(), 1<<30)))
 	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
 	var err error
 	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
 		return err
 	}
-	if f.mr, err = s.pd.RegMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+	if f.mr, err = s.regMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
 		f.stage.Free()
 		f.stage = nil
 		return err

@@ -229,7 +229,7 @@ func (s *Session) packSink(n int) (verbs.MR, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+	mr, err := s.regMR(b.Bytes(), verbs.AccessLocalWrite)
 	if err != nil {
 		b.Free()
 		return nil, nil, err
@@ -253,7 +253,7 @@ func (s *Session) reread(ctx context.Context, w protocol.Window, gens []uint32, 
 		return err
 	}
 	defer b.Free()
-	mr, err := s.pd.RegMR(b.Bytes(), verbs.AccessLocalWrite)
+	mr, err := s.regMR(b.Bytes(), verbs.AccessLocalWrite)
 	if err != nil {
 		return err
 	}
@@ -276,10 +276,10 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		s.bytesRead.Add(eng.BytesRead())
 	}()
 	keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
-	rs := uint64(min(s.cfg.ReadSize, int(min(s.cfg.Device.Caps().MaxMsgSize, 1<<30))))
+	rs := uint64(min(s.cfg.ReadSize, int(min(s.maxMsgSize(), 1<<30))))
 	for po := uint64(0); po < n; po += rs {
 		eng.Add(reads.Piece{Local: verbs.SGE{Addr: mr.Addr() + po, Length: uint32(min(rs, n-po)), LKey: mr.LKey()},
-			Remote: w.Addr + off + po, Keys: keys})
+			LKeys: lkeys(mr), Remote: w.Addr + off + po, Keys: keys})
 	}
 	if err := eng.Run(ctx); err != nil {
 		if ctx.Err() != nil {

@@ -305,7 +305,7 @@ func (u *upload) send(ctx context.Context, w *pwin) (*protocol.PushWindowReply, 
 	s := u.s
 	keys := make([]uint32, s.nqps)
 	for i := range keys {
-		keys[i] = w.mr.RKey()
+		keys[i] = rkeyOn(w.mr, s.railOf(i).dev) // the target READs over slot i's QP, on that device
 	}
 	m, err := s.call(ctx, &protocol.PushWindow{Handle: u.handle, Digests: w.digests,
 		Window: protocol.Window{Offset: uint64(w.off), Length: uint64(w.n), Addr: w.addr, RKeys: keys}})
@@ -387,7 +387,7 @@ func (u *upload) window(off, n int64) (w *pwin) {
 	}
 	w.mapping = mapping
 	data := mapping[off-moff:]
-	w.mr, err = u.s.pd.RegMR(mapping, verbs.AccessRemoteRead)
+	w.mr, err = u.s.regMR(mapping, verbs.AccessRemoteRead)
 	if errors.Is(err, syscall.EFAULT) {
 		// Some kernels can't pin a read-only file mapping: register a copy.
 		w.mr, data, err = u.stage(w)
@@ -422,6 +422,6 @@ func (u *upload) stage(w *pwin) (verbs.MR, []byte, error) {
 	if _, err := u.f.ReadAt(buf.Bytes(), w.off); err != nil {
 		return nil, nil, &fs.PathError{Op: "read", Path: u.src, Err: err}
 	}
-	mr, err := u.s.pd.RegMR(buf.Bytes(), verbs.AccessRemoteRead)
+	mr, err := u.s.regMR(buf.Bytes(), verbs.AccessRemoteRead)
 	return mr, buf.Bytes(), err
 }

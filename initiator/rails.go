@@ -15,9 +15,11 @@ import (
 )
 
 // Rails: a session's data QPs spread over several paths. A rail is a
-// pair (local address, target address): the local address picks the NIC
-// (Config.Bind), the target address the target's (its RailsReply, when
-// it listens on several). Slot i of the data QPs starts on rail
+// local device, a local address and a target address: the device is
+// one of the session's (Config.Device and MoreDevices: devices.go), the
+// local address picks the NIC (Config.Bind; "" lets the device use its
+// own), the target address the target's (its RailsReply, when it
+// listens on several). Slot i of the data QPs starts on rail
 // i mod rails; the READ engine gives each QP a new READ as one of its
 // own completes, so a rail gets READs in proportion to what it delivers.
 // A rail a QP can't connect over is dropped, with a warning, and its
@@ -25,7 +27,8 @@ import (
 
 // Rail is one path a session's data QPs take, and what it carried.
 type Rail struct {
-	Local  string `json:"local,omitempty"` // "" when the system chose
+	Device string `json:"device,omitempty"` // with several devices: the rail's
+	Local  string `json:"local,omitempty"`  // "" when the system (or the device) chose
 	Remote string `json:"remote"`
 	QPs    int    `json:"qps"`   // data QPs on it now
 	Bytes  int64  `json:"bytes"` // bytes its READs moved, this session
@@ -34,6 +37,8 @@ type Rail struct {
 
 // rail is the session's live view of a Rail.
 type rail struct {
+	dev           int    // index into the session's devices
+	device        string // its name, with several devices; else ""
 	local, remote string
 	bytes         atomic.Int64
 	mu            sync.Mutex
@@ -46,12 +51,26 @@ func (r *rail) isDown() bool {
 	return r.down != nil
 }
 
-// String names the rail as cp prints it: "10.1.1.1->10.1.1.2:7362".
+// String names the rail as cp prints it: "10.1.1.1->10.1.1.2:7362",
+// "mlx5_1->10.1.1.2:7362", "mlx5_1/10.1.1.1->10.1.1.2:7362".
 func (r *rail) String() string {
-	if r.local == "" {
-		return r.remote
+	return RailName(r.device, r.local, r.remote)
+}
+
+// RailName names a rail from its device (with several), local address
+// and target address.
+func RailName(device, local, remote string) string {
+	from := local
+	if device != "" {
+		from = device
+		if local != "" {
+			from += "/" + local
+		}
 	}
-	return r.local + "->" + r.remote
+	if from == "" {
+		return remote
+	}
+	return from + "->" + remote
 }
 
 // ValidateBind checks a Config.Bind list.
@@ -71,17 +90,25 @@ func ValidateBind(bind []string) error {
 	return nil
 }
 
-// planRails pairs the local addresses with the target's: rail i is
-// (locals[i mod L], remotes[i mod R]) for max(L, R) rails, so one local
-// address fans out to every target address, and N to N pair in order.
-func planRails(locals, remotes []string) []*rail {
+// planRails pairs the local devices and addresses with the target's
+// addresses: rail i is (devs[i mod D], locals[i mod L], remotes[i mod
+// R]) for max(D, L, R) rails, so one local path fans out to every target
+// address, and N to N pair in order: device i, with --bind's address i
+// (validateDevices asks for one per device), to the target's address
+// i. devs are the names of the session's devices when it has several,
+// else nil.
+func planRails(devs, locals, remotes []string) []*rail {
 	if len(locals) == 0 {
 		locals = []string{""}
 	}
-	n := max(len(locals), len(remotes))
+	n := max(len(devs), len(locals), len(remotes))
 	rs := make([]*rail, 0, n)
 	for i := range n {
-		rs = append(rs, &rail{local: locals[i%len(locals)], remote: remotes[i%len(remotes)]})
+		r := &rail{local: locals[i%len(locals)], remote: remotes[i%len(remotes)]}
+		if len(devs) > 0 {
+			r.dev, r.device = i%len(devs), devs[i%len(devs)]
+		}
+		rs = append(rs, r)
 	}
 	return rs
 }
@@ -115,7 +142,7 @@ func (s *Session) setRails(ctx context.Context) error {
 		return err
 	}
 	if s.rails == nil {
-		s.rails = planRails(s.cfg.Bind, remotes)
+		s.rails = planRails(s.deviceNames(), s.cfg.Bind, remotes)
 		return nil
 	}
 	for _, r := range s.rails {
@@ -262,7 +289,7 @@ func pathErr(err error) bool {
 func (s *Session) Rails() []Rail {
 	out := make([]Rail, len(s.rails))
 	for k, r := range s.rails {
-		out[k] = Rail{Local: r.local, Remote: r.remote, Bytes: r.bytes.Load()}
+		out[k] = Rail{Device: r.device, Local: r.local, Remote: r.remote, Bytes: r.bytes.Load()}
 		r.mu.Lock()
 		if r.down != nil {
 			out[k].Down = r.down.Error()
@@ -288,6 +315,10 @@ type railQPs struct {
 
 // Carried is reads.Carrier's: slot i's READ moved n bytes.
 func (q railQPs) Carried(i int, n int64) { q.s.railOf(i).bytes.Add(n) }
+
+// Device is reads.Devices': slot i's QP is on its rail's device (a
+// slot moves to another rail only while its QP is being replaced).
+func (q railQPs) Device(i int) int { return q.s.railOf(i).dev }
 
 // Stalls is reads.Staller's: with several rails, one can go dark while
 // the others carry on, and its QPs are failed as soon as that shows.

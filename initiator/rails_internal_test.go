@@ -18,7 +18,7 @@ func TestPlanRails(t *testing.T) {
 		{[]string{"L1", "L2"}, []string{"T1", "T2", "T3"}, "L1->T1 L2->T2 L1->T3"},
 	} {
 		var got []string
-		for _, r := range planRails(c.locals, c.remotes) {
+		for _, r := range planRails(nil, c.locals, c.remotes) {
 			got = append(got, r.String())
 		}
 		if g := strings.Join(got, " "); g != c.want {

@@ -22,8 +22,11 @@ import (
 
 // Config configures a session. Zero fields take the defaults noted.
 type Config struct {
-	Device verbs.Device // required
-	Secret []byte
+	Device verbs.Device // required; the control channel's, and the first rail's
+	// MoreDevices spread the data QPs over further devices of the same
+	// transport, one rail each after Device's (devices.go, rails.go).
+	MoreDevices []verbs.Device
+	Secret      []byte
 	// Identity is the name the session authenticates as, with Secret as
 	// its key, to a target with per-client keys; "" is "default", the
 	// one identity of a target with a single secret.
@@ -129,6 +132,9 @@ func (c *Config) Validate() error {
 	if err := ValidateBind(c.Bind); err != nil {
 		return err
 	}
+	if err := c.validateDevices(); err != nil {
+		return err
+	}
 	if c.ChunkSize != 0 {
 		if err := chunker.ValidateChunkSize(c.ChunkSize); err != nil {
 			return fmt.Errorf("initiator: %w", err)
@@ -161,7 +167,8 @@ type Session struct {
 	info   verbs.ConnInfo
 	dataCQ verbs.CQ
 	rcq    verbs.CQ
-	reads  int // READs in flight per data QP
+	more   []devRes // the more devices' PDs and CQs: devices.go
+	reads  int      // READs in flight per data QP
 	// rails are the paths the data QPs take, and slotRail each slot's
 	// rail (an index into rails): see rails.go.
 	rails    []*rail
@@ -229,6 +236,9 @@ func (s *Session) dial(ctx context.Context) error {
 	dev := s.cfg.Device
 	var err error
 	if s.pd, err = dev.AllocPD(); err != nil {
+		return err
+	}
+	if err := s.allocMore(); err != nil {
 		return err
 	}
 	if s.ch, err = protocol.NewChannel(dev, s.pd, 0); err != nil {
@@ -421,6 +431,9 @@ func (s *Session) join(ctx context.Context) error {
 	if s.rcq, err = dev.CreateCQ(1); err != nil {
 		return err
 	}
+	if err := s.moreCQs(2*n*depth + 16); err != nil {
+		return err
+	}
 	s.reads = depth
 	s.slotRail = make([]atomic.Int32, n)
 	for i := range s.slotRail {
@@ -443,7 +456,8 @@ func (s *Session) join(ctx context.Context) error {
 // joinQP connects data QP slot i over its rail.
 func (s *Session) joinQP(ctx context.Context, i int) (verbs.QP, error) {
 	r := s.railOf(i)
-	pq, err := s.cfg.Device.PrepareDial(ctx, s.pd, r.remote, verbs.QPConfig{SendCQ: s.dataCQ, RecvCQ: s.rcq,
+	d := s.onDevice(r.dev)
+	pq, err := d.dev.PrepareDial(ctx, d.pd, r.remote, verbs.QPConfig{SendCQ: d.cq, RecvCQ: d.rcq,
 		MaxSendWR: s.reads + 4, MaxRecvWR: 1, MaxReadsOut: s.reads, LocalAddr: r.local})
 	if err != nil {
 		return nil, connectErr(err)
@@ -599,6 +613,7 @@ func (s *Session) teardown() {
 		s.rcq.Close()
 		s.rcq = nil
 	}
+	s.closeMore()
 	if s.pd != nil {
 		s.pd.Close()
 		s.pd = nil
@@ -610,7 +625,7 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	if s.qps == nil {
 		return nil, fmt.Errorf("%w: the session has no data QPs", ErrConnect)
 	}
-	cfg.CQ, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, railQPs{s.qps, s}, s.reads, s.cfg.Timeout
+	cfg.CQ, cfg.CQs, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, s.moreSendCQs(), railQPs{s.qps, s}, s.reads, s.cfg.Timeout
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
 	if w := s.window(); w.Growing() {
 		cfg.Window = w // a window that can't grow is the depth already

@@ -66,6 +66,28 @@ type Piece struct {
 	Remote uint64
 	Keys   *Keys
 	Group  *Group // nil for a piece on its own
+	// LKeys, when the QPs span several devices (Devices), are Local's
+	// keys by device: each device registers the memory on its own PD,
+	// and a READ must name the key of its QP's. Nil: Local.LKey
+	// everywhere (one device).
+	LKeys []uint32
+}
+
+// Devices is a QPs whose slots are on several devices: Device is the
+// index of slot i's device, into Piece.LKeys. The engine asks at every
+// post, so a slot may move to another device, but only while it has no
+// live QP (its replacement is being dialled elsewhere).
+type Devices interface {
+	Device(i int) int
+}
+
+// local is p's SGE for a READ on a QP of device d.
+func (p *Piece) local(d int) verbs.SGE {
+	l := p.Local
+	if d < len(p.LKeys) {
+		l.LKey = p.LKeys[d]
+	}
+	return l
 }
 
 // Group is READs that complete together: when the last is in, the
@@ -79,7 +101,10 @@ type Group struct {
 
 // Config configures an engine.
 type Config struct {
-	CQ    verbs.CQ // the send CQ every data QP of QPs shares
+	CQ verbs.CQ // the send CQ every data QP of QPs shares
+	// CQs, with QPs on several devices (each has its own CQs), are the
+	// send CQs of all of them, and CQ may be nil.
+	CQs   []verbs.CQ
 	QPs   QPs
 	Depth int // READs in flight per QP, at most
 	// Window, if set, bounds the bytes of READs in flight over all QPs
@@ -171,7 +196,10 @@ var serials atomic.Uint64
 // New makes an engine and starts its CQ watcher, which ends with ctx or
 // Close.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
-	if cfg.CQ == nil || cfg.QPs == nil || cfg.Depth < 1 || cfg.QPs.Len() < 1 {
+	if cfg.CQ != nil {
+		cfg.CQs = append([]verbs.CQ{cfg.CQ}, cfg.CQs...)
+	}
+	if len(cfg.CQs) == 0 || cfg.QPs == nil || cfg.Depth < 1 || cfg.QPs.Len() < 1 {
 		return nil, errors.New("reads: engine needs a CQ, QPs and a depth")
 	}
 	if cfg.Timeout <= 0 {
@@ -201,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 func (e *Engine) watch(ctx context.Context) {
 	for {
 		tctx, cancel := context.WithTimeout(ctx, Tick)
-		e.cfg.CQ.Wait(tctx)
+		e.wait(tctx)
 		cancel()
 		select {
 		case e.ready <- struct{}{}:
@@ -209,6 +237,32 @@ func (e *Engine) watch(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// wait blocks until one of the CQs may hold completions, or ctx ends.
+func (e *Engine) wait(ctx context.Context) {
+	if len(e.cfg.CQs) == 1 {
+		e.cfg.CQs[0].Wait(ctx)
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{}, len(e.cfg.CQs))
+	for _, cq := range e.cfg.CQs {
+		go func() {
+			cq.Wait(ctx)
+			done <- struct{}{}
+		}()
+	}
+	<-done
+	cancel() // the others return at once; done holds their signals
+}
+
+// dev is the device of slot q: an index into Piece.LKeys.
+func (e *Engine) dev(q int) int {
+	if d, ok := e.cfg.QPs.(Devices); ok {
+		return d.Device(q)
+	}
+	return 0
 }
 
 // Ready fires when Step has something to do.
@@ -405,6 +459,7 @@ func (e *Engine) postOn(q int) (int, error) {
 	room := min(e.cfg.Depth-s.inflight, len(e.free))
 	budget := e.windowRoom(s)
 	now := time.Now()
+	dev := e.dev(q)
 	wrs := e.wrs[:0]
 	idx := e.idx[:0]
 	keep := e.queue[:0]
@@ -418,7 +473,7 @@ func (e *Engine) postOn(q int) (int, error) {
 		e.free = e.free[:len(e.free)-1]
 		e.recs[r] = rec{p: p, q: q, gen: s.gen, on: true, posted: now}
 		idx = append(idx, r)
-		wrs = append(wrs, verbs.SendWR{ID: e.wrid(q, s.gen, r), Op: verbs.OpRead, Local: p.Local,
+		wrs = append(wrs, verbs.SendWR{ID: e.wrid(q, s.gen, r), Op: verbs.OpRead, Local: p.local(dev),
 			RemoteAddr: p.Remote, RKey: p.Keys.RKeys[q]})
 	}
 	e.queue = keep
@@ -502,19 +557,22 @@ func (e *Engine) release(r int) {
 // poll takes the completions there are.
 func (e *Engine) poll() (int, error) {
 	total := 0
-	for {
-		k, err := e.cfg.CQ.Poll(e.comps)
-		if err != nil {
-			return total, fmt.Errorf("poll: %w", err)
-		}
-		for _, c := range e.comps[:k] {
-			e.complete(c)
-		}
-		total += k
-		if k < len(e.comps) {
-			return total, nil
+	for _, cq := range e.cfg.CQs {
+		for {
+			k, err := cq.Poll(e.comps)
+			if err != nil {
+				return total, fmt.Errorf("poll: %w", err)
+			}
+			for _, c := range e.comps[:k] {
+				e.complete(c)
+			}
+			total += k
+			if k < len(e.comps) {
+				break
+			}
 		}
 	}
+	return total, nil
 }
 
 // complete accounts for one completion: a READ in, or one to send again
@@ -629,7 +687,7 @@ func (e *Engine) Close() int {
 			break
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		e.cfg.CQ.Wait(ctx)
+		e.wait(ctx)
 		cancel()
 	}
 	if e.out > 0 {

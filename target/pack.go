@@ -197,7 +197,7 @@ func (ss *session) packWindow(ctx context.Context, total uint64, qps []verbs.QP)
 		access |= verbs.AccessMWBind
 	}
 	var err error
-	if w.mr, err = ss.pd.RegMR(mapping[:total], access); err != nil {
+	if w.mr, err = ss.register(mapping[:total], access); err != nil {
 		ss.freeWindow(w)
 		return nil, nil, errf(protocol.CodeInternal, "register pack: %v", err)
 	}

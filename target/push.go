@@ -193,7 +193,7 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	if p.buf, err = verbs.AllocBuffer(int(n)); err != nil {
 		return errf(protocol.CodeInternal, "staging: %v", err)
 	}
-	if p.mr, err = ss.pd.RegMR(p.buf.Bytes(), verbs.AccessLocalWrite); err != nil {
+	if p.mr, err = ss.register(p.buf.Bytes(), verbs.AccessLocalWrite); err != nil {
 		return errf(protocol.CodeInternal, "register staging: %v", err)
 	}
 	return nil
@@ -325,7 +325,7 @@ func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWind
 		}
 	}()
 	pw := &pushWindow{p: p, m: m, first: first, end: end, reply: &protocol.PushWindowReply{Offset: m.Window.Offset}}
-	eng, err := reads.New(ctx, reads.Config{CQ: ss.dataSCQ, QPs: newFixedQPs(ss, p.qps), Depth: p.depth,
+	eng, err := reads.New(ctx, reads.Config{CQs: ss.sendCQs(), QPs: newFixedQPs(ss, p.qps), Depth: p.depth,
 		Timeout: ss.srv.cfg.IdleTimeout, GroupDone: pw.chunkIn})
 	if err != nil {
 		return nil, errf(protocol.CodeInternal, "%v", err)
@@ -428,6 +428,7 @@ func (pw *pushWindow) start(sl, idx int) {
 	for o := 0; o < s.n; o += p.readSize {
 		ps = append(ps, reads.Piece{
 			Local:  verbs.SGE{Addr: p.mr.Addr() + uint64(sl)*cs + uint64(o), Length: uint32(min(p.readSize, s.n-o)), LKey: p.mr.LKey()},
+			LKeys:  lkeysOf(p.mr),
 			Remote: w.Addr + uint64(s.off-int64(w.Offset)) + uint64(o), Keys: keys,
 		})
 	}
@@ -494,6 +495,17 @@ func (f *fixedQPs) QP(i int) (verbs.QP, uint32) {
 		return nil, f.gens[i] + 1
 	}
 	return f.qps[i], f.gens[i]
+}
+
+// Device is reads.Devices': the index of slot i's QP's device, into
+// the session's devices and so the staging's LKeys.
+func (f *fixedQPs) Device(i int) int {
+	f.ss.mu.Lock()
+	defer f.ss.mu.Unlock()
+	if d := f.ss.qpDev[f.qps[i]]; d != nil {
+		return d.idx
+	}
+	return 0
 }
 
 func (f *fixedQPs) Failed(i int, gen uint32, err error) {

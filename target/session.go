@@ -46,6 +46,13 @@ type session struct {
 
 	dataSCQ verbs.CQ // binds and invalidations on data QPs
 	dataRCQ verbs.CQ
+	// dev is the control connection's device, where pd and the data
+	// CQs are; devs are those of every device the session has data QPs
+	// on (devs[0] is dev's), and qpDev each data QP's (devices.go).
+	// Under mu.
+	dev   verbs.Device
+	devs  []*sdev
+	qpDev map[verbs.QP]*sdev
 
 	mu     sync.Mutex
 	authed bool
@@ -110,14 +117,14 @@ type window struct {
 // caps these connections (MaxHandshakes, MaxHandshakesPerAddr) and
 // frees each by its HelloTimeout.
 func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slog.Logger, deadline time.Time) (*session, error) {
-	dev := s.cfg.Device
+	dev := s.deviceOf(req)
 	pd, err := dev.AllocPD()
 	if err != nil {
 		req.Reject([]byte("target out of resources"))
 		return nil, err
 	}
 	ss := &session{
-		srv: s, log: log, token: protocol.NewSession(), pd: pd, addr: peerAddr(req.RemoteAddr()),
+		srv: s, log: log, token: protocol.NewSession(), pd: pd, addr: peerAddr(req.RemoteAddr()), dev: dev,
 		mws:     dev.Caps().MemoryWindows,
 		handles: map[uint32]*handle{}, nextHandle: 1, nextWindow: 1,
 		stop: make(chan struct{}),
@@ -349,18 +356,16 @@ func (ss *session) setAuthed() error {
 	if err := ss.srv.promote(ss); err != nil {
 		return err
 	}
-	dev, cfg := ss.srv.cfg.Device, &ss.srv.cfg
 	if err := ss.ch.Grow(); err != nil { // the receives a session may use, before it is told it is one
 		return err
 	}
 	var err error
-	if ss.dataSCQ, err = dev.CreateCQ((4 + cfg.PushDepth) * cfg.MaxDataQPs); err != nil {
-		return err
-	}
-	if ss.dataRCQ, err = dev.CreateCQ(1); err != nil {
+	if ss.dataSCQ, ss.dataRCQ, err = dataCQs(ss.dev, &ss.srv.cfg); err != nil {
 		return err
 	}
 	ss.mu.Lock()
+	ss.devs = []*sdev{{dev: ss.dev, pd: ss.pd, scq: ss.dataSCQ, rcq: ss.dataRCQ}}
+	ss.qpDev = map[verbs.QP]*sdev{}
 	ss.authed = true
 	ss.mu.Unlock()
 	return nil
@@ -382,8 +387,14 @@ func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) e
 	}
 	if old != nil {
 		old.Close() // dead already: this frees it before its successor connects
+		delete(ss.qpDev, old)
 	}
-	pq, err := req.Prepare(ss.pd, verbs.QPConfig{SendCQ: ss.dataSCQ, RecvCQ: ss.dataRCQ, MaxSendWR: 64, MaxRecvWR: 1})
+	d, err := ss.onDevice(ss.srv.deviceOf(req))
+	if err != nil {
+		req.Reject([]byte("target out of resources"))
+		return err
+	}
+	pq, err := req.Prepare(d.pd, verbs.QPConfig{SendCQ: d.scq, RecvCQ: d.rcq, MaxSendWR: 64, MaxRecvWR: 1})
 	if err != nil {
 		req.Reject(nil)
 		return err
@@ -399,6 +410,7 @@ func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) e
 	} else {
 		ss.data = append(ss.data, qp)
 	}
+	ss.qpDev[qp] = d
 	return nil
 }
 
@@ -847,14 +859,14 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 	if useMWs {
 		access |= verbs.AccessMWBind
 	}
-	w.mr, err = ss.pd.RegMR(mapping, access)
+	w.mr, err = ss.register(mapping, access)
 	if errors.Is(err, syscall.EFAULT) && useMWs {
 		// The kernel pins MW_BIND regions for writing, which a read-only
 		// file mapping refuses: register for READ alone (still zero-copy
 		// where the kernel allows it) and hand out the MR's key, which is
 		// this session's alone and dies with the window all the same.
 		access = verbs.AccessRemoteRead
-		if w.mr, err = ss.pd.RegMR(mapping, access); err == nil {
+		if w.mr, err = ss.register(mapping, access); err == nil {
 			useMWs = false
 		}
 	}
@@ -911,45 +923,54 @@ func (ss *session) stage(h *handle, w *window, access verbs.Access) (verbs.MR, e
 	if _, err := h.f.ReadAt(buf, int64(w.off)); err != nil {
 		return nil, fmt.Errorf("staging %s: %w", h.path, err)
 	}
-	return ss.pd.RegMR(buf, access)
+	return ss.register(buf, access)
 }
 
-// bind binds one memory window per data QP over the whole of w's MR.
-// A dead QP's window is left unbound (key 0), or bound to it: either
-// serves nothing, and the live QPs' keys still work.
-func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP) error {
-	for range qps {
-		mw, err := ss.pd.AllocMW()
+// bind binds one memory window per data QP over the whole of w's MR on
+// the QP's device. A dead QP's window is left unbound (key 0), or bound
+// to it, as is one of a QP on a device w is not registered on (a
+// replacement that joined on another device): either serves nothing,
+// and the live QPs' keys still work.
+func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP, devs []*sdev) error {
+	w.mws = make([]verbs.MW, len(qps))
+	posted := map[*sdev]int{}
+	for i, qp := range qps {
+		d := devs[i]
+		if d == nil || dead(qp) || mrOn(w.mr, d) == nil {
+			continue
+		}
+		mw, err := d.pd.AllocMW()
 		if err != nil {
 			return err
 		}
-		w.mws = append(w.mws, mw)
-	}
-	posted := 0
-	for i, qp := range qps {
-		if dead(qp) {
-			continue
-		}
-		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpBindMW, MW: w.mws[i], BindMR: w.mr,
-			BindAddr: w.mr.Addr(), BindLen: w.mr.Len(), BindAccess: verbs.AccessRemoteRead}
+		w.mws[i] = mw
+		mr := mrOn(w.mr, d)
+		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpBindMW, MW: mw, BindMR: mr,
+			BindAddr: mr.Addr(), BindLen: mr.Len(), BindAccess: verbs.AccessRemoteRead}
 		if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
 			if dead(qp) {
 				continue
 			}
 			return err
 		}
-		posted++
+		posted[d]++
 	}
-	return ss.waitBinds(ctx, qps, posted)
+	for d, n := range posted {
+		if err := waitBinds(ctx, d.scq, qps, n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// waitBinds waits for n bind completions of qps' on the data send CQ.
-func (ss *session) waitBinds(ctx context.Context, qps []verbs.QP, n int) error {
+// waitBinds waits for n bind completions of qps' on cq, their device's
+// data send CQ.
+func waitBinds(ctx context.Context, cq verbs.CQ, qps []verbs.QP, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	comps := make([]verbs.Completion, n)
 	for got := 0; got < n; {
-		k, err := ss.dataSCQ.Poll(comps[got:])
+		k, err := cq.Poll(comps[got:])
 		if err != nil {
 			return err
 		}
@@ -963,7 +984,7 @@ func (ss *session) waitBinds(ctx context.Context, qps []verbs.QP, n int) error {
 		}
 		got += k
 		if k == 0 {
-			if err := ss.dataSCQ.Wait(ctx); err != nil {
+			if err := cq.Wait(ctx); err != nil {
 				return err
 			}
 		}
@@ -972,22 +993,33 @@ func (ss *session) waitBinds(ctx context.Context, qps []verbs.QP, n int) error {
 }
 
 // keys returns a registered window's key for each data QP: a memory
-// window bound on each (withMWs), else the MR's own key. On error it frees
-// the window.
+// window bound on each (withMWs, where every device has them), else the
+// MR's own key on the QP's device (0 for a QP on a device the window is
+// not registered on: see bind). On error it frees the window.
 func (ss *session) keys(ctx context.Context, w *window, qps []verbs.QP, withMWs bool) ([]uint32, *protocol.Error) {
+	devs := ss.devsOf(qps)
 	rkeys := make([]uint32, len(qps))
+	for _, d := range devs {
+		if d != nil && !d.dev.Caps().MemoryWindows {
+			withMWs = false
+		}
+	}
 	if !withMWs {
-		for i := range rkeys {
-			rkeys[i] = w.mr.RKey()
+		for i, d := range devs {
+			if mr := mrOnQP(w.mr, d); mr != nil {
+				rkeys[i] = mr.RKey()
+			}
 		}
 		return rkeys, nil
 	}
-	if err := ss.bind(ctx, w, qps); err != nil {
+	if err := ss.bind(ctx, w, qps, devs); err != nil {
 		ss.freeWindow(w)
 		return nil, errf(protocol.CodeInternal, "bind windows: %v", err)
 	}
 	for i, mw := range w.mws {
-		rkeys[i] = mw.RKey()
+		if mw != nil {
+			rkeys[i] = mw.RKey()
+		}
 	}
 	return rkeys, nil
 }
@@ -1004,7 +1036,9 @@ func (ss *session) unmap(h *handle, w *window) {
 // before MRs, and MRs before the mapping, so no key outlives its memory.
 func (ss *session) freeWindow(w *window) {
 	for _, mw := range w.mws {
-		mw.Close()
+		if mw != nil {
+			mw.Close()
+		}
 	}
 	if w.mr != nil {
 		w.mr.Close()
@@ -1095,5 +1129,6 @@ func (ss *session) release() {
 	if ss.dataRCQ != nil {
 		ss.dataRCQ.Close()
 	}
+	ss.closeDevs()
 	ss.pd.Close()
 }

@@ -38,8 +38,10 @@ type Export struct {
 
 // Config configures a Server. Zero fields take the defaults noted.
 type Config struct {
-	Device  verbs.Device // required
-	Exports []Export     // at least one
+	// Device is required: the device of every connection request but
+	// those of a listener OnDevice tagged with another (devices.go).
+	Device  verbs.Device
+	Exports []Export // at least one
 	// Secret, when set, is required from every initiator (challenge and
 	// response in the hello). Without it the target must listen on
 	// loopback only. It is Keys' SingleKey when Keys is nil.

@@ -55,6 +55,9 @@ func runDemo(c *cli.Context) error {
 	if err := writeRandom(src, size); err != nil {
 		return err
 	}
+	if names := deviceNames(c); len(names) > 1 {
+		return usagef("-d %s: the demo runs on one device (over loopback); name one", c.String("device"))
+	}
 	dev, why, err := openTransport(ctx, c)
 	if err != nil {
 		return err

@@ -175,18 +175,25 @@ func runDoctor(c *cli.Context) error {
 	// What auto (or --transport) picks.
 	dev, why, terr := openTransport(ctx, c)
 	transport := ""
+	var more []verbs.Device // the rest of a -d list
 	if terr != nil {
 		d.report("transport", checkFail, terr.Error(), "pick one that runs here with --transport, or fix what the lines above say")
 	} else {
 		defer dev.Close()
 		transport = dev.Provider()
 		d.report("transport", checkOK, why, "")
-		caps := dev.Caps()
-		d.report("caps", checkOK, fmt.Sprintf("%s %s: %d READs in flight per QP, messages up to %s, %d-entry queues",
-			dev.Provider(), dev.Name(), caps.MaxReadsPerQP, formatBytes(int64(min(caps.MaxMsgSize, math.MaxInt64))), caps.MaxQPWR), "")
+		capsCheck(d, "caps", dev)
+		var err error
+		if more, err = openMore(c, dev); err != nil {
+			d.report("devices", checkFail, err.Error(), "list devices that are up (ibv_devices), each once")
+		}
+		for i, m := range more {
+			defer m.Close()
+			capsCheck(d, fmt.Sprintf("caps %d", i+2), m)
+		}
 	}
 
-	memlockCheck(d, transport, c.Int("qps"), c.Int("depth"), sizes["read-size"], sizes["chunk-size"], sizes["max-window"], sizes["window-budget"])
+	memlockCheck(d, transport, 1+len(more), c.Int("qps"), c.Int("depth"), sizes["read-size"], sizes["chunk-size"], sizes["max-window"], sizes["window-budget"])
 	sysfsChecks(d, sysfsRoot)
 	netdevChecks(d, netRoot)
 
@@ -196,6 +203,9 @@ func runDoctor(c *cli.Context) error {
 		d.report("memory-windows", checkSkip, "no transport to ask", "")
 	} else {
 		fileMRCheck(d, dev, c.String("dir"))
+		for _, m := range more {
+			fileMRCheck(d, m, c.String("dir"))
+		}
 		if dev.Caps().MemoryWindows {
 			d.report("memory-windows", checkOK, "yes: the target binds a type-2 window per data QP, so keys work only on their own QP", "")
 		} else {
@@ -301,7 +311,11 @@ func hasCapIPCLock() bool {
 	return false
 }
 
-func memlockCheck(d *doctor, transport string, qps, depth int, readSize, chunk, maxWindow, budget int64) {
+// memlockCheck judges RLIMIT_MEMLOCK against what a copy and a target
+// session pin. With devs devices (a -d list), memory is registered on
+// each: the same pages, but the kernel counts every registration against
+// the limit, so what is pinned is counted devs times.
+func memlockCheck(d *doctor, transport string, devs, qps, depth int, readSize, chunk, maxWindow, budget int64) {
 	p := pinned(qps, depth, readSize, chunk, maxWindow, budget)
 	pull, init, tgt := p.pull, max(p.pull, p.push), int64(min(p.tgt.Total, math.MaxInt64))
 	var rl unix.Rlimit
@@ -315,6 +329,10 @@ func memlockCheck(d *doctor, transport string, qps, depth int, readSize, chunk, 
 	limit := "unlimited"
 	if rl.Cur != unix.RLIM_INFINITY {
 		limit = formatBytes(int64(min(rl.Cur, math.MaxInt64)))
+	}
+	if n := int64(devs); n > 1 {
+		need += fmt.Sprintf("; each x %d devices: every device registers the same pages, and each registration counts against the limit", n)
+		pull, init, tgt = pull*n, init*n, min(tgt, math.MaxInt64/n)*n
 	}
 	detail := "ulimit -l " + limit + "; " + need
 	status, why, hint := memlockVerdict(rl.Cur, pull, init, tgt, hasCapIPCLock(), transport == iwarp.Name)
@@ -643,4 +661,11 @@ func netdevChecks(d *doctor, root string) {
 		parts = append(parts, numaOf(filepath.Join(dir, "device")))
 		d.report("netdev "+name, checkOK, strings.Join(parts, ", "), "")
 	}
+}
+
+// capsCheck reports what a device can do.
+func capsCheck(d *doctor, name string, dev verbs.Device) {
+	caps := dev.Caps()
+	d.report(name, checkOK, fmt.Sprintf("%s %s: %d READs in flight per QP, messages up to %s, %d-entry queues",
+		dev.Provider(), dev.Name(), caps.MaxReadsPerQP, formatBytes(int64(min(caps.MaxMsgSize, math.MaxInt64))), caps.MaxQPWR), "")
 }

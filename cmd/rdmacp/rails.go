@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,8 +21,8 @@ func bindFlag() cli.Flag {
 	return &cli.StringSliceFlag{Name: "bind", Usage: "local IP addresses to connect from, one rail each (comma-separated or repeated): the data QPs spread over them"}
 }
 
-// railsConfig reads --bind, and refuses a device list: several devices
-// need a protection domain and CQ each, which sessions do not have yet.
+// railsConfig reads --bind. (A -d list, the other way to rails, is
+// opened with the device: devices.go.)
 func railsConfig(c *cli.Context, cfg *initiator.Config) error {
 	for _, b := range c.StringSlice("bind") {
 		for _, a := range strings.Split(b, ",") {
@@ -32,8 +31,8 @@ func railsConfig(c *cli.Context, cfg *initiator.Config) error {
 			}
 		}
 	}
-	if d := c.String("device"); strings.Contains(d, ",") {
-		return usagef("-d %s: one device per session for now (a rail per device needs a protection domain each); give each device's address to --bind instead", d)
+	if n := len(deviceNames(c)); n > 1 && len(cfg.Bind) > 0 && len(cfg.Bind) != n {
+		return usagef("-d %s with --bind %s: give one local address per device, in the same order, or none (each device connects from its own)", c.String("device"), strings.Join(cfg.Bind, ","))
 	}
 	if err := initiator.ValidateBind(cfg.Bind); err != nil {
 		return usageError{err}
@@ -44,7 +43,7 @@ func railsConfig(c *cli.Context, cfg *initiator.Config) error {
 // railsText is the summary's rails part: "" with one rail and nothing
 // bound (today's one path), else every rail and its bytes.
 func railsText(rails []initiator.Rail) string {
-	if len(rails) <= 1 && (len(rails) == 0 || rails[0].Local == "") {
+	if len(rails) <= 1 && (len(rails) == 0 || rails[0].Local == "" && rails[0].Device == "") {
 		return ""
 	}
 	var parts []string
@@ -97,23 +96,6 @@ func listenAddrs(c *cli.Context) []string {
 	return nil
 }
 
-// listenAll listens on every address, or on none: a bind failure closes
-// the listeners made so far and says which address failed.
-func listenAll(ctx context.Context, dev verbs.Device, addrs []string) ([]verbs.Listener, error) {
-	var lns []verbs.Listener
-	for _, a := range addrs {
-		ln, err := dev.Listen(ctx, a)
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return nil, listenError(a, err)
-		}
-		lns = append(lns, ln)
-	}
-	return lns, nil
-}
-
 func addrsOf(lns []verbs.Listener) []string {
 	out := make([]string, len(lns))
 	for i, l := range lns {
@@ -149,9 +131,4 @@ func warnRails(w io.Writer, rails []initiator.Rail) {
 	}
 }
 
-func railName(r initiator.Rail) string {
-	if r.Local != "" {
-		return r.Local + "->" + r.Remote
-	}
-	return r.Remote
-}
+func railName(r initiator.Rail) string { return initiator.RailName(r.Device, r.Local, r.Remote) }

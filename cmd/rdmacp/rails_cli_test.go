@@ -62,12 +62,29 @@ func TestCpRails(t *testing.T) {
 func TestCpRailFlagsRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"cp", "--bind", "eth0", "127.0.0.1:1:/data/f", "/tmp/x"},
-		{"cp", "-d", "mlx5_0,mlx5_1", "127.0.0.1:1:/data/f", "/tmp/x"},
+		{"cp", "-d", "mlx5_0,mlx5_1", "--bind", "10.0.0.1", "127.0.0.1:1:/data/f", "/tmp/x"},
 	} {
 		_, errb, code := run(t, args...)
 		if code != 2 {
 			t.Errorf("%v: exit %d, want 2 (usage): %s", args, code, errb)
 		}
+	}
+}
+
+// iwarp-soft has one device: a -d list is a usage error that says what
+// to do instead, for cp and serve alike.
+func TestDeviceListSoft(t *testing.T) {
+	for _, args := range [][]string{
+		{"cp", "--transport", "iwarp-soft", "-d", "iwsoft0,iwsoft1", "127.0.0.1:1:/data/f", "/tmp/x"},
+		{"serve", "--transport", "iwarp-soft", "-d", "iwsoft0,iwsoft0", "--export", "d=" + t.TempDir(), "--listen", "127.0.0.1:0"},
+	} {
+		_, errb, code := run(t, args...)
+		if code != 2 || !strings.Contains(errb, "has one device") || !strings.Contains(errb, "--bind") {
+			t.Errorf("%v: exit %d, want 2 (usage) naming --bind: %s", args, code, errb)
+		}
+	}
+	if _, errb, code := run(t, "demo", "-d", "a,b"); code != 2 || !strings.Contains(errb, "one device") {
+		t.Errorf("demo -d a,b: exit %d, want 2 (usage): %s", code, errb)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/target"
+	"github.com/rdmacp/rdmacp/verbs"
 )
 
 func serveCommand() *cli.Command {
@@ -313,16 +314,25 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	more, err := openMore(c, dev)
+	if err != nil {
+		dev.Close()
+		return err
+	}
 	store, err := digestStore(c, log)
 	if err != nil {
-		dev.Close()
+		closeAll(append(more, dev))
 		return err
 	}
-	lns, err := listenAll(c.Context, dev, listens)
+	lns, devs, err := serveDevices(c.Context, c, append([]verbs.Device{dev}, more...), listens)
 	if err != nil {
 		dev.Close()
 		return err
 	}
+	if len(devs) > 1 {
+		why += "; devices " + strings.Join(deviceNamesOf(devs), ",")
+	}
+	closeDevs := func() error { closeAll(devs); return nil }
 	ln := target.Listeners(lns...)
 	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: store,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
@@ -332,16 +342,16 @@ func runServe(c *cli.Context) error {
 		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})
 	if err != nil {
 		ln.Close()
-		dev.Close()
+		closeDevs()
 		return usageError{err}
 	}
 	metrics, err := listenMetrics(c.String("metrics-listen"))
 	if err != nil {
 		ln.Close()
-		dev.Close()
+		closeDevs()
 		return err
 	}
-	defer closeWithin(closeTimeout, log, ln.Close, dev.Close)
+	defer closeWithin(closeTimeout, log, ln.Close, closeDevs)
 	if metrics != nil {
 		go serveMetrics(c.Context, metrics, srv.Registry(), log)
 	}

@@ -27,7 +27,7 @@ func registryWith(soft iwarp.Config) *verbs.Registry {
 func transportFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "transport", Value: "auto", Usage: "auto, " + strings.Join(registry().Names(), ", ")},
-		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one"},
+		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one. cp: a comma-separated list spreads a session's data QPs over the devices, one rail each (serve: each --listen address goes to the listed device that owns it)"},
 		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
 		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
@@ -49,7 +49,7 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 		return nil, "", usagef("--mpa-crc %q: want auto, on or off", c.String("mpa-crc"))
 	}
 	reg := registryWith(soft)
-	dc := verbs.DeviceConfig{Name: c.String("device"), Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
+	dc := verbs.DeviceConfig{Name: deviceNames(c)[0], Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
 	name := c.String("transport")
 	if name != "auto" {
 		p, err := reg.Lookup(name)
@@ -128,11 +128,22 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 	if !silent && !quiet(c) {
 		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
 	}
-	cfg.Device = dev
-	s, err = initiator.Dial(c.Context, addr, cfg)
+	more, err := openMore(c, dev)
 	if err != nil {
 		dev.Close()
 		return nil, "", nil, err
 	}
-	return s, why, func() { s.Close(); dev.Close() }, nil
+	closeDevs := func() {
+		for _, d := range more {
+			d.Close()
+		}
+		dev.Close()
+	}
+	cfg.Device, cfg.MoreDevices = dev, more
+	s, err = initiator.Dial(c.Context, addr, cfg)
+	if err != nil {
+		closeDevs()
+		return nil, "", nil, err
+	}
+	return s, why, func() { s.Close(); closeDevs() }, nil
 }

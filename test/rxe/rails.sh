@@ -8,9 +8,10 @@
 #    netdev (so a second RoCE v2 GID), `serve --transport ibverbs`
 #    listening on both, `cp --bind` both: byte-exact, the summary names
 #    two rails, each carried bytes, and rxe0's sent packets rise.
-# 2. Two rxe devices on two dummy netdevs: `cp -d rxe0,rxe1` is refused
-#    (exit 2, usage) with what to do instead: a session uses one device
-#    for now (each device needs its own PD, CQs and registrations).
+# 2. Two rxe devices on two dummy netdevs: `serve --listen ADDR0
+#    --listen ADDR1` (each address on the device that owns it) and
+#    `cp -d rxe0,rxe1`: byte-exact, the summary names two device rails,
+#    each carried bytes, and both devices' sent packets rise.
 # Every command runs under timeout(1).
 set -u
 : "${RXE_DEV:?run this inside test/rxe/run.sh}" "${RXE_ADDR:?}" "${RXE_NETDEV:?}"
@@ -43,15 +44,39 @@ fi
 if [ "$after" -gt "$before" ]; then echo "rails: ok: $RXE_DEV sent_pkts $before -> $after"; else echo "rails: FAIL: $RXE_DEV sent_pkts $before -> $after"; fail=1; fi
 kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 
-# Two devices: refused for now, with a hint.
-ip link add rxenet1 type dummy && ip link set rxenet1 mtu 9000 up && ip addr add 203.0.113.1/24 dev rxenet1 &&
-	rdma link add rxe1 type rxe netdev rxenet1 2>"$W/rxe1.err" || echo "rails: note: no second rxe device: $(cat "$W/rxe1.err" 2>/dev/null)"
-timeout 30 "$RDMACP" cp --transport ibverbs -d "$RXE_DEV,rxe1" --secret-file "$W/secret" "$RXE_ADDR:7480:data/f" "$W/dst/g" 2>"$W/two.err"
-rc=$?
-if [ $rc = 2 ] && grep -q "one device per session" "$W/two.err"; then
-	echo "rails: ok (not yet supported): -d $RXE_DEV,rxe1 refused: $(cat "$W/two.err")"
-else
-	echo "rails: FAIL: -d $RXE_DEV,rxe1: exit $rc: $(cat "$W/two.err")"; fail=1
+# Two devices: rxe1 on a second dummy netdev. rxe loops a packet back
+# only within one device (its own netdev's MAC): rxe0 to an address of
+# rxe1 goes out a dummy netdev and is lost (probed: rping from
+# 198.51.100.1 to 203.0.113.1 times out; on each device alone it works).
+# So each rail loops within its device: cp's device i goes to serve's
+# address i, which serve (no -d) binds on the device that owns it.
+ADDR1=203.0.113.1
+ip link add rxenet1 type dummy && ip link set rxenet1 mtu 9000 up && ip addr add $ADDR1/24 dev rxenet1 &&
+	rdma link add rxe1 type rxe netdev rxenet1 2>"$W/rxe1.err" || { echo "rails: FAIL: no second rxe device: $(cat "$W/rxe1.err" 2>/dev/null)"; exit 1; }
+for _ in $(seq 50); do grep -qs "ffff:cb00:7101" /sys/class/infiniband/rxe1/ports/1/gids/* && break; sleep 0.1; done
+sent() { cat /sys/class/infiniband/"$1"/ports/1/hw_counters/sent_pkts 2>/dev/null || echo 0; }
+timeout 90 "$RDMACP" serve --transport ibverbs --secret-file "$W/secret" --export data="$W/src" --listen "$RXE_ADDR:7481" --listen "$ADDR1:7481" 2>"$W/serve2.log" &
+spid=$!
+for _ in $(seq 100); do grep -q "msg=serving" "$W/serve2.log" && break; sleep 0.1; done
+grep "msg=serving" "$W/serve2.log" || { echo "rails: FAIL: serve on two devices: $(cat "$W/serve2.log")"; fail=1; }
+b0=$(sent "$RXE_DEV") b1=$(sent rxe1)
+rm -f "$W/dst/g"
+if ! timeout 90 "$RDMACP" cp --transport ibverbs -d "$RXE_DEV,rxe1" --secret-file "$W/secret" "$RXE_ADDR:7481:data/f" "$W/dst/g" >"$W/cp2.out" 2>"$W/cp2.err"; then
+	echo "rails: FAIL: cp -d $RXE_DEV,rxe1: $(cat "$W/cp2.err")"; fail=1
 fi
+a0=$(sent "$RXE_DEV") a1=$(sent rxe1)
+cat "$W/cp2.out"
+if cmp -s "$W/src/f" "$W/dst/g"; then echo "rails: ok: byte-exact over $RXE_DEV and rxe1"; else echo "rails: FAIL: copy over two devices differs"; fail=1; fi
+if grep -Eq "^rails: $RXE_DEV->$RXE_ADDR:7481 [0-9.]+ [kMG]?B \(2 QPs\), rxe1->$ADDR1:7481 [0-9.]+ [kMG]?B \(2 QPs\)" "$W/cp2.out" && ! grep -q " 0 B (" "$W/cp2.out"; then
+	echo "rails: ok: two device rails, each carried bytes"
+else
+	echo "rails: FAIL: no two-device rails line"; fail=1
+fi
+if [ "$a0" -gt "$b0" ] && [ "$a1" -gt "$b1" ]; then
+	echo "rails: ok: sent_pkts $RXE_DEV $b0 -> $a0, rxe1 $b1 -> $a1"
+else
+	echo "rails: FAIL: sent_pkts $RXE_DEV $b0 -> $a0, rxe1 $b1 -> $a1: not both rose"; fail=1
+fi
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 rm -rf "$W"
 exit $fail
