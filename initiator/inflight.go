@@ -17,6 +17,7 @@ package initiator
 
 import (
 	"context"
+	"errors"
 	"math"
 	"os"
 	"strconv"
@@ -230,19 +231,56 @@ func memlock() int64 {
 	return int64(min(rl.Cur, math.MaxInt64))
 }
 
-// joinAll dials the data QPs of slots 0..n-1, in order (the target
-// takes them only so). On a failure the ones that connected are closed.
-func joinAll(ctx context.Context, n int, dial func(context.Context, int) (verbs.QP, error)) ([]verbs.QP, error) {
-	qps := make([]verbs.QP, 0, n)
-	for i := range n {
-		qp, err := dial(ctx, i)
-		if err != nil {
-			for _, qp := range qps {
+// joinAll dials the data QPs of slots 0..n-1: all at once where the
+// target takes them so (protocol.FeatureJoins), else in order, as older
+// targets need. On a failure the ones that connected are closed.
+func joinAll(ctx context.Context, n int, together bool, dial func(context.Context, int) (verbs.QP, error)) ([]verbs.QP, error) {
+	qps := make([]verbs.QP, n)
+	errs := make([]error, n)
+	if together {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				if qps[i], errs[i] = dial(ctx, i); errs[i] != nil {
+					cancel() // the rest would only be closed
+				}
+			})
+		}
+		wg.Wait()
+	} else {
+		for i := range n {
+			if qps[i], errs[i] = dial(ctx, i); errs[i] != nil {
+				break
+			}
+		}
+	}
+	if err := firstErr(errs); err != nil {
+		for _, qp := range qps {
+			if qp != nil {
 				qp.Close()
 			}
-			return nil, err
 		}
-		qps = append(qps, qp)
+		return nil, err
 	}
 	return qps, nil
+}
+
+// firstErr is the first error of errs that is not a cancellation caused
+// by another (joinAll cancels the rest once one fails), else the first.
+func firstErr(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, context.Canceled) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -439,7 +439,7 @@ func (s *Session) join(ctx context.Context) error {
 	for i := range s.slotRail {
 		s.slotRail[i].Store(int32(i % len(s.rails)))
 	}
-	qps, err := joinAll(ctx, n, s.dialSlot)
+	qps, err := joinAll(ctx, n, protocol.HasFeature(s.ch0.Server, protocol.FeatureJoins), s.dialSlot)
 	if err != nil {
 		return err
 	}

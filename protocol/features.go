@@ -25,6 +25,12 @@ const (
 	// report a chunk that keeps failing (Suspect). A target that does
 	// all this announces it in Challenge.Server.
 	FeatureWinDigests = "windigests"
+	// FeatureJoins, in Challenge.Server: the target takes a session's
+	// data QPs in any order and connects them at once, so the initiator
+	// may dial them all together (an older target takes index i only
+	// after 0..i-1, one at a time: a join is two round trips, and 16 of
+	// them took 6 s at 200 ms RTT).
+	FeatureJoins = "joins"
 )
 
 // WorkingInterval is how long a target serves a request before it sends

@@ -63,7 +63,9 @@ func (ss *session) closed(why string) {
 	ss.noteReadResponses()
 	ss.mu.Lock()
 	for _, qp := range ss.data {
-		ss.srv.met.terminated(qp)
+		if qp != nil { // an index skipped by a peer that never joined it
+			ss.srv.met.terminated(qp)
+		}
 	}
 	ss.mu.Unlock()
 	if ss.ch != nil && ss.ch.QP() != nil {
