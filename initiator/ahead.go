@@ -21,6 +21,11 @@ import (
 // pipelined reports whether the session's control calls may overlap.
 func (s *Session) pipelined() bool { return s.ch != nil && s.ch.Pipelined() }
 
+// Pipelined reports whether the target serves requests in order
+// (protocol.FeaturePipeline), so that the session's control calls
+// overlap: windows are mapped ahead without waiting.
+func (s *Session) Pipelined() bool { return s.pipelined() }
+
 // start sends m without waiting for its reply (protocol.Channel.Start).
 func (s *Session) start(ctx context.Context, m protocol.Message) (*protocol.Pending, error) {
 	if s.dead() {
@@ -109,8 +114,9 @@ func (f *fetch) mapAhead(ctx context.Context, out chan<- winOrErr) {
 		queue = queue[1:]
 		w, err := f.take(ctx, a)
 		var pe *protocol.Error
-		if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany {
-			// Busy: what was asked after it may have been granted since,
+		busy := errors.As(err, &pe) && pe.Code == protocol.CodeTooMany
+		if busy {
+			// What was asked after it may have been granted since,
 			// holding the budget its retry needs. Unwind it all and map
 			// this window alone, waiting while the target is busy.
 			f.unwind(ctx, queue)
@@ -121,9 +127,10 @@ func (f *fetch) mapAhead(ctx context.Context, out chan<- winOrErr) {
 			fail(f.mapErr(err))
 			return
 		}
-		if w.end < a.end {
-			// Shorter than asked (the target's window budget): the
-			// windows asked after it start at the wrong chunk.
+		if busy || w.end < a.end {
+			// Busy, or shorter than asked (the target's window budget):
+			// the windows asked after it are unwound, or start at the
+			// wrong chunk; go on from where this one ends.
 			f.unwind(ctx, queue)
 			queue = nil
 			next = w.end

@@ -303,7 +303,9 @@ func (ss *session) hello(ctx context.Context) error {
 	}
 	// run serves one request at a time, in order (answer), and the
 	// channel reposts each request's receive before the reply.
-	ch.Server += " +" + protocol.FeaturePipeline
+	if !cfg.NoPipeline {
+		ch.Server += " +" + protocol.FeaturePipeline
+	}
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	ss.winDigests = !cfg.NoWinDigests && protocol.HasFeature(h.Client, protocol.FeatureWinDigests)
