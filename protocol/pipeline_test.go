@@ -223,3 +223,45 @@ func TestPipelinedWaitsTimeOutTogether(t *testing.T) {
 		t.Fatalf("%d waits took %v to time out, want about 300ms", len(ps), d)
 	}
 }
+
+func TestWorkingForAnEarlierRequestKeepsLaterAlive(t *testing.T) {
+	// The target serves in order: while it works on the first request
+	// (Working every 100 ms for a second, past the 300 ms I/O timeout),
+	// the second waits behind it, and its Wait must not time out.
+	dial, accept := pair(t)
+	dial.SetTimeout(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := dial.Start(ctx, stat(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := dial.Start(ctx, stat(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		var reqs []protocol.Message
+		for range 2 {
+			m, err := accept.Recv(ctx)
+			if err != nil {
+				return
+			}
+			reqs = append(reqs, m)
+		}
+		for range 10 {
+			time.Sleep(100 * time.Millisecond)
+			accept.Send(ctx, &protocol.Working{RequestID: reqs[0].ID()})
+		}
+		accept.Send(ctx, answer(reqs[0]))
+		accept.Send(ctx, answer(reqs[1]))
+	}()
+	m, err := second.Wait(ctx) // the second's waiter reads the first's Working
+	if s := got(t, m, err); s != stat(1).Path {
+		t.Fatalf("second request got %q", s)
+	}
+	m, err = first.Wait(ctx)
+	if s := got(t, m, err); s != stat(0).Path {
+		t.Fatalf("first request got %q", s)
+	}
+}
