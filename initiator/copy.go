@@ -1182,8 +1182,7 @@ func (f *fetch) chunkDone(w *win, i int) {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			f.s.call(f.ctx, &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID})
-			<-f.windows
+			f.unmap(w)
 		}()
 	}
 }
@@ -1197,9 +1196,15 @@ type winOrErr struct {
 	err error
 }
 
-// mapWindows maps the file's windows in order, one ahead of the reader,
-// with the digests of the chunks each covers.
+// mapWindows maps the file's windows in order, ahead of the reader,
+// with the digests of the chunks each covers: pipelined (mapAhead,
+// ahead.go) where the target serves requests in order, else one call at
+// a time.
 func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
+	if f.s.pipelined() {
+		f.mapAhead(ctx, out)
+		return
+	}
 	s := f.s
 	cs := f.layout.ChunkSize
 	want := s.windowWant(cs)
@@ -1221,55 +1226,80 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
 		case <-ctx.Done():
 			return
 		}
-		if d := f.ext.nextData(f.layout, first); d > first {
+		if end := f.holesTo(first, per); end > first {
 			// Holes up to the next data: no Map, no digests asked.
-			end := min(d, first+per)
 			if !send(winOrErr{w: &win{first: first, end: end, left: end - first, hole: true}}) {
 				return
 			}
 			first = end
 			continue
 		}
-		off := int64(first) * cs
-		gens := s.qps.Gens() // before the Map: see reads.Set.Gens
-		m, err := f.mapWindow(ctx, uint64(off), want)
+		w, err := f.mapOne(ctx, first, want)
 		if err != nil {
-			send(winOrErr{err: f.mapErr(err)})
+			send(winOrErr{err: err})
 			return
 		}
-		mr, ok := m.(*protocol.MapReply)
-		if !ok {
-			send(winOrErr{err: unexpected(m)})
+		if !send(winOrErr{w: w}) {
 			return
 		}
-		w := mr.Window
-		if int64(w.Offset) != off || len(w.RKeys) != s.nqps {
-			send(winOrErr{err: fmt.Errorf("%w: window at %d with %d keys for a request at %d with %d QPs", protocol.ErrMalformed, w.Offset, len(w.RKeys), off, s.nqps)})
-			return
-		}
-		end := first
-		for end < n {
-			o, l := f.layout.Chunk(end)
-			if uint64(o+l) > w.Offset+w.Length {
-				break
-			}
-			end++
-		}
-		if end <= first {
-			send(winOrErr{err: fmt.Errorf("%w: window of %d bytes holds no whole chunk", protocol.ErrMalformed, w.Length)})
-			return
-		}
-		digests, err := f.fetchDigests(ctx, first, end)
-		if err != nil {
-			send(winOrErr{err: f.mapErr(err)}) // a source that changed while hashed: ErrChanged
-			return
-		}
-		keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
-		if !send(winOrErr{w: &win{w: w, keys: keys, first: first, end: end, digests: digests, left: end - first}}) {
-			return
-		}
-		first = end
+		first = w.end
 	}
+}
+
+// holesTo is where the run of whole hole chunks from first ends, at most
+// per chunks on: first if chunk first holds data.
+func (f *fetch) holesTo(first, per int) int {
+	if d := f.ext.nextData(f.layout, first); d > first {
+		return min(d, first+per)
+	}
+	return first
+}
+
+// mapOne maps the window from chunk first, waiting while the target is
+// busy, then asks its digests: two calls, one after the other.
+func (f *fetch) mapOne(ctx context.Context, first int, want uint64) (*win, error) {
+	gens := f.s.qps.Gens() // before the Map: see reads.Set.Gens
+	m, err := f.mapWindow(ctx, uint64(int64(first)*f.layout.ChunkSize), want)
+	if err != nil {
+		return nil, f.mapErr(err)
+	}
+	w, err := f.mapped(m, first, gens)
+	if err != nil {
+		return nil, err
+	}
+	if w.digests, err = f.fetchDigests(ctx, first, w.end); err != nil {
+		return nil, f.mapErr(err) // a source that changed while hashed: ErrChanged
+	}
+	return w, nil
+}
+
+// mapped checks Map's reply m for a window at chunk first, and makes
+// its win (digests to come): the chunks it holds whole.
+func (f *fetch) mapped(m protocol.Message, first int, gens []uint32) (*win, error) {
+	s := f.s
+	mr, ok := m.(*protocol.MapReply)
+	if !ok {
+		return nil, unexpected(m)
+	}
+	w := mr.Window
+	off := int64(first) * f.layout.ChunkSize
+	if int64(w.Offset) != off || len(w.RKeys) != s.nqps {
+		return nil, fmt.Errorf("%w: window at %d with %d keys for a request at %d with %d QPs", protocol.ErrMalformed, w.Offset, len(w.RKeys), off, s.nqps)
+	}
+	n := f.layout.Chunks()
+	end := first
+	for end < n {
+		o, l := f.layout.Chunk(end)
+		if uint64(o+l) > w.Offset+w.Length {
+			break
+		}
+		end++
+	}
+	if end <= first {
+		return nil, fmt.Errorf("%w: window of %d bytes holds no whole chunk", protocol.ErrMalformed, w.Length)
+	}
+	keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
+	return &win{w: w, keys: keys, first: first, end: end, left: end - first}, nil
 }
 
 // mapWindow asks for a window, waiting while the target's window budget

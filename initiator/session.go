@@ -283,13 +283,19 @@ func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Messag
 		return nil, errControlLost
 	}
 	r, err := s.ch.Call(ctx, m)
+	return r, s.callErr(m.Type(), err)
+}
+
+// callErr words a failed call of type t for the user: a target that
+// stopped answering, or a lost connection, is ErrConnect.
+func (s *Session) callErr(t protocol.Type, err error) error {
 	switch {
 	case errors.Is(err, protocol.ErrTimeout):
-		return nil, fmt.Errorf("%w: %v: %w", ErrConnect, m.Type(), &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
+		return fmt.Errorf("%w: %v: %w", ErrConnect, t, &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
 	case errors.Is(err, protocol.ErrClosed):
-		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+		return fmt.Errorf("%w: %w", ErrConnect, err)
 	}
-	return r, err
+	return err
 }
 
 // errControlLost: the control connection went while READs were out.
@@ -381,6 +387,7 @@ func (s *Session) hello(ctx context.Context) error {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
 	}
 	s.ch0 = ch
+	s.ch.SetPipelined(protocol.HasFeature(ch.Server, protocol.FeaturePipeline))
 	s.measureHello(rtt)
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {

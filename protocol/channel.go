@@ -46,11 +46,23 @@ type Channel struct {
 	posted Type
 	stuck  error
 	recvMu sync.Mutex
-	closed bool // the buffers are freed (under sendMu and recvMu)
-	callMu sync.Mutex
-	nextID uint32
+	closed bool       // the buffers are freed (under sendMu and recvMu)
+	callMu sync.Mutex // serializes Calls on a channel that is not pipelined
 	comp   []verbs.Completion
 	ready  []verbs.Completion // receive completions not yet consumed
+
+	// Calls in flight (pipeline.go): pipelined lets Calls overlap;
+	// slots bounds the requests sent and not yet answered by the peer's
+	// posted receives (MaxOutstanding); rx is held by the one caller
+	// that reads replies for all; lastRx is when the last message came.
+	pipelined atomic.Bool
+	slots     chan struct{}
+	rx        chan struct{}
+	lastRx    atomic.Int64
+	pmu       sync.Mutex
+	nextID    uint32
+	pending   []*Pending // sent and not yet answered, in order sent
+	startMu   sync.Mutex // IDs go out in the order they are given
 }
 
 // DefaultDepth is the number of receives a channel keeps posted.
@@ -74,7 +86,8 @@ func NewSmallChannel(dev verbs.Device, pd verbs.PD, depth, first int) (*Channel,
 	if first <= 0 || first > depth {
 		first = depth
 	}
-	c := &Channel{depth: depth, first: first, pd: pd, nextID: 1}
+	c := &Channel{depth: depth, first: first, pd: pd, nextID: 1,
+		slots: make(chan struct{}, MaxOutstanding), rx: make(chan struct{}, 1)}
 	var err error
 	if c.scq, err = dev.CreateCQ(4); err != nil {
 		return nil, err
@@ -208,29 +221,36 @@ func (c *Channel) ioTimeout() time.Duration { return time.Duration(c.timeout.Loa
 // the next Send; one that is not sent within the timeout leaves the
 // channel unable to send.
 func (c *Channel) Send(ctx context.Context, m Message) error {
+	_, err := c.send(ctx, m)
+	return err
+}
+
+// send is Send, also saying whether m was posted: a message posted may
+// be answered even when its send failed.
+func (c *Channel) send(ctx context.Context, m Message) (posted bool, err error) {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return false, ErrClosed
 	}
 	if err := c.reap(ctx); err != nil {
-		return err
+		return false, err
 	}
 	buf := c.mem.Bytes()[:MaxMessage]
 	b, err := AppendMarshal(buf[:0], m)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(b) > MaxMessage || &b[0] != &buf[0] {
-		return fmt.Errorf("%w: %v of %d bytes", ErrTooLarge, m.Type(), len(b))
+		return false, fmt.Errorf("%w: %v of %d bytes", ErrTooLarge, m.Type(), len(b))
 	}
 	s := c.slot(0)
 	s.Length = uint32(len(b))
 	if _, err := c.qp.PostSend([]verbs.SendWR{{ID: 0, Op: verbs.OpSend, Local: s}}); err != nil {
-		return err
+		return false, err
 	}
 	c.posted = m.Type()
-	return c.reap(ctx)
+	return true, c.reap(ctx)
 }
 
 // reap waits for the completion of the message posted last, if it has
@@ -337,6 +357,7 @@ func (c *Channel) Recv(ctx context.Context) (Message, error) {
 	}
 	comp := c.ready[0]
 	c.ready = c.ready[1:]
+	c.lastRx.Store(time.Now().UnixNano())
 	if comp.Status != verbs.StatusSuccess {
 		return nil, c.deadErr(comp.Status)
 	}
@@ -355,68 +376,6 @@ func (c *Channel) Recv(ctx context.Context) (Message, error) {
 		}
 	}
 	return m, derr
-}
-
-// Call sends req with a fresh request ID and waits for the reply. An
-// Error reply is returned as the error. Working messages are not
-// replies: each one, like anything else that arrives, shows the peer is
-// alive, and restarts the I/O timeout (SetTimeout).
-func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
-	c.callMu.Lock()
-	defer c.callMu.Unlock()
-	id := c.nextID
-	c.nextID++
-	if c.nextID == 0 {
-		c.nextID = 1 // 0 is the ID of errors that answer what could not be decoded
-	}
-	req.SetID(id)
-	// If the send fails, the peer may still have answered and hung up
-	// before our send's completion was counted: a reply already received
-	// counts, and the send's error is reported only if there is none.
-	// A send that timed out was never taken, so nothing answers it.
-	sendErr := c.Send(ctx, req)
-	if errors.Is(sendErr, ErrTimeout) {
-		return nil, sendErr
-	}
-	for {
-		m, err := c.recvWithin(ctx, c.ioTimeout())
-		if err != nil {
-			if sendErr != nil {
-				return nil, sendErr
-			}
-			return nil, err
-		}
-		if _, ok := m.(*Working); ok {
-			continue // for this request or one given up on: the clock restarts either way
-		}
-		if m.ID() != id {
-			// An Error with ID 0 is how targets before DecodeError
-			// answered a request they could not decode: ours.
-			if e, ok := m.(*Error); ok && m.ID() == 0 {
-				return nil, e
-			}
-			continue // a late reply to a call whose caller gave up
-		}
-		if e, ok := m.(*Error); ok {
-			return nil, e
-		}
-		return m, nil
-	}
-}
-
-// recvWithin is Recv, failing with ErrTimeout if nothing arrives within
-// d (d > 0).
-func (c *Channel) recvWithin(ctx context.Context, d time.Duration) (Message, error) {
-	if d <= 0 {
-		return c.Recv(ctx)
-	}
-	rctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	m, err := c.Recv(rctx)
-	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
-		return nil, &timeoutError{msg: fmt.Sprintf("target sent nothing for %v", d)}
-	}
-	return m, err
 }
 
 // Close frees the QP, CQs and buffers. A Send or Recv under way ends

@@ -31,6 +31,16 @@ const (
 	// after 0..i-1, one at a time: a join is two round trips, and 16 of
 	// them took 6 s at 200 ms RTT).
 	FeatureJoins = "joins"
+	// FeaturePipeline (in Challenge.Server): the target serves a
+	// session's requests strictly one after another, in the order sent,
+	// with MaxOutstanding receives posted, so an initiator may send the
+	// next request before the last is answered and count on it being
+	// served after: Map k, Digests k, Map k+1… go out without waiting,
+	// and the Digests of window k is served before Map k+1 moves the
+	// target's hashing on (the target's Unmap before the Map that
+	// follows frees its window). Without it, an initiator makes one
+	// call at a time, as before.
+	FeaturePipeline = "pipeline"
 )
 
 // WorkingInterval is how long a target serves a request before it sends

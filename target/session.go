@@ -311,6 +311,11 @@ func (ss *session) hello(ctx context.Context) error {
 		ch.Server += " +" + protocol.FeatureWinDigests
 	}
 	ch.Server += " +" + protocol.FeatureJoins
+	// run serves one request at a time, in order (answer), and the
+	// channel reposts each request's receive before the reply.
+	if !cfg.NoPipeline {
+		ch.Server += " +" + protocol.FeaturePipeline
+	}
 	ch.SetID(h.ID())
 	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
 	ss.winDigests = !cfg.NoWinDigests && protocol.HasFeature(h.Client, protocol.FeatureWinDigests)

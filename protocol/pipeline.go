@@ -1,0 +1,262 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Calls in flight. A request is sent by Start and its reply taken by
+// Pending.Wait; between the two the caller may Start more, up to
+// MaxOutstanding unanswered (the receives the peer keeps posted), so a
+// long link pays one round trip for a run of requests instead of one
+// each (at 200 ms RTT, three serial calls per 32 MiB window held a copy
+// to 49 MB/s). Replies are matched to their requests by ID: whichever
+// waiter holds rx reads for all and hands each reply to its own Pending;
+// the reply to a request given up on is dropped when it comes, and its
+// slot freed only then, since the peer still holds a receive for it.
+
+// SetPipelined lets Calls overlap on the wire (Start does regardless).
+// Without it, as for a peer that has not said it serves requests in
+// order (FeaturePipeline), Call sends a request only once the one before
+// is answered or given up on.
+func (c *Channel) SetPipelined(on bool) { c.pipelined.Store(on) }
+
+// Pipelined reports SetPipelined's setting.
+func (c *Channel) Pipelined() bool { return c.pipelined.Load() }
+
+// Pending is a request sent by Start whose reply is not yet taken.
+type Pending struct {
+	c       *Channel
+	id      uint32
+	sent    time.Time
+	sendErr error         // the send failed after the request went: a reply may still come
+	done    chan struct{} // closed once reply or err is set
+	reply   Message
+	err     error
+	// answered, gaveUp: under c.pmu. gaveUp: its reply is dropped.
+	answered bool
+	gaveUp   bool
+}
+
+// ID is the request's ID.
+func (p *Pending) ID() uint32 { return p.id }
+
+// Call sends req with a fresh request ID and waits for the reply. An
+// Error reply is returned as the error. Working messages are not
+// replies: each one, like anything else that arrives, shows the peer is
+// alive, and restarts the I/O timeout (SetTimeout).
+func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
+	if !c.pipelined.Load() {
+		c.callMu.Lock()
+		defer c.callMu.Unlock()
+	}
+	p, err := c.Start(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p.Wait(ctx)
+}
+
+// Start sends req with a fresh request ID and returns at once, its reply
+// to be taken by Wait (or given up on by Abandon). It waits, within ctx,
+// while MaxOutstanding requests are unanswered, taking replies meanwhile
+// so that abandoned ones free their slots. Requests go out in the order
+// Start is called.
+func (c *Channel) Start(ctx context.Context, req Message) (*Pending, error) {
+	if err := c.take(ctx); err != nil {
+		return nil, err
+	}
+	c.startMu.Lock()
+	c.pmu.Lock()
+	id := c.nextID
+	c.nextID++
+	if c.nextID == 0 {
+		c.nextID = 1 // 0 is the ID of errors that answer what could not be decoded
+	}
+	p := &Pending{c: c, id: id, sent: time.Now(), done: make(chan struct{})}
+	c.pending = append(c.pending, p)
+	c.pmu.Unlock()
+	req.SetID(id)
+	posted, err := c.send(ctx, req)
+	c.startMu.Unlock()
+	switch {
+	case err == nil:
+		return p, nil
+	case !posted || errors.Is(err, ErrTimeout):
+		// Never taken by the peer: nothing will answer it.
+		c.pmu.Lock()
+		c.drop(p)
+		c.pmu.Unlock()
+		return nil, err
+	case ctx.Err() != nil:
+		// It may go yet, and be answered: its slot stays until then.
+		p.Abandon()
+		return nil, err
+	}
+	// The peer may have answered and hung up before our send's
+	// completion was counted: a reply already received counts, and the
+	// send's error is reported only if there is none.
+	p.sendErr = err
+	return p, nil
+}
+
+// take takes a slot for a request. While all are taken it reads replies
+// (some may be to requests given up on) until one frees.
+func (c *Channel) take(ctx context.Context) error {
+	for {
+		select {
+		case c.slots <- struct{}{}:
+			return nil
+		default:
+		}
+		select {
+		case c.slots <- struct{}{}:
+			return nil
+		case c.rx <- struct{}{}:
+			err := c.pump(ctx, nil)
+			<-c.rx
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Wait waits for the reply to p, reading the channel for every waiter
+// while no other does. It fails with ErrTimeout if nothing at all comes
+// from the peer within the I/O timeout of p's sending or of the last
+// message that did. A Wait that ends without the reply abandons p.
+func (p *Pending) Wait(ctx context.Context) (Message, error) {
+	defer p.Abandon()
+	c := p.c
+	for {
+		select {
+		case <-p.done:
+			return p.reply, p.err
+		default:
+		}
+		select {
+		case <-p.done:
+			return p.reply, p.err
+		case c.rx <- struct{}{}:
+			err := c.pump(ctx, p)
+			<-c.rx
+			if err == nil {
+				continue
+			}
+			select {
+			case <-p.done:
+				return p.reply, p.err
+			default:
+			}
+			if p.sendErr != nil {
+				return nil, p.sendErr
+			}
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Abandon gives up on p: its reply, when it comes, is dropped.
+func (p *Pending) Abandon() {
+	p.c.pmu.Lock()
+	if !p.answered {
+		p.gaveUp = true
+	}
+	p.c.pmu.Unlock()
+}
+
+// pump reads one message and hands it to its request (under rx). A
+// failure to read is returned: it is the channel's, not one request's
+// (a message that could not be decoded but names its request goes to
+// that request). ref, if set, is the request whose sending starts the
+// I/O timeout's clock (else the oldest unanswered).
+func (c *Channel) pump(ctx context.Context, ref *Pending) error {
+	rctx := ctx
+	d := c.ioTimeout()
+	if d > 0 {
+		since := time.Unix(0, c.lastRx.Load())
+		c.pmu.Lock()
+		if ref == nil && len(c.pending) > 0 {
+			ref = c.pending[0]
+		}
+		c.pmu.Unlock()
+		if ref != nil && ref.sent.After(since) {
+			since = ref.sent
+		}
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, since.Add(d))
+		defer cancel()
+	}
+	m, err := c.Recv(rctx)
+	if err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			return &timeoutError{msg: fmt.Sprintf("target sent nothing for %v", d)}
+		}
+		var de *DecodeError
+		if errors.As(err, &de) && c.hand(de.Header.RequestID, nil, err) {
+			return nil
+		}
+		return err
+	}
+	if _, ok := m.(*Working); ok {
+		return nil // for a request under way or one given up on: the clock restarts either way
+	}
+	var reply Message = m
+	var rerr error
+	if e, ok := m.(*Error); ok {
+		reply, rerr = nil, e
+	}
+	id := m.ID()
+	if id == 0 {
+		if _, ok := m.(*Error); !ok {
+			return nil
+		}
+		// How targets before DecodeError answered a request they could
+		// not decode: the oldest unanswered, as a target answers in order.
+		c.pmu.Lock()
+		if len(c.pending) > 0 {
+			id = c.pending[0].id
+		}
+		c.pmu.Unlock()
+	}
+	c.hand(id, reply, rerr)
+	return nil
+}
+
+// hand gives the request with ID id its reply, or drops the reply if
+// the request was given up on; false if no such request is unanswered.
+func (c *Channel) hand(id uint32, m Message, err error) bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	for _, p := range c.pending {
+		if p.id != id {
+			continue
+		}
+		c.drop(p)
+		p.answered = true
+		if !p.gaveUp {
+			p.reply, p.err = m, err
+			close(p.done)
+		}
+		return true
+	}
+	return false
+}
+
+// drop forgets p and frees its slot (under pmu).
+func (c *Channel) drop(p *Pending) {
+	for i, q := range c.pending {
+		if q == p {
+			c.pending = append(c.pending[:i], c.pending[i+1:]...)
+			<-c.slots
+			return
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package protocol_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// stat is a request naming i, so that a reply can be told from another.
+func stat(i int) *protocol.Stat { return &protocol.Stat{Path: string(rune('a' + i))} }
+
+// answer is the reply the tests' peer sends to request m: an Error
+// whose Message is the request's Path.
+func answer(m protocol.Message) *protocol.Error {
+	e := &protocol.Error{Code: protocol.CodeNotFound, Message: m.(*protocol.Stat).Path}
+	e.SetID(m.ID())
+	return e
+}
+
+// got is what a Wait's reply says (its request's Path).
+func got(t *testing.T, m protocol.Message, err error) string {
+	t.Helper()
+	var pe *protocol.Error
+	if m != nil || !errors.As(err, &pe) {
+		t.Fatalf("reply %v, err %v: want the peer's Error", m, err)
+	}
+	return pe.Message
+}
+
+func TestStartOverlapsRequests(t *testing.T) {
+	// N requests must all reach the peer before any is answered: the
+	// peer reads N before it replies (with Start waiting on replies, it
+	// would wait here for ever), then answers them in reverse order, and
+	// each Wait gets its own.
+	dial, accept := pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const n = protocol.MaxOutstanding
+	ps := make([]*protocol.Pending, n)
+	for i := range ps {
+		var err error
+		if ps[i], err = dial.Start(ctx, stat(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := make([]protocol.Message, n)
+	for i := range reqs {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.(*protocol.Stat).Path != stat(i).Path {
+			t.Fatalf("request %d arrived as %q: out of order", i, m.(*protocol.Stat).Path)
+		}
+		reqs[i] = m
+	}
+	for i := n - 1; i >= 0; i-- {
+		if err := accept.Send(ctx, answer(reqs[i])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range ps {
+		m, err := p.Wait(ctx)
+		if s := got(t, m, err); s != stat(i).Path {
+			t.Fatalf("request %d got the reply to %q", i, s)
+		}
+	}
+}
+
+func TestStartBoundedByOutstanding(t *testing.T) {
+	// The peer keeps MaxOutstanding receives posted: a request past them
+	// waits for a reply, and goes as soon as one comes.
+	dial, accept := pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ps []*protocol.Pending
+	for i := range protocol.MaxOutstanding {
+		p, err := dial.Start(ctx, stat(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := dial.Start(sctx, stat(protocol.MaxOutstanding))
+	scancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("request %d past MaxOutstanding: err %v, want it held back", protocol.MaxOutstanding+1, err)
+	}
+	first, err := accept.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := accept.Send(ctx, answer(first)); err != nil {
+		t.Fatal(err)
+	}
+	// No one waits for the first reply: Start takes it to free the slot.
+	last, err := dial.Start(ctx, stat(protocol.MaxOutstanding))
+	if err != nil {
+		t.Fatalf("once a reply came: %v", err)
+	}
+	for range protocol.MaxOutstanding {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		accept.Send(ctx, answer(m))
+	}
+	m, err := ps[0].Wait(ctx)
+	if s := got(t, m, err); s != stat(0).Path {
+		t.Fatalf("first request got %q", s)
+	}
+	m, err = last.Wait(ctx)
+	if s := got(t, m, err); s != stat(protocol.MaxOutstanding).Path {
+		t.Fatalf("last request got %q", s)
+	}
+}
+
+func TestGivenUpReplyGoesToNoOther(t *testing.T) {
+	// A call given up on is answered late; the next call must get its
+	// own reply, not that one, pipelined or not.
+	for _, pipelined := range []bool{false, true} {
+		dial, accept := pair(t)
+		dial.SetPipelined(pipelined)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		if _, err := dial.Call(cctx, stat(0)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err %v, want the caller's deadline", err)
+		}
+		ccancel()
+		go func() {
+			for range 2 {
+				m, err := accept.Recv(ctx)
+				if err != nil {
+					return
+				}
+				accept.Send(ctx, answer(m))
+			}
+		}()
+		m, err := dial.Call(ctx, stat(1))
+		if s := got(t, m, err); s != stat(1).Path {
+			t.Fatalf("pipelined %v: the second call got the reply to %q", pipelined, s)
+		}
+		cancel()
+	}
+}
+
+func TestCallSerialUnlessPipelined(t *testing.T) {
+	// Without SetPipelined (a peer that has not said it serves requests
+	// in order), concurrent Calls go one at a time: the peer sees the
+	// second request only after it answered the first. With it, both
+	// arrive before either is answered.
+	for _, pipelined := range []bool{false, true} {
+		dial, accept := pair(t)
+		dial.SetPipelined(pipelined)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		errc := make(chan error, 2)
+		for i := range 2 {
+			go func() {
+				_, err := dial.Call(ctx, stat(i))
+				errc <- err
+			}()
+		}
+		first, err := accept.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		second, err := accept.Recv(rctx)
+		rcancel()
+		if pipelined != (err == nil) {
+			t.Fatalf("pipelined %v: second request before the first reply: %v", pipelined, err)
+		}
+		accept.Send(ctx, answer(first))
+		if second == nil {
+			if second, err = accept.Recv(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		accept.Send(ctx, answer(second))
+		for range 2 {
+			var pe *protocol.Error
+			if err := <-errc; !errors.As(err, &pe) {
+				t.Fatalf("pipelined %v: %v", pipelined, err)
+			}
+		}
+		cancel()
+	}
+}
+
+func TestPipelinedWaitsTimeOutTogether(t *testing.T) {
+	// A silent peer fails every waiting request within about the I/O
+	// timeout, not one timeout after another.
+	dial, _ := pair(t)
+	dial.SetTimeout(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ps []*protocol.Pending
+	for i := range 8 {
+		p, err := dial.Start(ctx, stat(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	start := time.Now()
+	errc := make(chan error, len(ps))
+	for _, p := range ps {
+		go func() {
+			_, err := p.Wait(ctx)
+			errc <- err
+		}()
+	}
+	for range ps {
+		if err := <-errc; !errors.Is(err, protocol.ErrTimeout) {
+			t.Fatalf("err %v, want ErrTimeout", err)
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("%d waits took %v to time out, want about 300ms", len(ps), d)
+	}
+}
+
+func TestWorkingForAnEarlierRequestKeepsLaterAlive(t *testing.T) {
+	// The target serves in order: while it works on the first request
+	// (Working every 100 ms for a second, past the 300 ms I/O timeout),
+	// the second waits behind it, and its Wait must not time out.
+	dial, accept := pair(t)
+	dial.SetTimeout(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := dial.Start(ctx, stat(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := dial.Start(ctx, stat(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		var reqs []protocol.Message
+		for range 2 {
+			m, err := accept.Recv(ctx)
+			if err != nil {
+				return
+			}
+			reqs = append(reqs, m)
+		}
+		for range 10 {
+			time.Sleep(100 * time.Millisecond)
+			accept.Send(ctx, &protocol.Working{RequestID: reqs[0].ID()})
+		}
+		accept.Send(ctx, answer(reqs[0]))
+		accept.Send(ctx, answer(reqs[1]))
+	}()
+	m, err := second.Wait(ctx) // the second's waiter reads the first's Working
+	if s := got(t, m, err); s != stat(1).Path {
+		t.Fatalf("second request got %q", s)
+	}
+	m, err = first.Wait(ctx)
+	if s := got(t, m, err); s != stat(0).Path {
+		t.Fatalf("first request got %q", s)
+	}
+}
