@@ -69,16 +69,7 @@ func newMultiPeer(t *testing.T, addr string, n int) *multiPeer {
 
 // join connects a data QP for index i, in place of the one there if any.
 func (mp *multiPeer) join(i int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	cq, _ := mp.dev.CreateCQ(64)
-	rcq, _ := mp.dev.CreateCQ(1)
-	pq, err := mp.dev.PrepareDial(ctx, mp.ctl.pd, mp.addr, verbs.QPConfig{SendCQ: cq, RecvCQ: rcq})
-	if err != nil {
-		return err
-	}
-	priv, _ := protocol.MarshalPrivate(protocol.JoinData(mp.token, uint16(i)))
-	qp, err := pq.Connect(ctx, verbs.ConnParam{PrivateData: priv})
+	qp, cq, err := mp.dial(i)
 	if err != nil {
 		return err
 	}
