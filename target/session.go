@@ -379,13 +379,13 @@ func (ss *session) setAuthed() error {
 	return nil
 }
 
-// join accepts data QP index into the session: the next index while
-// no window holds keys for the indexes there are, or any index whose QP
-// has died, which the new QP replaces. Windows mapped before a
-// replacement keep, for its index, the dead QP's key, which serves
-// nothing; those mapped after it get keys for the new QP. mu is held
-// throughout, so that a request sent once the initiator's connect
-// returns finds the QP in place.
+// join accepts data QP index into the session: a new index (in any
+// order) while no window holds keys for the indexes there are, or any
+// index whose QP has died, which the new QP replaces. Windows mapped
+// before a replacement keep, for its index, the dead QP's key, which
+// serves nothing; those mapped after it get keys for the new QP. mu is
+// not held while the QP connects; a request sent once the initiator's
+// connect returns waits for the join to be installed (awaitJoins).
 func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) error {
 	pq, d, err := ss.reserve(req, index)
 	if err != nil {
@@ -643,8 +643,8 @@ func (ss *session) dataQPs() ([]verbs.QP, *protocol.Error) {
 			return nil, errf(protocol.CodeBadRequest, "data QP %d has not joined (of %d)", i, len(ss.data))
 		}
 	}
-	for i := range ss.joining {
-		if i >= len(ss.data) || ss.data[i] == nil {
+	for i := range ss.joining { // awaitJoins gave up on it
+		if i >= len(ss.data) {
 			return nil, errf(protocol.CodeBadRequest, "data QP %d is still joining", i)
 		}
 	}
