@@ -207,6 +207,26 @@ kernel_pkg() { # prints linux-image-<abi> for SUITE
 	fi
 }
 
+# siw is built on the host from linux-headers-<abi>, so the guest must boot
+# a kernel whose headers the host's apt index has now. A kernel chosen
+# from an older index (cached in suite-$SUITE.pkg) can lose its headers
+# when the index moves on (a security update replaces the ABI): then the
+# kernel is chosen again, with the headers, from the index as it is now.
+headers_in_index() { apt-cache show "linux-headers-${1#linux-image-}" >/dev/null 2>&1; }
+kernel_with_headers() { # VAR: keeps $VAR, or sets it to the index's current kernel that has its headers
+	local -n kp=$1
+	local now
+	[ "$SUITE" = "$HOST_SUITE" ] || skip "siw: the guest's suite $SUITE is not the host's ($HOST_SUITE): its headers can't be installed here"
+	headers_in_index "$kp" && return
+	apt_update || true
+	headers_in_index "$kp" && return
+	now=$(kernel_pkg)
+	[ -n "$now" ] && headers_in_index "$now" ||
+		skip "siw: neither $kp nor the index's current kernel (${now:-none}) has linux-headers in the host's apt sources"
+	say "kernel $kp has no headers in the apt index any more: the guest boots $now"
+	kp=$now
+}
+
 # Uncompressed ELF from a bzImage: find a compressed stream that decodes to one.
 extract_vmlinux() {
 	local in=$1 out=$2 magic tool off
@@ -245,6 +265,7 @@ prepare_kernel() { # sets KDIR
 		fi
 		[ -n "$pkg" ] || skip "cannot resolve the kernel package of suite $SUITE (see $LOG)"
 	fi
+	[ $SIW = 0 ] || kernel_with_headers pkg
 	KDIR=$CACHE/kernel/$pkg
 	local stamp
 	stamp=$(printf '%s\n' "${MODS[@]}" | sha256sum | cut -c1-12)
