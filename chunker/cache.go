@@ -37,8 +37,35 @@ const entryOverhead = 128
 
 // racyWindow: a file modified less than this long before it is hashed may
 // still change without its mtime or ctime moving, because file systems
-// stamp them from a coarse clock. Such digests are returned but not cached.
-const racyWindow = 2 * time.Second
+// stamp them from a coarse clock. Such digests are returned but not cached
+// or persisted. It is the bound for file systems whose stamps keep whole
+// seconds (FAT keeps two); fineRacyWindow is the one for those that keep
+// nanoseconds (ext4, xfs, btrfs, tmpfs), which stamp from the kernel's
+// coarse clock: one tick, 10 ms at HZ=100, so 50 ms leaves a margin of 5.
+const (
+	racyWindow     = 2 * time.Second
+	fineRacyWindow = 50 * time.Millisecond
+)
+
+// racy is the racy window of version k's file system. A ctime with a
+// nanosecond part shows a file system that keeps them (ctime, unlike
+// mtime, is only ever set by the kernel's clock); on one that does, a
+// ctime on a whole second happens once in 10^9 and costs only the wider
+// window. With a 2 s window for every file, a 1 GiB file copied in and
+// served at once had its first 700 MiB hashed again after a restart: those
+// windows were hashed within 2 s of its ctime and never saved.
+func (k Key) racy() time.Duration {
+	if k.CtimeNs%int64(time.Second) != 0 {
+		return fineRacyWindow
+	}
+	return racyWindow
+}
+
+// settled reports whether version k had stopped changing, by its file
+// system's clock, when something that began at t (a hash) began.
+func (k Key) settled(t time.Time) bool {
+	return time.Unix(0, k.changedNs()).Before(t.Add(-k.racy()))
+}
 
 // Cache keeps the chunk digests of recently hashed files, evicting the
 // least recently used when their total size passes a bound. It is safe for
@@ -220,7 +247,7 @@ func (c *Cache) lead(ctx context.Context, f *os.File, l Layout, alg Algorithm, k
 		fl.d, fl.err = d, err
 		c.mu.Lock()
 		delete(c.flights, k)
-		if err == nil && time.Unix(0, k.changedNs()).Before(start.Add(-racyWindow)) {
+		if err == nil && k.settled(start) {
 			c.putLocked(k, d)
 		}
 		c.mu.Unlock()

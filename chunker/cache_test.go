@@ -190,12 +190,27 @@ func TestCacheRecentCtimeNotCached(t *testing.T) {
 	c := NewCache(1<<20, 1)
 	f := oldFile(t, "a", make([]byte, 5000)) // old mtime, ctime now
 	l := layoutOf(t, f, 4096)
+	c.now = justAfterChange(t, f)
 	if _, _, err := c.Digests(context.Background(), f, l, CRC32C); err != nil {
 		t.Fatal(err)
 	}
 	if c.Len() != 0 {
 		t.Error("digests of a file changed just now (ctime) were cached")
 	}
+}
+
+// justAfterChange is a clock stopped 1 ms after f's ctime: inside the racy
+// window of any file system, however long a loaded machine takes to get
+// from the write to the hash.
+func justAfterChange(t *testing.T, f *os.File) func() time.Time {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := fi.Sys().(*syscall.Stat_t).Ctim
+	at := time.Unix(ct.Sec, ct.Nsec).Add(time.Millisecond)
+	return func() time.Time { return at }
 }
 
 func TestCacheRacyNotCached(t *testing.T) {
@@ -211,6 +226,7 @@ func TestCacheRacyNotCached(t *testing.T) {
 	}
 	defer f.Close()
 	l := layoutOf(t, f, 4096)
+	c.now = justAfterChange(t, f)
 	for range 2 {
 		if _, cached, err := c.Digests(context.Background(), f, l, CRC32C); err != nil || cached {
 			t.Fatalf("fresh file: cached %v, err %v", cached, err)

@@ -101,7 +101,7 @@ func (s *MemStore) Load(k Key, first, n int) ([]byte, bool) {
 }
 
 // Save implements Store. Digests of a file that changed less than
-// racyWindow ago are not saved, nor those of a version larger than the
+// its racy window ago are not saved, nor those of a version larger than the
 // whole store (neither is an error).
 func (s *MemStore) Save(k Key, first int, b []byte) error {
 	size := k.Alg.Size()

@@ -204,7 +204,7 @@ func TestMemStoreEvictsByBytes(t *testing.T) {
 func TestMemStoreRacyNotSaved(t *testing.T) {
 	s := NewMemStore(0)
 	k := testKey(10, 4*4096, CRC32C)
-	k.CtimeNs = time.Now().Add(-time.Second).UnixNano()
+	k.CtimeNs = time.Now().Add(-time.Second).Truncate(time.Second).UnixNano() // whole seconds: a 2 s window
 	if err := s.Save(k, 0, testDigests(CRC32C, 0, 4)); err != nil {
 		t.Fatal(err)
 	}

@@ -37,15 +37,13 @@ type Store interface {
 }
 
 // Persistable reports whether the digests of version k, hashed from
-// hashStart on, may be saved: not if the file changed less than
-// racyWindow before its hash began, as the cache's rule is (a file system
-// stamps mtime and ctime from a coarse clock, so a write just after them
-// may leave the key unchanged). A Store checks this against the time of
-// the Save itself, which is later than the hash's start; a caller that
-// knows when it began hashing should check it too.
-func Persistable(k Key, hashStart time.Time) bool {
-	return time.Unix(0, k.changedNs()).Before(hashStart.Add(-racyWindow))
-}
+// hashStart on, may be saved: not if the file changed less than its file
+// system's racy window before its hash began, as the cache's rule is (a
+// file system stamps mtime and ctime from a coarse clock, so a write just
+// after them may leave the key unchanged). A Store checks this against the
+// time of the Save itself, which is later than the hash's start; a caller
+// that knows when it began hashing should check it too.
+func Persistable(k Key, hashStart time.Time) bool { return k.settled(hashStart) }
 
 // DirStore is a Store in a directory the process owns: one file per file
 // version and digest layout, named by a hash of the file's (dev, ino) and
@@ -331,7 +329,7 @@ func (s *DirStore) touch(p string) {
 }
 
 // Save implements Store. Digests of a file that changed less than
-// racyWindow ago are not saved (and that is not an error).
+// their racy window ago are not saved (and that is not an error).
 func (s *DirStore) Save(k Key, first int, b []byte) error {
 	size := k.Alg.Size()
 	if size == 0 {
@@ -572,7 +570,7 @@ func deviceKey(fi os.FileInfo, l Layout, alg Algorithm) (Key, error) {
 var persistWindow int64 = 64 << 20
 
 // ErrTooRecent reports a file whose digests may not be persisted yet: it
-// changed less than racyWindow ago, or its times are in the future.
+// changed less than its racy window ago, or its times are in the future.
 var ErrTooRecent = errors.New("chunker: file changed too recently for its digests to be stored")
 
 // Persist makes s hold every chunk digest of f laid out as l: the windows
@@ -585,7 +583,7 @@ var ErrTooRecent = errors.New("chunker: file changed too recently for its digest
 // It returns the bytes it read to hash (0 when s held every digest).
 // progress, if not nil, is called after each window with the bytes of f
 // done so far, hashed or found stored. A file changed within the last
-// racyWindow is waited for, up to racyWindow (then ErrTooRecent). A file
+// racy window is waited for, up to that window (then ErrTooRecent). A file
 // that changes while it is hashed is an error wrapping ErrChanged, and
 // what was saved of it is dropped.
 func Persist(ctx context.Context, f *os.File, l Layout, alg Algorithm, s Store, workers int, progress func(done int64)) (int64, error) {
@@ -642,7 +640,7 @@ func statKey(f *os.File, l Layout, alg Algorithm) (Key, error) {
 	return KeyOf(fi, l, alg)
 }
 
-// waitPersistable waits, up to racyWindow, for version k to be old enough
+// waitPersistable waits, up to k's racy window, for version k to be old enough
 // to persist: a file just copied into place gets its digests stored
 // rather than refused.
 func waitPersistable(ctx context.Context, k Key) error {
@@ -650,8 +648,8 @@ func waitPersistable(ctx context.Context, k Key) error {
 	if Persistable(k, now) {
 		return nil
 	}
-	wait := time.Unix(0, k.changedNs()).Add(racyWindow + 10*time.Millisecond).Sub(now)
-	if wait > racyWindow+100*time.Millisecond {
+	wait := time.Unix(0, k.changedNs()).Add(k.racy() + 10*time.Millisecond).Sub(now)
+	if wait > k.racy()+100*time.Millisecond {
 		return ErrTooRecent // changed in the future, by its times
 	}
 	t := time.NewTimer(wait)

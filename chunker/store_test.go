@@ -293,21 +293,39 @@ func TestStoreInodeReusedByAnotherFile(t *testing.T) {
 	}
 }
 
+// TestStoreRacyNotSaved: digests of a file that changed within its file
+// system's racy window before they were hashed are not saved. The window
+// is 2 s where ctime keeps whole seconds, 50 ms where it keeps nanoseconds.
 func TestStoreRacyNotSaved(t *testing.T) {
-	s := openTestStore(t, 0)
-	k := testKey(10, 4*4096, CRC32C)
-	k.MtimeNs = time.Now().Add(-time.Second).UnixNano()
-	if err := s.Save(k, 0, testDigests(CRC32C, 0, 4)); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := s.Load(k, 0, 4); ok {
-		t.Error("digests of a file changed 1 s ago were persisted")
-	}
-	if Persistable(k, time.Now()) {
-		t.Error("Persistable: file changed 1 s ago")
-	}
-	if !Persistable(testKey(10, 1, CRC32C), time.Now()) {
-		t.Error("Persistable: file changed an hour ago: false")
+	now := time.Now()
+	coarse := now.Add(-time.Second).Truncate(time.Second)
+	for i, c := range []struct {
+		name            string
+		changed, ctime  time.Time
+		wantPersistable bool
+	}{
+		{"whole-second stamps, changed 1 s ago", coarse, coarse, false},
+		{"whole-second stamps, changed 3 s ago", now.Add(-3 * time.Second).Truncate(time.Second), now.Add(-time.Hour).Truncate(time.Second), true},
+		{"nanosecond stamps, changed 1 s ago", now.Add(-time.Second), now.Add(-time.Hour), true},
+		{"nanosecond stamps, changed 10 ms ago", now.Add(-10 * time.Millisecond), now.Add(-10 * time.Millisecond), false},
+		{"nanosecond ctime, mtime 10 ms ago", now.Add(-10 * time.Millisecond), now.Add(-time.Hour), false},
+	} {
+		s := openTestStore(t, 0)
+		s.now = func() time.Time { return now } // the Save's clock: load can't move a case across a window
+		k := testKey(uint64(10+i), 4*4096, CRC32C)
+		k.MtimeNs, k.CtimeNs = c.changed.UnixNano(), c.ctime.UnixNano()
+		if c.ctime.Nanosecond() != 0 && c.ctime.Nanosecond()%int(time.Millisecond) == 0 {
+			k.CtimeNs++ // a nanosecond part, whatever the clock's resolution
+		}
+		if got := Persistable(k, now); got != c.wantPersistable {
+			t.Errorf("%s: Persistable %v, want %v", c.name, got, c.wantPersistable)
+		}
+		if err := s.Save(k, 0, testDigests(CRC32C, 0, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.Load(k, 0, 4); ok != c.wantPersistable {
+			t.Errorf("%s: saved %v, want %v", c.name, ok, c.wantPersistable)
+		}
 	}
 }
 
