@@ -22,6 +22,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -228,17 +229,32 @@ func TestHostileNames(t *testing.T) {
 }
 
 // A name sent twice in one directory, and a name that is a symlink (to
-// outside DEST) and then a directory with a file in it: the second of each
-// is refused, and nothing is written through the link.
+// outside DEST) in one batch and then a directory with a file in it in the
+// next: the second of each is refused, and nothing is written through the
+// link.
 func TestHostileDuplicates(t *testing.T) {
 	for _, noWalk := range []bool{false, true} {
 		t.Run(map[bool]string{false: "walk", true: "list"}[noWalk], func(t *testing.T) {
+			var mu sync.Mutex
+			batchOf := map[protocol.FileType]int{} // the WalkBatch each k came in
+			batches := 0
 			o := hostileRun(t, func(t *testing.T, dir string) {
-				writeFiles(t, dir, map[string]string{"a": "first", "b": "second", "m/evil": "pwned"})
+				files := map[string]string{"a": "first", "b": "second", "m/evil": "pwned"}
+				// 125 more before k: with a and b, k is the 128th entry,
+				// the last of the initiator's first batch; m opens the next.
+				for i := range 125 {
+					files[fmt.Sprintf("f%03d", i)] = "filler"
+				}
+				writeFiles(t, dir, files)
 				if err := os.Symlink("../..", filepath.Join(dir, "k")); err != nil {
 					t.Fatal(err)
 				}
 			}, noWalk, func(req, reply protocol.Message) protocol.Message {
+				mu.Lock()
+				defer mu.Unlock()
+				if _, ok := reply.(*protocol.WalkBatch); ok {
+					batches++
+				}
 				return mapEntries(reply, func(e *protocol.Entry) {
 					switch e.Name {
 					case "b":
@@ -246,10 +262,16 @@ func TestHostileDuplicates(t *testing.T) {
 					case "m":
 						e.Name = "k" // after the symlink k, in name order
 					}
+					if e.Name == "k" {
+						batchOf[e.Type] = batches
+					}
 				})
 			})
 			if o.err != nil {
 				t.Fatalf("the copy stopped: %v", o.err)
+			}
+			if !noWalk && batchOf[protocol.FileSymlink] == batchOf[protocol.FileDir] {
+				t.Fatalf("the symlink k and the directory k came in one batch (%v): the case needs them apart", batchOf)
 			}
 			if b, err := os.ReadFile(filepath.Join(o.dest, "a")); err != nil || string(b) != "first" {
 				t.Errorf("a: %q, %v; want the first one sent", b, err)
@@ -369,5 +391,52 @@ func TestHostileDepthOverCap(t *testing.T) {
 				t.Errorf("a tree that failed appeared at DEST: %v", err)
 			}
 		})
+	}
+}
+
+// Entry types the initiator does not copy: a block device, "other", and
+// a type number it does not know, in place of a regular file. Listed,
+// each is skipped with a warning and nothing is made at its name; walked,
+// the file was packed, and a packed entry that is not a regular file
+// stops the copy as malformed (exit 12), with nothing at DEST.
+func TestHostileTypes(t *testing.T) {
+	for _, typ := range []protocol.FileType{protocol.FileBlockDev, protocol.FileOther, 77} {
+		for _, noWalk := range []bool{false, true} {
+			t.Run(typ.String()+map[bool]string{false: "/walk", true: "/list"}[noWalk], func(t *testing.T) {
+				o := hostileRun(t, func(t *testing.T, dir string) {
+					writeFiles(t, dir, map[string]string{"evil": "pwned", "good": "fine"})
+				}, noWalk, func(_, reply protocol.Message) protocol.Message {
+					return mapEntries(reply, func(e *protocol.Entry) {
+						if e.Name == "evil" {
+							e.Type = typ
+						}
+					})
+				})
+				if !noWalk {
+					if !errors.Is(o.err, protocol.ErrMalformed) || !strings.Contains(o.err.Error(), `packed "evil"`) {
+						t.Fatalf("got %v, want a malformed packed entry", o.err)
+					}
+					if _, err := os.Lstat(o.dest); !errors.Is(err, fs.ErrNotExist) {
+						t.Errorf("a tree that failed appeared at DEST: %v", err)
+					}
+					return
+				}
+				if o.err != nil {
+					t.Fatalf("the copy stopped: %v", o.err)
+				}
+				var skipped bool
+				for _, fr := range o.files {
+					if fr.Path == "evil" {
+						skipped = fr.Status == initiator.StatusSkipped && fr.Err != nil && strings.Contains(fr.Err.Error(), "skipping special file")
+					}
+				}
+				if !skipped {
+					t.Errorf("evil as %v was not skipped with a warning: %+v", typ, o.files)
+				}
+				if _, err := os.Lstat(filepath.Join(o.dest, "evil")); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("evil as %v was made: %v", typ, err)
+				}
+			})
+		}
 	}
 }
