@@ -9,6 +9,8 @@ import (
 	"testing"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/rdmacp/rdmacp/initiator"
 )
 
 // hostileNames are legal Linux file names that, printed raw, would act on
@@ -126,6 +128,22 @@ func TestHostileNamesEscaped(t *testing.T) {
 		}
 		if !got[key] {
 			t.Errorf("ls --json lacks %q exactly (has %v)", key, got)
+		}
+	}
+}
+
+// The progress lines, of one file and of a tree, show a hostile name
+// escaped.
+func TestProgressEscapesNames(t *testing.T) {
+	for _, n := range hostileNames {
+		p := initiator.Progress{Path: "data/t/" + n, Bytes: 1, Total: 2}
+		for what, line := range map[string]string{
+			"file": fileStatus(p, 1e6, true),
+			"tree": treeStatus(treeSnapshot{files: 2, doneFiles: 1}, p, true),
+		} {
+			if raw, bad := rawControl(line); bad || strings.Contains(line, "\n") {
+				t.Errorf("%s progress line for %q holds %q raw: %q", what, n, raw, line)
+			}
 		}
 	}
 }
