@@ -198,8 +198,8 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 		}()
 		return ls
 	}
-	var walk func(remote, rel string, ls *listing) error
-	walk = func(remote, rel string, ls *listing) error {
+	var walk func(remote, rel string, depth int, ls *listing) error
+	walk = func(remote, rel string, depth int, ls *listing) error {
 		<-ls.done
 		if ls.err != nil {
 			return ls.err
@@ -209,6 +209,9 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 		kids := map[string]*listing{}
 		for i, e := range ls.ents {
 			items[i] = listed(rel, e, seen)
+			if err := overCap(src, items[i].rel, depth+1, e.Type); err != nil {
+				return err
+			}
 			if items[i].err == nil && keep != nil && !keep(items[i]) {
 				items[i].err = errLeftOut
 				continue
@@ -232,7 +235,7 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 				if err := emit(it); err != nil {
 					return err
 				}
-				if err := walk(remote+"/"+e.Name, it.rel, kids[e.Name]); err != nil {
+				if err := walk(remote+"/"+e.Name, it.rel, depth+1, kids[e.Name]); err != nil {
 					return err
 				}
 				continue
@@ -245,7 +248,7 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 		}
 		return nil
 	}
-	return walk(src, "", start(src))
+	return walk(src, "", 0, start(src))
 }
 
 // listed is the item for entry e of directory dir (a tree's rel), with
@@ -684,13 +687,13 @@ func (c *treeCopy) reportLocked(fr FileResult) {
 	}
 }
 
+// underFailed reports whether rel's directory failed. Only the parent is
+// looked up: a directory under a failed one is marked failed itself when
+// placed, before anything in it comes. Walking every ancestor cost
+// depth x path length per entry: a 500-deep chain of 160-byte names took
+// 7 of the copy's 9 CPU-seconds in path.Dir.
 func (c *treeCopy) underFailed(rel string) bool {
-	for d := path.Dir(rel); d != "."; d = path.Dir(d) {
-		if c.failedDirs[d] {
-			return true
-		}
-	}
-	return false
+	return c.failedDirs[path.Dir(rel)]
 }
 
 // place deals with one entry of the tree as it comes: a directory is

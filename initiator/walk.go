@@ -260,6 +260,9 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 		}
 		d := t.stack[len(t.stack)-1]
 		it := listed(d.rel, e.Entry, d.seen)
+		if err := overCap(t.src, it.rel, len(t.stack), e.Entry.Type); err != nil {
+			return nil, err
+		}
 		switch {
 		case it.err != nil:
 		case d.bad:
@@ -285,4 +288,26 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 		out[i] = walked{it: it, packed: e.Packed && it.err == nil}
 	}
 	return out, nil
+}
+
+// overCap refuses an entry at rel, depth elements under the tree's root
+// src, whose path or (for a directory) depth is over the protocol's caps:
+// the tree stops there, before its paths and depth cost the initiator
+// more than the caps allow.
+func overCap(src, rel string, depth int, typ protocol.FileType) error {
+	var ce *protocol.CapError
+	switch {
+	case len(rel) > protocol.MaxPath:
+		ce = &protocol.CapError{What: "path", Got: len(rel), Cap: protocol.MaxPath}
+	case typ == protocol.FileDir && depth > protocol.MaxDepth:
+		ce = &protocol.CapError{What: "depth", Got: depth, Cap: protocol.MaxDepth}
+	default:
+		return nil
+	}
+	// The path can be 4 KB, and is the target's: only its start is shown.
+	shown := rel
+	if len(shown) > 64 {
+		shown = shown[:64] + "..."
+	}
+	return fmt.Errorf("%s/%s: the target sent a tree over a protocol cap: %w", src, shown, ce)
 }

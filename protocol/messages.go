@@ -751,6 +751,12 @@ func decodeEntry(d *decoder, x *Entry) {
 	x.MtimeNs = d.i64()
 	x.Name = d.str()
 	x.Target = d.str()
+	if len(x.Name) > MaxName {
+		d.failCap(&CapError{What: "name", Got: len(x.Name), Cap: MaxName})
+	}
+	if len(x.Target) > MaxPath {
+		d.failCap(&CapError{What: "symlink target", Got: len(x.Target), Cap: MaxPath})
+	}
 	if d.meta {
 		x.Meta = decodeMeta(d)
 	}
@@ -947,7 +953,10 @@ func (m *PackReply) decode(d *decoder) {
 	m.Handle = d.u32()
 	decodeWindow(d, &m.Window)
 	n := d.count(packedMin)
-	if n == 0 {
+	if n > MaxBatchEntries {
+		d.failCap(&CapError{What: "entries", Got: n, Cap: MaxBatchEntries})
+	}
+	if n == 0 || d.err != nil {
 		return
 	}
 	m.Files = make([]PackedFile, n)
@@ -1073,7 +1082,10 @@ func (m *WalkBatch) decode(d *decoder) {
 	m.Done = d.bool()
 	decodeWindow(d, &m.Window)
 	n := d.count(walkEntryMin)
-	if n == 0 {
+	if n > MaxBatchEntries {
+		d.failCap(&CapError{What: "entries", Got: n, Cap: MaxBatchEntries})
+	}
+	if n == 0 || d.err != nil {
 		return
 	}
 	m.Entries = make([]WalkEntry, n)

@@ -325,7 +325,7 @@ func Unmarshal(b []byte) (Message, error) {
 		d.err = fmt.Errorf("%d trailing bytes", len(b)-d.off)
 	}
 	if d.err != nil {
-		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: %s: %v", ErrMalformed, h.Type, d.err)}
+		return nil, &DecodeError{Header: h, err: fmt.Errorf("%w: %s: %w", ErrMalformed, h.Type, d.err)}
 	}
 	m.SetID(h.RequestID)
 	return m, nil
@@ -426,6 +426,13 @@ type decoder struct {
 	off  int
 	err  error
 	meta bool // FlagMeta: each Entry is followed by its Meta
+}
+
+// failCap records e, a value over a cap, as the decoding error.
+func (d *decoder) failCap(e *CapError) {
+	if d.err == nil {
+		d.err = e
+	}
 }
 
 func (d *decoder) fail(format string, args ...any) {

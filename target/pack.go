@@ -19,7 +19,7 @@ import (
 )
 
 // maxPackFiles caps the files one Pack (or walk batch) packs, whatever fits.
-const maxPackFiles = 1024
+const maxPackFiles = protocol.MaxBatchEntries
 
 // maxPackMessage bounds the message of a file that fails once packed.
 const maxPackMessage = 32

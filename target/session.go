@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -237,6 +238,11 @@ func (ss *session) run(ctx context.Context) {
 	}
 }
 
+// replyHook, when set, rewrites every reply before it is sent: a
+// hostile target for the tests (hostile_test.go sets it through
+// export_hostile_test.go); nil in the program.
+var replyHook atomic.Pointer[func(req, reply protocol.Message) protocol.Message]
+
 // answer serves one request and sends its reply, with Working meanwhile
 // (a request that waits for hmu is being served too).
 func (ss *session) answer(ctx context.Context, m protocol.Message) error {
@@ -246,6 +252,9 @@ func (ss *session) answer(ctx context.Context, m protocol.Message) error {
 	ss.noteReply(m, reply)
 	ss.thaw()
 	ss.hmu.Unlock()
+	if h := replyHook.Load(); h != nil {
+		reply = (*h)(m, reply)
+	}
 	stop()
 	reply.SetID(m.ID())
 	return ss.ch.Send(ctx, reply)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -182,14 +183,14 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	}
 	if !quiet {
 		for _, p := range res.Cleaned {
-			fmt.Fprintf(c.App.ErrWriter, "rdmacp: removed %s, left by a run that was killed\n", p)
+			fmt.Fprintf(c.App.ErrWriter, "rdmacp: removed %s, left by a run that was killed\n", escape.String(p))
 		}
 	}
 	if c.Bool("dry-run") || res.Skipped {
 		return skippedSummary(c, s, srcArg, res, stdout)
 	}
 	if c.Bool("verbose") && !quiet && !jsonOut {
-		fmt.Fprintln(stdout, res.Dest)
+		fmt.Fprintln(stdout, escape.String(res.Dest))
 	}
 	secs := res.Elapsed.Seconds()
 	mbps := float64(res.Bytes) / 1e6 / max(secs, 1e-9)
@@ -203,7 +204,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
-		srcArg, res.Dest, formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
 	printRails(stdout, s.Rails())
 	return nil
 }
@@ -220,13 +221,14 @@ func skippedSummary(c *cli.Context, s *initiator.Session, srcArg string, res *in
 	if c.Bool("quiet") {
 		return nil
 	}
+	srcArg, dest := escape.String(srcArg), escape.String(res.Dest)
 	switch {
 	case res.Unchanged:
-		fmt.Fprintf(stdout, "%s -> %s: unchanged (same size and mtime), skipped\n", srcArg, res.Dest)
+		fmt.Fprintf(stdout, "%s -> %s: unchanged (same size and mtime), skipped\n", srcArg, dest)
 	case res.Skipped:
-		fmt.Fprintf(stdout, "%s -> %s: already the same (%s), skipped\n", srcArg, res.Dest, res.Digest)
+		fmt.Fprintf(stdout, "%s -> %s: already the same (%s), skipped\n", srcArg, dest, res.Digest)
 	default:
-		fmt.Fprintf(stdout, "%s\n%s -> %s: %s to copy (dry run: nothing changed)\n", res.Dest, srcArg, res.Dest, formatSI(res.Bytes))
+		fmt.Fprintf(stdout, "%s\n%s -> %s: %s to copy (dry run: nothing changed)\n", dest, srcArg, dest, formatSI(res.Bytes))
 	}
 	return nil
 }
@@ -289,7 +291,7 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 		return nil
 	}
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries%s\n",
-		srcArg, dest, formatSI(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
+		escape.String(srcArg), escape.String(dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -86,6 +87,9 @@ type fileLine struct {
 	Digest    string `json:"digest,omitempty"`
 	Error     string `json:"error,omitempty"`
 	ExitCode  int    `json:"exit_code,omitempty"`
+	// PathEscaped: Path as escape.String writes it, only when Path is not
+	// valid UTF-8 (see entryLine).
+	PathEscaped string `json:"path_escaped,omitempty"`
 }
 
 // manySummary is the --json summary of a tree or manifest.
@@ -215,7 +219,7 @@ func (t *tally) count(fr initiator.FileResult) {
 // show prints an entry's line: --json's, -v's, or an error or warning.
 func (t *tally) show(fr initiator.FileResult, src, dst string) {
 	l := fileLine{Type: "file", Path: fr.Path, Source: src, Dest: dst, FileType: fr.Type.String(), Status: fr.Status,
-		Bytes: fr.Bytes, BytesRead: fr.BytesRead, Digest: fr.Digest}
+		Bytes: fr.Bytes, BytesRead: fr.BytesRead, Digest: fr.Digest, PathEscaped: lossless(fr.Path)}
 	if fr.Err != nil {
 		l.Error = fr.Err.Error()
 		if fr.Status == initiator.StatusFailed {
@@ -226,12 +230,12 @@ func (t *tally) show(fr initiator.FileResult, src, dst string) {
 	case t.jsonOut:
 		json.NewEncoder(t.out).Encode(l)
 	case fr.Status == initiator.StatusFailed:
-		t.say(t.errw, "rdmacp: %s: %v\n", fr.Path, fr.Err)
+		t.say(t.errw, "rdmacp: %s: %s\n", escape.String(fr.Path), escape.String(fr.Err.Error()))
 	case fr.Status == initiator.StatusSkipped:
-		t.say(t.errw, "rdmacp: warning: %v\n", fr.Err)
+		t.say(t.errw, "rdmacp: warning: %s\n", escape.String(fr.Err.Error()))
 	case t.verbose && !t.quiet:
 		if s, ok := listed(fr); ok {
-			t.say(t.out, "%s\n", s)
+			t.say(t.out, "%s\n", escape.String(s))
 		}
 	}
 }
@@ -242,7 +246,7 @@ func (t *tally) cleaned(paths []string) {
 		return
 	}
 	for _, p := range paths {
-		t.say(t.errw, "rdmacp: removed %s, left by a run that was killed\n", p)
+		t.say(t.errw, "rdmacp: removed %s, left by a run that was killed\n", escape.String(p))
 	}
 }
 

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"time"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -39,6 +41,11 @@ type entryLine struct {
 	Mtime   string `json:"mtime"`
 	Target  string `json:"target,omitempty"`
 	Message string `json:"message_type"`
+	// NameEscaped and TargetEscaped: Name and Target as escape.String
+	// writes them, only when they are not valid UTF-8, which JSON cannot
+	// carry (encoding/json turns such bytes into U+FFFD).
+	NameEscaped   string `json:"name_escaped,omitempty"`
+	TargetEscaped string `json:"target_escaped,omitempty"`
 }
 
 func runLs(c *cli.Context) error {
@@ -76,15 +83,16 @@ func runLs(c *cli.Context) error {
 		mt := time.Unix(0, e.MtimeNs).UTC().Format(time.RFC3339)
 		switch {
 		case c.Bool("json"):
-			enc.Encode(entryLine{Message: "entry", Type: e.Type.String(), Name: e.Name, Mode: fmt.Sprintf("%04o", e.Mode), Size: e.Size, Mtime: mt, Target: e.Target})
+			enc.Encode(entryLine{Message: "entry", Type: e.Type.String(), Name: e.Name, Mode: fmt.Sprintf("%04o", e.Mode), Size: e.Size, Mtime: mt, Target: e.Target,
+				NameEscaped: lossless(e.Name), TargetEscaped: lossless(e.Target)})
 		case c.Bool("long"):
-			name := e.Name
+			name := escape.String(e.Name)
 			if e.Type == protocol.FileSymlink {
-				name += " -> " + e.Target
+				name += " -> " + escape.String(e.Target)
 			}
 			fmt.Fprintf(out, "%c%s %12d %s %s\n", typeChar(e.Type), mode, e.Size, mt, name)
 		default:
-			name := e.Name
+			name := escape.String(e.Name)
 			if e.Type == protocol.FileDir {
 				name += "/"
 			}
@@ -106,4 +114,13 @@ func typeChar(t protocol.FileType) byte {
 		return '-'
 	}
 	return '?'
+}
+
+// lossless is s as escape.String writes it when s is not valid UTF-8,
+// and so would not survive JSON; "" otherwise.
+func lossless(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return escape.String(s)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -36,6 +37,7 @@ const (
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
 	exitBind       = 10  // serve: cannot listen on the address (in use, not this host's, a privileged port), as rsync's daemon exits 10
+	exitProtocol   = 12  // the target sent what the protocol does not allow (a malformed message, a name or tree over a cap), as rsync's 12
 	exitPartial    = 23  // a tree or manifest copied some files but others failed (as rsync's 23); if none was copied, the first failure's code
 	exitBusy       = 75  // the target is busy (its window budget, or this session's share of it, in use): try again later (EX_TEMPFAIL)
 	exitInterrupts = 130 // SIGINT or SIGTERM
@@ -78,6 +80,8 @@ func exitCode(ctx context.Context, err error) int {
 		return exitRemote
 	case errors.Is(err, initiator.ErrChanged):
 		return exitChanged
+	case errors.Is(err, protocol.ErrMalformed):
+		return exitProtocol
 	case errors.As(err, &pe):
 		switch pe.Code {
 		case protocol.CodeAuthFailed:
@@ -106,7 +110,7 @@ func main() {
 	case err != nil && ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "rdmacp: interrupted")
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "rdmacp:", err)
+		fmt.Fprintln(os.Stderr, "rdmacp:", escape.String(err.Error()))
 	}
 	os.Exit(exitCode(ctx, err))
 }

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 )
 
@@ -159,7 +160,7 @@ func (r *barRenderer) update(p initiator.Progress) {
 // fileStatus is one file's progress: name, percentage, bytes, rate, ETA.
 func fileStatus(p initiator.Progress, bps float64, rateOK bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %3d%% %s / %s", path.Base(p.Path), percent(p.Bytes, p.Total), formatSI(p.Bytes), formatSI(p.Total))
+	fmt.Fprintf(&b, "%s %3d%% %s / %s", escape.String(path.Base(p.Path)), percent(p.Bytes, p.Total), formatSI(p.Bytes), formatSI(p.Total))
 	if rateOK {
 		fmt.Fprintf(&b, "  %s", formatRate(bps))
 		if bps > 0 {
@@ -275,7 +276,7 @@ func treeStatus(s treeSnapshot, cur initiator.Progress, withFile bool) string {
 	}
 	fmt.Fprintf(&b, "  %s", eta(s.elapsed.Seconds()))
 	if withFile {
-		fmt.Fprintf(&b, "  [%s %d%%]", path.Base(cur.Path), percent(cur.Bytes, cur.Total))
+		fmt.Fprintf(&b, "  [%s %d%%]", escape.String(path.Base(cur.Path)), percent(cur.Bytes, cur.Total))
 	}
 	return b.String()
 }

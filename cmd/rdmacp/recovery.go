@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 )
 
@@ -86,7 +87,7 @@ func (r *recoveries) report(ev initiator.Recovery) {
 		json.NewEncoder(r.stdout).Encode(l)
 		return
 	}
-	fmt.Fprintln(r.stderr, "rdmacp: warning:", recoveryText(ev))
+	fmt.Fprintln(r.stderr, "rdmacp: warning:", escape.String(recoveryText(ev)))
 }
 
 // Count is how many recoveries worked.
