@@ -73,6 +73,7 @@ type session struct {
 	windows    int
 	spare      packSpare
 	stats      sessionStats // for the access log and metrics
+	suspects   rateBudget   // bytes Suspect may have hashed again (suspect.go)
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -841,25 +842,6 @@ func (ss *session) extentsReply(m *protocol.Extents) protocol.Message {
 		return errf(protocol.CodeInternal, "finding the data of %s: %v", h.path, err)
 	}
 	return &protocol.ExtentsReply{Handle: h.id, Next: uint64(next), Extents: xs}
-}
-
-// suspect answers Suspect: a chunk that failed its digest on every read
-// may have had a stale stored digest, so the file's stored digests go
-// and the chunk is hashed again from the file.
-func (ss *session) suspect(ctx context.Context, m *protocol.Suspect) protocol.Message {
-	h := ss.handles[m.Handle]
-	if h == nil || h.wd == nil {
-		return errf(protocol.CodeBadRequest, "no file handle %d with digests by window", m.Handle)
-	}
-	if int64(m.Chunk) >= int64(h.layout.Chunks()) {
-		return errf(protocol.CodeBadRequest, "chunk %d of %d", m.Chunk, h.layout.Chunks())
-	}
-	b, err := h.wd.suspect(ctx, int(m.Chunk))
-	if err != nil {
-		return errf(protocol.CodeInternal, "%s: %v", h.path, err)
-	}
-	ss.log.Warn("chunk failed its digest on every read: stored digests dropped, chunk hashed again", "path", h.path, "chunk", m.Chunk)
-	return &protocol.DigestsReply{Handle: h.id, First: m.Chunk, Digests: b}
 }
 
 // mapWindow maps file bytes for RDMA READ: an mmap of exactly the asked

@@ -83,6 +83,12 @@ type Config struct {
 	Digests chunker.Store
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
+	// SuspectRate caps the bytes a session may have hashed again by
+	// Suspect, a second (a burst of twice that; each Suspect counts its
+	// chunk, 1 MiB at least); default 16 MiB: four a second of the
+	// default 4 MiB chunk, some 10 ms of CPU a second at CRC32C's speed.
+	// Beyond it Suspect is answered TooMany.
+	SuspectRate int64
 	// MaxSessions caps authenticated sessions; default 64. A control
 	// connection counts as a session only once its Hello (and, with a
 	// secret, its Auth) has been accepted; until then it is a handshake.
@@ -171,6 +177,9 @@ func (c *Config) setDefaults() {
 	if c.MaxSessions == 0 {
 		c.MaxSessions = 64
 	}
+	if c.SuspectRate == 0 {
+		c.SuspectRate = 16 << 20
+	}
 	if c.MinWindowShare == 0 {
 		c.MinWindowShare = min(2*c.MaxWindow, c.WindowBudget/uint64(max(c.MaxSessions, 1)))
 	}
@@ -242,6 +251,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxWindow < uint64(c.ChunkSize) {
 		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
+	}
+	if c.SuspectRate < suspectMinCost {
+		return fmt.Errorf("target: suspect rate %d: want at least %d bytes a second", c.SuspectRate, suspectMinCost)
 	}
 	if c.PushDepth < 1 || c.PushDepth > 64 {
 		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
