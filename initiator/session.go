@@ -210,7 +210,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth}
-	if err := s.dial(ctx); err != nil {
+	if err := s.dialBusy(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}

@@ -185,7 +185,10 @@ func (ss *session) run(ctx context.Context) {
 	defer func() { ss.closed(why) }() // after release: the files' lines first
 	defer ss.release()
 	if err := ss.hello(ctx); err != nil {
-		if ctx.Err() == nil {
+		var full fullError
+		if why := ss.srv.evictedWhy(ss); why != "" && !errors.As(err, &full) { // refuse told it already
+			ss.tellEvicted(why)
+		} else if ctx.Err() == nil {
 			ss.srv.handshakeFailed(ss.srv.peerOf(ss), err) // aggregated: a flood of these must not flood the log
 		}
 		return
@@ -289,6 +292,7 @@ func (ss *session) hello(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("waiting for hello: %w", err)
 	}
+	ss.srv.spoke(ss)
 	h, ok := m.(*protocol.Hello)
 	if !ok {
 		ss.ch.Send(ctx, errf(protocol.CodeBadRequest, "expected Hello, got %v", m.Type()))
@@ -357,6 +361,20 @@ func (ss *session) refuse(ctx context.Context, id uint32, err error) error {
 	ss.ch.Send(ctx, e)
 	return err
 }
+
+// tellEvicted answers a handshake cut short for another (admit) with
+// TooMany, for the initiator to retry, not to take as a broken
+// connection. Request ID 0: it answers whatever the initiator sent last
+// (Hello or Auth). Bounded: the peer may take nothing.
+func (ss *session) tellEvicted(why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), evictedSendTimeout)
+	defer cancel()
+	ss.ch.Send(ctx, errf(protocol.CodeTooMany, "%s", why))
+}
+
+// evictedSendTimeout bounds tellEvicted's send: one small message on a
+// connected QP takes microseconds unless the peer has stopped reading.
+const evictedSendTimeout = 100 * time.Millisecond
 
 // setAuthed makes the handshake a session: it takes a session's place in
 // the server's counts (or fails: MaxSessions, MaxSessionsPerAddr), makes
