@@ -578,6 +578,9 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		}
 		changed := h.file() && h.changed()
 		h.acc.result = map[bool]string{false: "ok", true: "changed"}[changed]
+		if h.push != nil { // a push ends well only by its commit
+			h.acc.result = "aborted: the initiator closed it before the commit"
+		}
 		if h.wd != nil {
 			closed := &protocol.Closed{Changed: changed, FileDigest: []byte{}}
 			closed.FileDigest = h.wd.fileDigest(ctx)
