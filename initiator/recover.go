@@ -95,6 +95,52 @@ const (
 	busyBackoffMax = time.Second
 )
 
+// revoked looks for what a target that ended the session told before
+// its QPs closed: Error (Permission) under RequestID 0, its identity or
+// rights revoked by a reload of its keys. It reads only what has come
+// already (the session broke: nothing else is read from its channel
+// now). Then there is nothing to reconnect for: the new session would
+// be refused, after a round of retries.
+func (s *Session) revoked() error {
+	if re := s.revocation.Load(); re != nil {
+		return re
+	}
+	if s.ch == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), revokedPeek)
+	defer cancel()
+	for {
+		m, err := s.ch.Recv(ctx)
+		if err != nil {
+			return nil
+		}
+		if pe, ok := m.(*protocol.Error); ok && revocation(pe) {
+			return &RevokedError{Err: pe}
+		}
+	}
+}
+
+// revocation reports whether pe is a target telling, unasked (RequestID
+// 0), that it revoked the session's rights (Permission) or identity
+// (AuthFailed).
+func revocation(pe *protocol.Error) bool {
+	return pe.ID() == 0 && (pe.Code == protocol.CodePermission || pe.Code == protocol.CodeAuthFailed)
+}
+
+// revokedPeek bounds revoked's look: what the target sent before it
+// closed the session is in already when the session's QPs have failed.
+const revokedPeek = 50 * time.Millisecond
+
+// RevokedError is a session the target ended because its identity or
+// its rights went in a reload of its keys (the message says which). It
+// wraps the target's Error: CodePermission, or CodeAuthFailed for an
+// identity gone (the exit code follows it).
+type RevokedError struct{ Err *protocol.Error }
+
+func (e *RevokedError) Error() string { return "access denied: " + e.Err.Message }
+func (e *RevokedError) Unwrap() error { return e.Err }
+
 // reconnectBackoff is the wait after a failed attempt, doubling to
 // reconnectBackoffMax.
 const (
@@ -105,6 +151,9 @@ const (
 // reconnect replaces the session's connections with new ones, trying
 // until it works, the budget is spent or ctx ends. cause is what broke.
 func (s *Session) reconnect(ctx context.Context, cause error) error {
+	if err := s.revoked(); err != nil {
+		return err
+	}
 	if s.cfg.RetryFor < 0 || s.sharing.Load() > 0 {
 		return cause
 	}

@@ -77,6 +77,11 @@ type session struct {
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	// revoked says why a reload of the keys ended the session, rekeyed
+	// whether its identity went or has a new key (set, under srv.kmu,
+	// before stop is closed).
+	revoked string
+	rekeyed bool
 }
 
 type handle struct {
@@ -182,7 +187,12 @@ func (ss *session) run(ctx context.Context) {
 		}
 	}()
 	why := "the target is stopping"
-	defer func() { ss.closed(why) }() // after release: the files' lines first
+	defer func() {
+		if ss.stopped() && ss.revoked != "" {
+			why = ss.revoked
+		}
+		ss.closed(why)
+	}() // after release: the files' lines first
 	defer ss.release()
 	if err := ss.hello(ctx); err != nil {
 		var full fullError
