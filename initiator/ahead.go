@@ -54,7 +54,7 @@ func (f *fetch) unmap(w *win) {
 	p, err := f.s.start(f.ctx, m)
 	<-f.windows
 	if err == nil {
-		p.Wait(f.ctx)
+		f.s.wait(f.ctx, p, m.Type()) // through callErr: it may take a revocation
 	}
 }
 

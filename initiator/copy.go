@@ -1127,6 +1127,10 @@ func (f *fetch) judge(v verdict) error {
 func (f *fetch) resuspect(c *chunk, why error) error {
 	c.suspected = true
 	fresh, err := f.suspect(c.idx)
+	var pe *protocol.Error
+	if errors.As(err, &pe) && pe.Code == protocol.CodeTooMany {
+		return why // the target's Suspect budget is spent: the failure stands
+	}
 	if err != nil {
 		return err
 	}

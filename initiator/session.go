@@ -197,7 +197,11 @@ type Session struct {
 	// using the session (a tree listed directory by directory while its
 	// files are copied): it is not re-established under them.
 	sharing atomic.Int32
-	meta    metaState
+	// revocation: the target said, unasked, that it revoked the
+	// session's identity or rights (callErr saw it on whichever call
+	// took it); reconnect gives up at once.
+	revocation atomic.Pointer[RevokedError]
+	meta       metaState
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -210,7 +214,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth}
-	if err := s.dial(ctx); err != nil {
+	if err := s.dialBusy(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -289,7 +293,12 @@ func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Messag
 // callErr words a failed call of type t for the user: a target that
 // stopped answering, or a lost connection, is ErrConnect.
 func (s *Session) callErr(t protocol.Type, err error) error {
+	var pe *protocol.Error
 	switch {
+	case errors.As(err, &pe) && revocation(pe):
+		re := &RevokedError{Err: pe} // told unasked: see revoked
+		s.revocation.CompareAndSwap(nil, re)
+		return re
 	case errors.Is(err, protocol.ErrTimeout):
 		return fmt.Errorf("%w: %v: %w", ErrConnect, t, &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
 	case errors.Is(err, protocol.ErrClosed):
@@ -489,6 +498,9 @@ func (s *Session) replaceQP(ctx context.Context, i int) (verbs.QP, error) {
 
 func (s *Session) reportQP(ev reads.Event) {
 	s.cfg.Logger.Debug("data QP", "slot", ev.Slot, "outcome", ev.Outcome, "try", ev.Try, "cause", ev.Cause, "err", ev.Err)
+	if errors.Is(ev.Cause, errControlLost) {
+		return // the session's failure, not the QP's: reported as such (reconnect, or why not)
+	}
 	if s.cfg.Recovered != nil {
 		s.cfg.Recovered(Recovery{Scope: ScopeQP, QP: ev.Slot, Cause: ev.Cause, Outcome: ev.Outcome.String(), Attempt: ev.Try, Err: ev.Err})
 	}

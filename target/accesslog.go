@@ -129,6 +129,8 @@ func (ss *session) fileClosed(h *handle) {
 	}
 }
 
+// pushClosed logs a push's access line: ok only once committed, and
+// the bytes that were pulled and written, not the file's size.
 func (ss *session) pushClosed(h *handle) {
 	p := h.push
 	x := p.x.Name
@@ -146,7 +148,7 @@ func (ss *session) pushClosed(h *handle) {
 		ss.srv.met.pushed.WithLabelValues(x).Inc()
 		ss.srv.met.pushBytes.WithLabelValues(x).Add(float64(p.layout.Size))
 	}
-	ss.log.Log(context.Background(), level, "pushed", "export", x, "path", h.path, "bytes", p.layout.Size,
+	ss.log.Log(context.Background(), level, "pushed", "export", x, "path", h.path, "size", p.layout.Size, "bytes", p.landed,
 		"alg", p.alg.String(), "duration", time.Since(h.acc.at).Round(time.Microsecond).String(), "result", result)
 }
 

@@ -110,3 +110,58 @@ func TestPeerGroup(t *testing.T) {
 		}
 	}
 }
+
+// An address at its per-address cap does not lock its own clients out:
+// its oldest silent handshake (no Hello yet) gives way to the new one,
+// or, none being silent, its oldest; a session is never cut.
+func TestAdmitSameAddressGivesWay(t *testing.T) {
+	s := admitServer(128, 3)
+	ctx := context.Background()
+	const ip = "10.0.0.1"
+	var held []*slot
+	for i := range 3 {
+		sl, evicted, why := s.admit(ctx, ip)
+		if why != "" || evicted != "" {
+			t.Fatalf("handshake %d: refused %q, evicted %q", i, why, evicted)
+		}
+		held = append(held, sl)
+	}
+	held[0].spoke = true // its Hello came: the oldest silent is held[1]
+	sl, evicted, why := s.admit(ctx, ip)
+	if why != "" || evicted != ip {
+		t.Fatalf("a 4th from the address: refused %q, evicted %q; want admitted, %s's oldest silent cut", why, evicted, ip)
+	}
+	if !held[1].evicted || held[1].ctx.Err() == nil || held[0].evicted || held[2].evicted {
+		t.Fatalf("evicted: %v %v %v; want only the oldest silent (1)", held[0].evicted, held[1].evicted, held[2].evicted)
+	}
+	if held[1].why == "" {
+		t.Error("the evicted handshake is told nothing")
+	}
+	if n := s.peers[ip].handshakes(); n != 3 || s.handshakes != 3 {
+		t.Fatalf("%s holds %d handshakes (%d in all), want 3", ip, n, s.handshakes)
+	}
+	// held[0] becomes a session; the rest all speak: the oldest of them
+	// goes next, and the session is never touched.
+	ss := &session{}
+	s.slots[ss] = held[0]
+	if err := s.promote(ss); err != nil {
+		t.Fatal(err)
+	}
+	refill, _, why := s.admit(ctx, ip) // back at the cap of 3 handshakes
+	if why != "" {
+		t.Fatalf("refill: %q", why)
+	}
+	held[2].spoke, sl.spoke, refill.spoke = true, true, true
+	if _, evicted, why := s.admit(ctx, ip); why != "" || evicted != ip || !held[2].evicted {
+		t.Fatalf("none silent: refused %q, evicted %q, oldest cut %v", why, evicted, held[2].evicted)
+	}
+	if held[0].ctx.Err() != nil || s.authed != 1 {
+		t.Fatalf("the session was cut (%v) or its count changed (%d)", held[0].ctx.Err(), s.authed)
+	}
+	// An evicted handshake that reaches Auth is refused with why.
+	ss2 := &session{}
+	s.slots[ss2] = held[1]
+	if err := s.promote(ss2); err == nil || err.Error() != held[1].why {
+		t.Fatalf("promote of an evicted handshake: %v, want %q", err, held[1].why)
+	}
+}

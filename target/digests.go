@@ -326,25 +326,64 @@ func (wd *winDigests) fileDigest(ctx context.Context) []byte {
 	return wd.sum
 }
 
-// suspect forgets the stored digests of the file and hashes chunk i
-// again from the file.
-func (wd *winDigests) suspect(ctx context.Context, i int) ([]byte, error) {
-	if st := wd.srv.cfg.Digests; st != nil && wd.keyed {
-		st.Drop(wd.key.Dev, wd.key.Ino)
+// suspect hashes chunk i again from the file (one chunk: the CPU it
+// costs is bounded by the chunk size, and counted against the session's
+// Suspect budget by its caller). The stored digests others are served
+// too (the cache, the store) are dropped only where they hold another
+// digest for the chunk than the one just hashed: one client can't throw
+// away digests that the file bears out. stale says what the target held
+// or stored for the chunk was wrong (or can't be told: none is held any
+// longer); then the file digest Close would send can't be vouched for.
+func (wd *winDigests) suspect(ctx context.Context, i int) (fresh []byte, stale bool, err error) {
+	fresh, err = chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
+	if err != nil {
+		return nil, false, fmt.Errorf("hashing %s: %w", wd.f.Name(), err)
 	}
-	if wd.keyed {
-		wd.srv.cfg.Cache.Drop(wd.key)
-	}
-	fresh, err := chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
+	_, n := wd.l.Chunk(i)
+	wd.srv.met.hashBytes.Add(float64(n))
+	wd.hashed.Add(n)
+	dropped, matched := wd.dropWrong(i, fresh)
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
-	wd.tainted = true
-	// A window still held keeps the bad digest: a later Digests for the
-	// chunk (a reconnect's) must get the one just hashed.
-	if b, ok := wd.wins[i/wd.per]; ok && err == nil {
+	b, held := wd.wins[i/wd.per]
+	stale = dropped || !held && !matched
+	if held {
+		// A window still held with a wrong digest must give the one
+		// just hashed to a later Digests for the chunk (a reconnect's).
 		first, _ := wd.span(i / wd.per)
 		size := wd.alg.Size()
-		copy(b[(i-first)*size:(i-first+1)*size], fresh)
+		d := b[(i-first)*size : (i-first+1)*size]
+		stale = stale || !chunker.Equal(d, fresh)
+		copy(d, fresh)
 	}
-	return fresh, err
+	if stale {
+		wd.tainted = true
+	}
+	return fresh, stale, nil
+}
+
+// dropWrong drops the file's digests from the cache and from the store
+// where either holds a digest for chunk i other than fresh (dropped),
+// and says whether one held fresh (matched).
+func (wd *winDigests) dropWrong(i int, fresh []byte) (dropped, matched bool) {
+	if !wd.keyed || wd.alg.Size() == 0 {
+		return false, false
+	}
+	judge := func(d []byte, drop func()) {
+		if chunker.Equal(d, fresh) {
+			matched = true
+			return
+		}
+		drop()
+		dropped = true
+	}
+	if d, ok := wd.srv.cfg.Cache.Get(wd.key); ok && d.Len() == wd.l.Chunks() {
+		judge(d.At(i), func() { wd.srv.cfg.Cache.Drop(wd.key) })
+	}
+	if st := wd.srv.cfg.Digests; st != nil {
+		if b, ok := st.Load(wd.key, i, 1); ok {
+			judge(b, func() { st.Drop(wd.key.Dev, wd.key.Ino) })
+		}
+	}
+	return dropped, matched
 }

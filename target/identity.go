@@ -2,8 +2,12 @@ package target
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -144,28 +148,50 @@ func (s *Server) SetKeys(keys *Keys) int {
 	old := s.keys
 	s.keys = keys
 	var end []*session
+	var told []string // what the log says of each
 	for _, ss := range sessions {
 		oc := ss.client
-		if oc == nil || ss.stopped() {
+		if oc == nil || ss.stopped() || ss.revoked != "" {
 			continue // not authenticated (yet: it will be against keys), no secret, or ending
 		}
 		var nc *Client
 		if keys != nil {
 			nc, _ = keys.lookup(oc.Name)
 		}
-		if nc == nil || !bytes.Equal(nc.Key, oc.Key) || reduced(old, oc, keys, nc, ss, names) {
-			ss.stopOnce.Do(func() { close(ss.stop) }) // now: a later reload finds it ending
+		var why, logged string
+		ss.rekeyed = nc == nil || !bytes.Equal(nc.Key, oc.Key)
+		switch {
+		case nc == nil:
+			why = fmt.Sprintf("the target revoked identity %q", oc.Name)
+			logged = fmt.Sprintf("identity %s revoked", oc.Name)
+		case !bytes.Equal(nc.Key, oc.Key):
+			why = fmt.Sprintf("the target gave identity %q a new key", oc.Name)
+			logged = fmt.Sprintf("identity %s rekeyed", oc.Name)
+		default:
+			if x := reduced(old, oc, keys, nc, ss, names); x != "" {
+				why = fmt.Sprintf("the target revoked identity %q's rights on export %q", oc.Name, x)
+				logged = fmt.Sprintf("rights revoked for %s on %s", oc.Name, x)
+			}
+		}
+		if why != "" {
+			ss.revoked = why // a later reload finds it ending; stop closes once it is told
 			end = append(end, ss)
+			told = append(told, logged)
 			continue
 		}
 		ss.client = nc
 	}
 	s.kmu.Unlock()
-	for _, ss := range end {
+	for i, ss := range end {
 		// Not ss.log: the session's own goroutine may be writing it.
-		s.cfg.Logger.Info("session ended: its identity was revoked, rekeyed or given fewer rights (reload)",
-			"session", fmt.Sprintf("%x", ss.token[:4]))
-		go ss.shutdown()
+		s.cfg.Logger.Info(told[i]+": session ended (keys reloaded)", "session", fmt.Sprintf("%x", ss.token[:4]), "peer", ss.addr.String())
+		go func() {
+			// Told before stop closes: the session's goroutine tears the
+			// channel down once it is.
+			ss.tellRevoked()
+			ss.stopOnce.Do(func() { close(ss.stop) })
+			ss.shutdown()
+		}()
 	}
 	return len(end)
 }
@@ -180,9 +206,32 @@ func (ss *session) stopped() bool {
 	}
 }
 
-// reduced reports whether client nc of keys may do less than oc of old
-// did, from ss's address, on any export in names or named by either.
-func reduced(old *Keys, oc *Client, keys *Keys, nc *Client, ss *session, names map[string]bool) bool {
+// tellRevoked tells the initiator why its session ends, before its QPs
+// close (and before stop closes: the session's goroutine then tears the
+// channel down, which lost the word in 4 of 6 runs; the keys live
+// revokedSendTimeout longer at the most): Error (Permission; AuthFailed for an identity gone or given a
+// new key) under RequestID 0, which takes the receive
+// an initiator keeps posted for an unasked message (as for Bye), so that
+// it reports "access denied" at once instead of reconnecting to find
+// out. Bounded: the initiator may take nothing.
+func (ss *session) tellRevoked() {
+	ctx, cancel := context.WithTimeout(context.Background(), revokedSendTimeout)
+	defer cancel()
+	code := protocol.CodePermission
+	if ss.rekeyed {
+		code = protocol.CodeAuthFailed // as the new session's Auth would be
+	}
+	ss.ch.Send(ctx, errf(code, "%s", ss.revoked))
+}
+
+// revokedSendTimeout bounds tellRevoked: one small message on a
+// connected QP, unless the initiator has stopped taking them.
+const revokedSendTimeout = 200 * time.Millisecond
+
+// reduced names an export on which client nc of keys may do less than
+// oc of old did, from ss's address, of those in names or named by
+// either ("": none).
+func reduced(old *Keys, oc *Client, keys *Keys, nc *Client, ss *session, names map[string]bool) string {
 	all := map[string]bool{}
 	for n := range names {
 		all[n] = true
@@ -197,10 +246,15 @@ func reduced(old *Keys, oc *Client, keys *Keys, nc *Client, ss *session, names m
 			all[n] = true
 		}
 	}
-	for n := range all {
+	// The exports by name first: "*" only where no export says more.
+	ordered := slices.Sorted(maps.Keys(all))
+	if len(ordered) > 0 && ordered[0] == anyExport {
+		ordered = append(ordered[1:], anyExport)
+	}
+	for _, n := range ordered {
 		if keys.level(nc, n, ss.addr) < old.level(oc, n, ss.addr) {
-			return true
+			return n
 		}
 	}
-	return false
+	return ""
 }

@@ -222,10 +222,20 @@ func ParseKeys(r io.Reader, file string) (*Keys, error) {
 	return k, nil
 }
 
+// placeholder reports whether key is one written <LIKE-THIS>, as the
+// sample keys file (contrib/keys.sample) and the README write them: a
+// sample copied as it is must not serve with keys anyone can read.
+func placeholder(key string) bool {
+	return strings.HasPrefix(key, "<") && strings.HasSuffix(key, ">")
+}
+
 // parseClient reads one client line's fields, or says what is wrong.
 func parseClient(name, key string, rights []string) (*Client, string) {
 	if !protocol.ValidIdentity(name) {
 		return nil, fmt.Sprintf("client name %q: use 1 to %d letters, digits, '.', '_', '-' or '@'", name, protocol.MaxIdentity)
+	}
+	if placeholder(key) {
+		return nil, fmt.Sprintf("client %q: key %s is a placeholder: put a key of the client's own there (make one with: openssl rand -base64 32)", name, key)
 	}
 	if len(key) < MinKeyLen {
 		return nil, fmt.Sprintf("client %q: key of %d bytes is shorter than %d (make one with: openssl rand -base64 32)", name, len(key), MinKeyLen)

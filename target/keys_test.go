@@ -332,17 +332,6 @@ func TestRevokedKeysDie(t *testing.T) {
 	}
 }
 
-// The sample keys file in contrib parses.
-func TestKeysSample(t *testing.T) {
-	k, err := target.LoadKeys("../contrib/keys.sample")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := strings.Join(k.Names(), ","); got != "alice,backup,build" {
-		t.Fatalf("clients %s", got)
-	}
-}
-
 // A reload that narrows an export's hosts past the session's address, or
 // gives its client a new key, ends the session; an unchanged one doesn't.
 func TestSetKeysHostsAndRekey(t *testing.T) {

@@ -49,6 +49,7 @@ type metrics struct {
 	hashBytes    prometheus.Counter
 	pushBytes    *prometheus.CounterVec // export
 	pushFailures *prometheus.CounterVec // export
+	suspects     *prometheus.CounterVec // result: stale, sound, refused
 }
 
 const ns = "rdmacp"
@@ -76,9 +77,10 @@ func newMetrics(s *Server) *metrics {
 			Help: "Bytes hashed for chunk digests (cache misses)."}),
 		pushBytes:    counter("push_bytes_total", "Bytes of pushed files committed, by export.", "export"),
 		pushFailures: counter("push_failures_total", "Pushes abandoned (an error, or the session ended before the commit), by export.", "export"),
+		suspects:     counter("suspects_total", "Suspect requests (a chunk that failed its digest on every read), by result: stale (hashed again, the stored digests were wrong and dropped), sound (hashed again, the stored digest was right and kept), refused (over the session's Suspect budget).", "result"),
 	}
 	m.reg.MustRegister(m.sessions, m.refusals, m.windows, m.opened, m.pushed, m.served, m.readResp,
-		m.replyErrors, m.readErrors, m.terminates, m.hashSeconds, m.hashBytes, m.pushBytes, m.pushFailures,
+		m.replyErrors, m.readErrors, m.terminates, m.hashSeconds, m.hashBytes, m.pushBytes, m.pushFailures, m.suspects,
 		liveCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d := s.cfg.Device; d != nil && d.Provider() != "iwarp" {
 		if pc := newPortCollector(d.Name()); pc != nil {

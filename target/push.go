@@ -55,6 +55,7 @@ type push struct {
 	mr       verbs.MR
 	reserved uint64 // bytes of the window budget the slots hold
 	done     bool   // committed
+	landed   int64  // bytes pulled, verified and written, for the access log
 }
 
 // singleName reports whether s is one path element, as a file name must be.
@@ -458,6 +459,7 @@ func (pw *pushWindow) land(ss *session, sl int) *protocol.Error {
 	if _, err := p.f.WriteAt(data, s.off); err != nil {
 		return writeError(p, "writing", err)
 	}
+	p.landed += int64(s.n)
 	pw.free = append(pw.free, sl)
 	pw.done++
 	return nil

@@ -74,9 +74,15 @@ type session struct {
 	windows    int
 	spare      packSpare
 	stats      sessionStats // for the access log and metrics
+	suspects   rateBudget   // bytes Suspect may have hashed again (suspect.go)
 
 	stop     chan struct{}
 	stopOnce sync.Once
+	// revoked says why a reload of the keys ended the session, rekeyed
+	// whether its identity went or has a new key (set, under srv.kmu,
+	// before stop is closed).
+	revoked string
+	rekeyed bool
 }
 
 type handle struct {
@@ -182,10 +188,18 @@ func (ss *session) run(ctx context.Context) {
 		}
 	}()
 	why := "the target is stopping"
-	defer func() { ss.closed(why) }() // after release: the files' lines first
+	defer func() {
+		if ss.stopped() && ss.revoked != "" {
+			why = ss.revoked
+		}
+		ss.closed(why)
+	}() // after release: the files' lines first
 	defer ss.release()
 	if err := ss.hello(ctx); err != nil {
-		if ctx.Err() == nil {
+		var full fullError
+		if why := ss.srv.evictedWhy(ss); why != "" && !errors.As(err, &full) { // refuse told it already
+			ss.tellEvicted(why)
+		} else if ctx.Err() == nil {
 			ss.srv.handshakeFailed(ss.srv.peerOf(ss), err) // aggregated: a flood of these must not flood the log
 		}
 		return
@@ -297,6 +311,7 @@ func (ss *session) hello(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("waiting for hello: %w", err)
 	}
+	ss.srv.spoke(ss)
 	h, ok := m.(*protocol.Hello)
 	if !ok {
 		ss.ch.Send(ctx, errf(protocol.CodeBadRequest, "expected Hello, got %v", m.Type()))
@@ -365,6 +380,20 @@ func (ss *session) refuse(ctx context.Context, id uint32, err error) error {
 	ss.ch.Send(ctx, e)
 	return err
 }
+
+// tellEvicted answers a handshake cut short for another (admit) with
+// TooMany, for the initiator to retry, not to take as a broken
+// connection. Request ID 0: it answers whatever the initiator sent last
+// (Hello or Auth). Bounded: the peer may take nothing.
+func (ss *session) tellEvicted(why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), evictedSendTimeout)
+	defer cancel()
+	ss.ch.Send(ctx, errf(protocol.CodeTooMany, "%s", why))
+}
+
+// evictedSendTimeout bounds tellEvicted's send: one small message on a
+// connected QP takes microseconds unless the peer has stopped reading.
+const evictedSendTimeout = 100 * time.Millisecond
 
 // setAuthed makes the handshake a session: it takes a session's place in
 // the server's counts (or fails: MaxSessions, MaxSessionsPerAddr), makes
@@ -568,6 +597,9 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 		}
 		changed := h.file() && h.changed()
 		h.acc.result = map[bool]string{false: "ok", true: "changed"}[changed]
+		if h.push != nil { // a push ends well only by its commit
+			h.acc.result = "aborted: the initiator closed it before the commit"
+		}
 		if h.wd != nil {
 			closed := &protocol.Closed{Changed: changed, FileDigest: []byte{}}
 			closed.FileDigest = h.wd.fileDigest(ctx)
@@ -850,25 +882,6 @@ func (ss *session) extentsReply(m *protocol.Extents) protocol.Message {
 		return errf(protocol.CodeInternal, "finding the data of %s: %v", h.path, err)
 	}
 	return &protocol.ExtentsReply{Handle: h.id, Next: uint64(next), Extents: xs}
-}
-
-// suspect answers Suspect: a chunk that failed its digest on every read
-// may have had a stale stored digest, so the file's stored digests go
-// and the chunk is hashed again from the file.
-func (ss *session) suspect(ctx context.Context, m *protocol.Suspect) protocol.Message {
-	h := ss.handles[m.Handle]
-	if h == nil || h.wd == nil {
-		return errf(protocol.CodeBadRequest, "no file handle %d with digests by window", m.Handle)
-	}
-	if int64(m.Chunk) >= int64(h.layout.Chunks()) {
-		return errf(protocol.CodeBadRequest, "chunk %d of %d", m.Chunk, h.layout.Chunks())
-	}
-	b, err := h.wd.suspect(ctx, int(m.Chunk))
-	if err != nil {
-		return errf(protocol.CodeInternal, "%s: %v", h.path, err)
-	}
-	ss.log.Warn("chunk failed its digest on every read: stored digests dropped, chunk hashed again", "path", h.path, "chunk", m.Chunk)
-	return &protocol.DigestsReply{Handle: h.id, First: m.Chunk, Digests: b}
 }
 
 // mapWindow maps file bytes for RDMA READ: an mmap of exactly the asked

@@ -83,6 +83,12 @@ type Config struct {
 	Digests chunker.Store
 	// MaxWindowsPerSession caps mapped windows per session; default 8.
 	MaxWindowsPerSession int
+	// SuspectRate caps the bytes a session may have hashed again by
+	// Suspect, a second (a burst of twice that; each Suspect counts its
+	// chunk, 1 MiB at least); default 16 MiB: four a second of the
+	// default 4 MiB chunk, some 10 ms of CPU a second at CRC32C's speed.
+	// Beyond it Suspect is answered TooMany.
+	SuspectRate int64
 	// MaxSessions caps authenticated sessions; default 64. A control
 	// connection counts as a session only once its Hello (and, with a
 	// secret, its Auth) has been accepted; until then it is a handshake.
@@ -171,6 +177,9 @@ func (c *Config) setDefaults() {
 	if c.MaxSessions == 0 {
 		c.MaxSessions = 64
 	}
+	if c.SuspectRate == 0 {
+		c.SuspectRate = 16 << 20
+	}
 	if c.MinWindowShare == 0 {
 		c.MinWindowShare = min(2*c.MaxWindow, c.WindowBudget/uint64(max(c.MaxSessions, 1)))
 	}
@@ -242,6 +251,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxWindow < uint64(c.ChunkSize) {
 		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
+	}
+	if c.SuspectRate < suspectMinCost {
+		return fmt.Errorf("target: suspect rate %d: want at least %d bytes a second", c.SuspectRate, suspectMinCost)
 	}
 	if c.PushDepth < 1 || c.PushDepth > 64 {
 		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
@@ -345,7 +357,11 @@ type slot struct {
 	ctx     context.Context
 	evict   context.CancelFunc
 	evicted bool
-	seq     uint64 // admission order
+	// why is what an evicted handshake is told, if it got as far as a
+	// connected QP (tellEvicted).
+	why   string
+	seq   uint64 // admission order
+	spoke bool   // its Hello came: no longer silent (under mu)
 }
 
 // A peerCount is what one IP address holds: its handshakes, oldest
@@ -768,8 +784,13 @@ func (s *Server) handle(ctx context.Context, req verbs.ConnRequest) {
 	}
 	switch p.Kind {
 	case protocol.KindControl:
-		sl, evicted, why := s.admit(ctx, peerGroup(ip))
-		if evicted != "" {
+		group := peerGroup(ip)
+		sl, evicted, why := s.admit(ctx, group)
+		switch {
+		case evicted == group:
+			s.met.refused("evicted")
+			s.hush.note(evicted, "handshakes", "were cut short for a newer one from the same address: "+whyHandshakesByAddr, nil)
+		case evicted != "":
 			s.met.refused("evicted")
 			s.hush.note(evicted, "handshakes", "were cut short for another address's: "+whyHandshakes, nil)
 		}
@@ -845,6 +866,14 @@ const (
 // says why there is none. A target whose sessions are all taken refuses
 // at once too: the handshake could only end in the same refusal.
 //
+// An address at MaxHandshakesPerAddr does not lock itself out: its
+// oldest silent handshake (one that has not sent Hello), or if none is
+// silent its oldest, gives way to the new connection and ends at once.
+// Many clients share an address (one host, a NAT, a node's SNAT), and a
+// flood of silent handshakes from it must not keep out the one that
+// speaks at once: it is the newest, so 15 more must come before it
+// could be cut, and once it has said Hello only the silent go first.
+//
 // The handshakes in progress are shared out by address, max-min fair:
 // when all MaxHandshakes are taken, a connection from an address holding
 // fewer of them than another by at least two takes the oldest handshake
@@ -861,19 +890,21 @@ func (s *Server) admit(ctx context.Context, ip string) (sl *slot, evicted, why s
 		pc = &peerCount{}
 	}
 	switch {
-	case pc.handshakes() >= s.cfg.MaxHandshakesPerAddr:
-		return nil, "", whyHandshakesByAddr
 	case s.authed >= s.cfg.MaxSessions:
 		return nil, "", whySessions
 	case pc.sessions >= s.cfg.MaxSessionsPerAddr:
 		return nil, "", whySessionsByAddr
+	case pc.handshakes() >= s.cfg.MaxHandshakesPerAddr:
+		victim := pc.oldestSilent()
+		evicted = victim.ip
+		s.evict(victim, whyHandshakesByAddr+": this one was cut short for a newer one")
 	case s.handshakes >= s.cfg.MaxHandshakes:
 		victim := s.mostHandshakes()
 		if victim == nil || victim.handshakes() < pc.handshakes()+2 {
 			return nil, "", whyHandshakes
 		}
 		evicted = victim.pending[0].ip
-		s.evict(victim.pending[0])
+		s.evict(victim.pending[0], whyHandshakes)
 	}
 	s.peers[ip] = pc
 	s.admitted++
@@ -902,11 +933,42 @@ func (s *Server) mostHandshakes() *peerCount {
 }
 
 // evict ends handshake sl for another's sake: its place is free at once,
-// and its goroutine, cancelled, releases the rest (under mu).
-func (s *Server) evict(sl *slot) {
+// and its goroutine, cancelled, tells its peer why (a refusal it may
+// retry) and releases the rest (under mu).
+func (s *Server) evict(sl *slot, why string) {
 	s.unslot(sl)
-	sl.evicted = true
+	sl.evicted, sl.why = true, why
 	sl.evict()
+}
+
+// oldestSilent is pc's oldest handshake that has not sent Hello, or its
+// oldest if all have (pc holds at least one; under mu).
+func (pc *peerCount) oldestSilent() *slot {
+	for _, sl := range pc.pending {
+		if !sl.spoke {
+			return sl
+		}
+	}
+	return pc.pending[0]
+}
+
+// spoke notes that ss's Hello came: its handshake is no longer silent.
+func (s *Server) spoke(ss *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.slots[ss]; sl != nil {
+		sl.spoke = true
+	}
+}
+
+// evictedWhy is why ss's handshake was cut short ("" if it was not).
+func (s *Server) evictedWhy(ss *session) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.slots[ss]; sl != nil && sl.evicted {
+		return sl.why
+	}
+	return ""
 }
 
 // promote turns ss's handshake slot into a session's, or says why the
@@ -919,7 +981,7 @@ func (s *Server) promote(ss *session) error {
 		return nil
 	}
 	if sl.evicted {
-		return fullError(whyHandshakes)
+		return fullError(sl.why)
 	}
 	pc := s.peers[sl.ip]
 	switch {

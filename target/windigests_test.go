@@ -2,6 +2,8 @@ package target_test
 
 import (
 	"bytes"
+	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -289,5 +291,107 @@ func TestStoredDigestsNoHashAfterRestart(t *testing.T) {
 	third, d3 := serveOnce()
 	if third != 8<<20 || bytes.Equal(d3, d1) {
 		t.Fatalf("after an edit hidden by touch -r: hashed %v bytes (want 8 MiB again), digest %x (was %x)", third, d3, d1)
+	}
+}
+
+// rightStore holds the file's true digests and counts its drops.
+type rightStore struct {
+	d       []byte // every chunk's digest, in order
+	size    int
+	dropped atomic.Int32
+}
+
+func (s *rightStore) Load(k chunker.Key, first, n int) ([]byte, bool) {
+	if s.dropped.Load() > 0 || (first+n)*s.size > len(s.d) {
+		return nil, false
+	}
+	return append([]byte(nil), s.d[first*s.size:(first+n)*s.size]...), true
+}
+func (s *rightStore) Save(chunker.Key, int, []byte) error { return nil }
+func (s *rightStore) Drop(uint64, uint64)                 { s.dropped.Add(1) }
+
+func TestSuspectKeepsSoundDigests(t *testing.T) {
+	// A client that suspects a chunk whose stored digest the file bears
+	// out (a lying or broken client, a read-only one) drops nothing: the
+	// target hashes the chunk again, finds the same digest and keeps the
+	// store's digests for everyone; Close still vouches for the file.
+	dir := t.TempDir()
+	data := sparseFile(t, filepath.Join(dir, "f"), 8<<20, []int64{0}, 8<<20)[0]
+	st := &rightStore{size: 4}
+	for i := range 8 {
+		st.d = append(st.d, chunker.Sum(chunker.CRC32C, data[i<<20:(i+1)<<20])...)
+	}
+	cfg := targetConfig(dir, 8<<20, 64<<20)
+	cfg.ChunkSize = 1 << 20
+	cfg.Digests = st
+	srv, addr := serveSrv(t, cfg)
+	p := newPeerAs(t, addr, winClient)
+	m, err := p.call(&protocol.Open{Path: "data/f"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.(*protocol.OpenReply).Handle
+	digestsOf(t, p, h, 0, 8, 4)
+	m, err = p.call(&protocol.Suspect{Handle: h, Chunk: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := m.(*protocol.DigestsReply); !bytes.Equal(r.Digests, st.d[12:16]) {
+		t.Fatalf("Suspect answered %x, want the stored %x", r.Digests, st.d[12:16])
+	}
+	if n := st.dropped.Load(); n != 0 {
+		t.Fatalf("store dropped %d times for a digest the file bears out", n)
+	}
+	eventually(t, srv, 1, "rdmacp_suspects_total", "result", "sound")
+	m, err = p.call(&protocol.Close{Handle: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := m.(*protocol.Closed); len(c.FileDigest) != 4 {
+		t.Fatalf("Close after a sound Suspect has file digest %x: want one", c.FileDigest)
+	}
+}
+
+func TestSuspectBudget(t *testing.T) {
+	// A flood of Suspect is answered TooMany past the session's budget
+	// (1 MiB a second, a 2 MiB burst, here: two 1 MiB chunks and, the
+	// bucket going below zero, a third), counted, and logged once.
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "f"), 8<<20, []int64{0}, 8<<20)
+	var logs logBuffer
+	cfg := targetConfig(dir, 8<<20, 64<<20)
+	cfg.ChunkSize = 1 << 20
+	cfg.SuspectRate = 1 << 20
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	srv, addr := serveSrv(t, cfg)
+	p := newPeerAs(t, addr, winClient)
+	m, err := p.call(&protocol.Open{Path: "data/f"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.(*protocol.OpenReply).Handle
+	digestsOf(t, p, h, 0, 8, 4)
+	const n = 20
+	start := time.Now()
+	granted := 0
+	for i := range n {
+		_, err := p.call(&protocol.Suspect{Handle: h, Chunk: uint32(i % 8)})
+		var pe *protocol.Error
+		switch {
+		case err == nil:
+			granted++
+		case errors.As(err, &pe) && pe.Code == protocol.CodeTooMany:
+		default:
+			t.Fatalf("Suspect %d: %v", i, err)
+		}
+	}
+	took := time.Since(start).Seconds()
+	if most := 3 + int(took); granted < 2 || granted > most {
+		t.Fatalf("%d of %d Suspects in %.2fs hashed again: want 2 to %d", granted, n, took, most)
+	}
+	eventually(t, srv, float64(n-granted), "rdmacp_suspects_total", "result", "refused")
+	eventually(t, srv, float64(granted), "rdmacp_suspects_total", "result", "sound")
+	if l := logs.find(t, "suspect chunk"); len(l) != 1 {
+		t.Fatalf("%d log lines for %d Suspects in one window, want 1: %v", len(l), granted, l)
 	}
 }

@@ -231,7 +231,7 @@ func TestExitCodes(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "f"), 1000)
 	os.Mkdir(filepath.Join(dir, "d"), 0o755)
 	secret := filepath.Join(t.TempDir(), "secret")
-	os.WriteFile(secret, []byte("open sesame\n"), 0o600)
+	os.WriteFile(secret, []byte("open sesame, please\n"), 0o600)
 	wrong := filepath.Join(t.TempDir(), "wrong")
 	os.WriteFile(wrong, []byte("nope\n"), 0o600)
 	s := serve(t, dir, nil, "--secret-file", secret)

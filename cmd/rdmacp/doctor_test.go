@@ -144,7 +144,7 @@ func TestDoctorTimeouts(t *testing.T) {
 
 func TestDoctorWrongSecret(t *testing.T) {
 	secret := filepath.Join(t.TempDir(), "secret")
-	os.WriteFile(secret, []byte("open sesame\n"), 0o600)
+	os.WriteFile(secret, []byte("open sesame, please\n"), 0o600)
 	s := serve(t, t.TempDir(), nil, "--secret-file", secret)
 	out, _, code := run(t, "doctor", s.addr)
 	if l := doctorLines(t, out)["session "+s.addr]; code != exitError || !strings.HasPrefix(l, "fail") || !strings.Contains(l, "same secret") {

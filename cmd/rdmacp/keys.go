@@ -47,7 +47,7 @@ func serveKeys(c *cli.Context, secret []byte) (*target.Keys, error) {
 	if len(secret) > 0 {
 		return nil, usagef("give --keys or --secret-file (RDMACP_SECRET), not both: a keys file names each client's key (a client named default serves initiators without --identity)")
 	}
-	if err := strictModes(p); err != nil {
+	if err := privateFile("keys file", p); err != nil {
 		return nil, usageError{err}
 	}
 	k, err := target.LoadKeys(p)
@@ -57,18 +57,39 @@ func serveKeys(c *cli.Context, secret []byte) (*target.Keys, error) {
 	return k, nil
 }
 
-// strictModes refuses a keys file that users other than its owner and
-// group may read or write, as rsync's strict modes refuse such a secrets
-// file: it holds every client's key.
-func strictModes(p string) error {
+// privateFile refuses a file of secrets (what names it: "keys file",
+// "--secret-file") that users other than its owner may read or write,
+// as rsync's strict modes refuse such a secrets file: its keys would be
+// anyone's, or anyone's to change. The one check for both.
+func privateFile(what, p string) error {
 	fi, err := os.Stat(p)
 	if err != nil {
-		return fmt.Errorf("keys file: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	if m := fi.Mode().Perm(); m&0o007 != 0 {
-		return fmt.Errorf("keys file %s is open to other users (mode %04o) and holds every client's key: chmod o-rwx %s", p, m, p)
+	if m := fi.Mode().Perm(); m&0o066 != 0 {
+		return fmt.Errorf("%s %s is open to other users (mode %04o) and holds a secret key: chmod 600 %s", what, p, m, p)
 	}
 	return nil
+}
+
+// serveSecret is readSecret for serve, checked as a keys file's keys
+// are: a --secret-file only its owner may read and write, a secret (its
+// file's or $RDMACP_SECRET's) at least target.MinKeyLen bytes.
+func serveSecret(c *cli.Context) ([]byte, error) {
+	f := c.String("secret-file")
+	if f != "" {
+		if err := privateFile("--secret-file", f); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	secret, err := readSecret(c)
+	if err != nil || secret == nil || len(secret) >= target.MinKeyLen {
+		return secret, err
+	}
+	if f != "" {
+		return nil, usagef("--secret-file %s holds a secret of %d bytes, shorter than %d: make one with: openssl rand -base64 32 > %s && chmod 600 %s", f, len(secret), target.MinKeyLen, f, f)
+	}
+	return nil, usagef("RDMACP_SECRET holds a secret of %d bytes, shorter than %d: make one with: openssl rand -base64 32", len(secret), target.MinKeyLen)
 }
 
 // reloadKeys re-reads the keys file, or the secret, on SIGHUP; the
@@ -78,7 +99,7 @@ func reloadKeys(c *cli.Context, srv *target.Server, log *slog.Logger) {
 	if c.String("keys") == "" && c.String("secret-file") == "" {
 		return // no keys file, and a secret from the environment (or none) can't change
 	}
-	secret, err := readSecret(c)
+	secret, err := serveSecret(c)
 	var keys *target.Keys
 	if err == nil {
 		keys, err = serveKeys(c, secret)

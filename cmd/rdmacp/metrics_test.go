@@ -279,7 +279,7 @@ func TestBindFailureExitCode(t *testing.T) {
 		}
 	}
 	// An address that is not this host's (192.0.2.0/24 is TEST-NET-1).
-	t.Setenv("RDMACP_SECRET", "s3cret")
+	t.Setenv("RDMACP_SECRET", "s3cret-of-16-bytes")
 	_, errs, code := runWithin(t, "serve", "--export", "d="+dir, "--listen", "192.0.2.1:7362")
 	if code != exitBind || !strings.Contains(errs, "cannot listen on 192.0.2.1:7362: address not available") {
 		t.Errorf("listen on 192.0.2.1: exit %d, %q; want exit %d", code, errs, exitBind)
@@ -290,7 +290,7 @@ func TestMetricsCountAuthRefusals(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "f"), 1000)
 	secret := filepath.Join(t.TempDir(), "secret")
-	os.WriteFile(secret, []byte("right\n"), 0o600)
+	os.WriteFile(secret, []byte("the right secret\n"), 0o600)
 	s := serveJSON(t, dir, "--secret-file", secret, "--metrics-listen", "127.0.0.1:0")
 	t.Setenv("RDMACP_SECRET", "wrong")
 	if _, errs, code := runWithin(t, "cp", s.addr+":data/f", filepath.Join(t.TempDir(), "f")); code != exitAuth {

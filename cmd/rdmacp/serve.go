@@ -239,7 +239,7 @@ func runServe(c *cli.Context) error {
 	if file.KeysFile != "" && !c.IsSet("keys") {
 		c.Set("keys", file.KeysFile)
 	}
-	secret, err := readSecret(c)
+	secret, err := serveSecret(c)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,24 @@ const (
 func TestFloodOfUnauthenticatedConnections(t *testing.T) {
 	gate(t, "a real daemon under a 30 s connection flood")
 	needSources(t, 2, floodAddrs)
+	runFlood(t, fmt.Sprintf("%d addresses (127.0.0.2-%d)", floodAddrs, 1+floodAddrs), func(i int) net.IP { return net.IPv4(127, 0, 0, byte(2+i%floodAddrs)) })
+}
+
+// The flood from the copies' own address (one host, a NAT, a node's
+// SNAT): it holds that address's 16 handshakes, and each new connection
+// takes the place of the oldest silent one, so a copy that says Hello
+// at once gets in (issue 25: 0 of 8 did, "too many handshakes from your
+// address", and cp gave up at once).
+func TestFloodFromTheClientsAddress(t *testing.T) {
+	gate(t, "a real daemon under a 30 s connection flood from the clients' address")
+	runFlood(t, "the clients' address (127.0.0.1)", func(int) net.IP { return net.IPv4(127, 0, 0, 1) })
+}
+
+// runFlood floods a real daemon with floodConns silent connections from
+// from(i) for floodFor while copies copies run from 127.0.0.1, and
+// checks that every copy is byte-exact within copyLimit and the daemon
+// stays within its bounds.
+func runFlood(t *testing.T, sources string, from func(i int) net.IP) {
 	tmp := t.TempDir()
 	bin := rdmacpBin(t)
 
@@ -81,7 +99,7 @@ func TestFloodOfUnauthenticatedConnections(t *testing.T) {
 	var fl flood
 	var fwg sync.WaitGroup
 	for i := range floodConns {
-		fwg.Go(func() { fl.conn(ctx, d.addr, net.IPv4(127, 0, 0, byte(2+i%floodAddrs))) })
+		fwg.Go(func() { fl.conn(ctx, d.addr, from(i)) })
 	}
 	logAtStart := d.lines.Load()
 	floodStart := time.Now()
@@ -159,8 +177,8 @@ func TestFloodOfUnauthenticatedConnections(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	fmt.Printf("\nabuse: %d flood connections from %d addresses for %v (hello timeout %v): %d handshakes accepted and left silent (%d by the time the copies began), %d refused at once\n",
-		floodConns, floodAddrs, floodFor, helloTimeout, fl.accepted.Load(), held, fl.refused.Load())
+	fmt.Printf("\nabuse: %d flood connections from %s for %v (hello timeout %v): %d handshakes accepted and left silent (%d by the time the copies began), %d refused at once\n",
+		floodConns, sources, floodFor, helloTimeout, fl.accepted.Load(), held, fl.refused.Load())
 	if why := fl.reasons(); why != "" {
 		fmt.Printf("abuse: refusals the flood saw: %s\n", why)
 	}
