@@ -41,6 +41,10 @@ func DataQP(s *Session, i int) verbs.QP {
 	return qp
 }
 
+// MappedLanding reports whether a copy's READs landed in the file's own
+// pages (landmap.go).
+func MappedLanding(r *Result) bool { return r.mapped }
+
 // DirectBytes is how many of a copy's bytes were landed with O_DIRECT.
 func DirectBytes(r *Result) int64 { return r.directBytes }
 
