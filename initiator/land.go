@@ -3,6 +3,7 @@ package initiator
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -16,21 +17,25 @@ import (
 // and landing is nothing more, or they land in a slot of staging and
 // land writes them out.
 
-// setup chooses the landing memory: a mapping of the file where it can
-// be had, else staging. The slots bound the chunks in flight either way.
+// setup sizes the READs and the slots, and chooses the landing memory.
 func (f *fetch) setup() error {
 	s := f.s
-	cs := int(f.layout.ChunkSize)
-	f.readSize = min(s.cfg.ReadSize, cs, int(min(s.maxMsgSize(), 1<<30)))
+	f.readSize = min(s.cfg.ReadSize, int(f.layout.ChunkSize), int(min(s.maxMsgSize(), 1<<30)))
 	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
 	reg := func(b []byte) (verbs.MR, error) { return s.regMR(b, verbs.AccessLocalWrite) }
-	fm, why := mapLanding(f.out, f.layout, slots, reg, s.cfg.Logger)
+	return f.setupLanding(slots, reg, s.cfg.Logger)
+}
+
+// setupLanding lands in a mapping of the file where one can be had,
+// else in staging; either way slots bound the chunks in flight.
+func (f *fetch) setupLanding(slots int, reg func([]byte) (verbs.MR, error), log *slog.Logger) error {
+	fm, why := mapLanding(f.out, f.layout, slots, reg, log)
 	if fm != nil {
-		s.cfg.Logger.Debug("landing READs in the file's pages", "file", f.out.Name(), "region", fm.span)
+		log.Debug("landing READs in the file's pages", "file", f.out.Name(), "region", fm.span)
 		f.fmap = fm
 	} else {
-		s.cfg.Logger.Debug("landing READs in staging", "file", f.out.Name(), "why", why)
-		if err := f.setupStaging(slots * cs); err != nil {
+		log.Debug("landing READs in staging", "file", f.out.Name(), "why", why)
+		if err := f.setupStaging(slots*int(f.layout.ChunkSize), reg); err != nil {
 			return err
 		}
 	}
@@ -41,12 +46,12 @@ func (f *fetch) setup() error {
 	return nil
 }
 
-func (f *fetch) setupStaging(n int) error {
+func (f *fetch) setupStaging(n int, reg func([]byte) (verbs.MR, error)) error {
 	var err error
 	if f.stage, err = verbs.AllocBuffer(n); err != nil {
 		return err
 	}
-	if f.mr, err = f.s.regMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
+	if f.mr, err = reg(f.stage.Bytes()); err != nil {
 		f.stage.Free()
 		f.stage = nil
 		return err
@@ -59,12 +64,15 @@ func (f *fetch) teardown() {
 	// the MR's Close waits for a placement still under way.
 	if f.fmap != nil {
 		f.fmap.close()
+		f.fmap = nil
 	}
 	if f.mr != nil {
 		f.mr.Close()
+		f.mr = nil
 	}
 	if f.stage != nil {
 		f.stage.Free()
+		f.stage = nil
 	}
 }
 
@@ -100,9 +108,6 @@ func (f *fetch) release(c *chunk) {
 
 // verifier checks chunks against their digests and lands the good ones.
 func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- verdict) {
-	// A mapped landing whose file is cut short under us faults on the
-	// next touch: that must be an error, not a crash (verify recovers).
-	debug.SetPanicOnFault(true)
 	var sum []byte
 	for {
 		var c *chunk
@@ -134,6 +139,9 @@ func (f *fetch) verify(c *chunk, sum []byte) (v verdict, _ []byte) {
 	if size == 0 {
 		return v, sum
 	}
+	// A mapped landing whose file is cut short under us (SIGBUS) faults
+	// on the next touch: that must be an error, not a crash.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
 			if _, fault := r.(interface{ Addr() uintptr }); !fault || c.reg == nil {
