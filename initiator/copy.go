@@ -427,7 +427,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.BytesRead += f.bytesRead
 	resuspected := f.resuspected
 	res.directBytes += out.directBytes()
-	res.mapped = res.mapped || f.fmap != nil
+	res.mapped = res.mapped || f.inPages
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
@@ -780,6 +780,7 @@ type fetch struct {
 	stage    *verbs.Buffer   // staging, when READs don't land in the file (landmap.go)
 	mr       verbs.MR
 	fmap     *fileMap // mapped landing: READs land in the file's own pages
+	inPages  bool     // fmap was used
 	slots    []*chunk // by slot index; nil when free
 	free     []int
 	jobs     chan *chunk  // chunks whose READs are all in, to verify

@@ -32,7 +32,7 @@ func (f *fetch) setupLanding(slots int, reg func([]byte) (verbs.MR, error), log 
 	fm, why := mapLanding(f.out, f.layout, slots, reg, log)
 	if fm != nil {
 		log.Debug("landing READs in the file's pages", "file", f.out.Name(), "region", fm.span)
-		f.fmap = fm
+		f.fmap, f.inPages = fm, true
 	} else {
 		log.Debug("landing READs in staging", "file", f.out.Name(), "why", why)
 		if err := f.setupStaging(slots*int(f.layout.ChunkSize), reg); err != nil {
