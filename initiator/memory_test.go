@@ -2,6 +2,7 @@ package initiator_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -22,6 +23,9 @@ type regDevice struct {
 	regs []reg
 	live map[verbs.Access]uint64
 	peak map[verbs.Access]uint64
+	// refuse fails the next local-write registration, as an RDMA
+	// device that won't pin a file's pages fails a mapped landing's.
+	refuse bool
 }
 
 type reg struct {
@@ -58,13 +62,17 @@ func (d *regDevice) PrepareDial(ctx context.Context, pd verbs.PD, addr string, c
 }
 
 func (pd *regPD) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
+	d := pd.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refuse && access == verbs.AccessLocalWrite {
+		d.refuse = false
+		return nil, errors.New("reg_mr: refused")
+	}
 	mr, err := pd.PD.RegMR(buf, access)
 	if err != nil {
 		return nil, err
 	}
-	d := pd.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.regs = append(d.regs, reg{len(buf), access})
 	if d.live == nil {
 		d.live, d.peak = map[verbs.Access]uint64{}, map[verbs.Access]uint64{}
@@ -229,5 +237,33 @@ func TestPushPinnedIsWhatAPushRegisters(t *testing.T) {
 			t.Errorf("window %d: %d bytes registered at once, PushPinned says at most %d", window, peak, pinned)
 		}
 		t.Logf("window %d: %d windows, at most %d bytes registered at once (PushPinned %d)", window, len(sizes), peak, pinned)
+	}
+}
+
+// Where the device won't register the file's mapping, a copy lands
+// through staging instead, whole and right.
+func TestMappedLandingFallsBackToStaging(t *testing.T) {
+	e := startTarget(t, nil) // 64 KiB chunks
+	want := randomFile(t, filepath.Join(e.dir, "f"), 20<<16+123)
+	dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
+	s := e.dial(t, func(c *initiator.Config) { c.Device = dev })
+	dst := filepath.Join(t.TempDir(), "f")
+	for _, refuse := range []bool{false, true} {
+		os.Remove(dst)
+		dev.mu.Lock()
+		dev.refuse = refuse
+		dev.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{NoDirect: true})
+		cancel()
+		if err != nil {
+			t.Fatalf("refuse %v: %v", refuse, err)
+		}
+		if initiator.MappedLanding(res) == refuse {
+			t.Errorf("refuse %v: mapped landing %v", refuse, initiator.MappedLanding(res))
+		}
+		if got, _ := os.ReadFile(dst); string(got) != string(want) {
+			t.Errorf("refuse %v: the copy differs from the source", refuse)
+		}
 	}
 }
