@@ -784,6 +784,8 @@ type fetch struct {
 	slots    []*chunk // by slot index; nil when free
 	free     []int
 	jobs     chan *chunk  // chunks whose READs are all in, to verify
+	landed   []*chunk     // the same, in a mapped landing: verified by run
+	sum      []byte       // scratch for verifyLanded
 	sums     *orderedSums // local digests, into the file digest
 	verified []bool       // chunks verified and written (or trusted)
 	written  int64
@@ -863,7 +865,7 @@ func (f *fetch) run() (err error) {
 	defer f.teardown()
 	ctx, cancel := context.WithCancel(f.ctx)
 	eng, err := f.s.engine(ctx, reads.Config{
-		GroupDone: func(g *reads.Group) { f.jobs <- f.slots[g.Tag] },
+		GroupDone: func(g *reads.Group) { f.completed(f.slots[g.Tag]) },
 		Done: func(p *reads.Piece) {
 			f.bytesRead += int64(p.Local.Length)
 			f.s.bytesRead.Add(int64(p.Local.Length))
@@ -891,7 +893,7 @@ func (f *fetch) run() (err error) {
 	}()
 	f.jobs = make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
-	for range verifiers {
+	for range f.verifiers() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -913,8 +915,12 @@ func (f *fetch) run() (err error) {
 		if err != nil {
 			return err
 		}
+		landed, err := f.verifyLanded()
+		if err != nil {
+			return err
+		}
 		f.report(false)
-		if busy || stepped || judged || f.done == n {
+		if busy || stepped || judged || landed || f.done == n {
 			continue
 		}
 		var winc chan winOrErr
