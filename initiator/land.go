@@ -23,13 +23,13 @@ func (f *fetch) setup() error {
 	f.readSize = min(s.cfg.ReadSize, int(f.layout.ChunkSize), int(min(s.maxMsgSize(), 1<<30)))
 	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
 	reg := func(b []byte) (verbs.MR, error) { return s.regMR(b, verbs.AccessLocalWrite) }
-	return f.setupLanding(slots, reg, s.cfg.Logger)
+	return f.setupLanding(slots, s.pins(), reg, s.cfg.Logger)
 }
 
 // setupLanding lands in a mapping of the file where one can be had,
 // else in staging; either way slots bound the chunks in flight.
-func (f *fetch) setupLanding(slots int, reg func([]byte) (verbs.MR, error), log *slog.Logger) error {
-	fm, why := mapLanding(f.out, f.layout, slots, reg, log)
+func (f *fetch) setupLanding(slots int, pins bool, reg func([]byte) (verbs.MR, error), log *slog.Logger) error {
+	fm, why := mapLanding(f.out, f.layout, slots, pins, reg, log)
 	if fm != nil {
 		log.Debug("landing READs in the file's pages", "file", f.out.Name(), "region", fm.span)
 		f.fmap, f.inPages = fm, true

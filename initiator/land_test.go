@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
@@ -27,6 +29,11 @@ type landRig struct {
 }
 
 func newLandRig(tb testing.TB, dir string, src []byte, chunk int64, slots int, mapped bool) *landRig {
+	return newLandRigOn(tb, dir, src, chunk, slots, false, mapped)
+}
+
+// newLandRigOn is newLandRig for a device that pins (or not) what it registers.
+func newLandRigOn(tb testing.TB, dir string, src []byte, chunk int64, slots int, pins, mapped bool) *landRig {
 	tb.Helper()
 	dev, err := iwarp.New(iwarp.Config{}).Open(context.Background(), verbs.DeviceConfig{})
 	if err != nil {
@@ -53,10 +60,10 @@ func newLandRig(tb testing.TB, dir string, src []byte, chunk int64, slots int, m
 	out.kind = destFresh
 	f := &fetch{out: out, layout: layout, alg: chunker.CRC32C}
 	reg := func(b []byte) (verbs.MR, error) { return pd.RegMR(b, verbs.AccessLocalWrite) }
-	if !mapped {
+	if !mapped && !pins {
 		reg = refuseFileMappings(reg)
 	}
-	if err := f.setupLanding(slots, reg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := f.setupLanding(slots, pins, reg, slog.New(slog.DiscardHandler)); err != nil {
 		tb.Fatal(err)
 	}
 	if mapped != (f.fmap != nil) {
@@ -239,4 +246,32 @@ func BenchmarkLandingPath(b *testing.B) {
 			b.ReportMetric(cpu.Seconds()/(float64(size)*float64(b.N)/1e9), "cpu-s/GB")
 		})
 	}
+}
+
+// A device that DMAs into pinned pages gets a mapped landing in tmpfs
+// and staging on a disk file system.
+func TestMappedLandingWithAPinningDevice(t *testing.T) {
+	const chunk = 64 << 10
+	src, w := pattern(8*chunk, chunk)
+	shm, err := os.MkdirTemp("/dev/shm", "rdmacp-land-")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	defer os.RemoveAll(shm)
+	r := newLandRigOn(t, shm, src, chunk, 6, true, true)
+	r.land(t, w, nil)
+	if got, _ := os.ReadFile(r.file.Name()); string(got) != string(src) {
+		t.Fatal("the file differs from what landed")
+	}
+	disk := "/var/tmp"
+	var sf unix.Statfs_t
+	if unix.Statfs(disk, &sf) != nil || sf.Type == unix.TMPFS_MAGIC {
+		t.Skip("/var/tmp is not on a disk file system here")
+	}
+	dir, err := os.MkdirTemp(disk, "rdmacp-land-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	newLandRigOn(t, dir, src, chunk, 6, true, false) // fails unless staging
 }

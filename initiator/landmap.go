@@ -29,12 +29,16 @@ import (
 // its bytes in the file, but is not marked, and is READ again over the
 // same pages before its region can go).
 //
-// Where mapping or registering fails (a file opened without write access,
-// a file system without shared writable mappings, an RDMA device that
-// will not pin file pages: recent kernels refuse long-term writable pins
-// of most file systems' page cache), the fetch lands through staging, and
-// says so in the debug log; the choice is made once per fetch, before
-// any READ.
+// A device that DMAs into pinned pages (ibverbs: verbs.Caps.CPUPlaces
+// false) gets a mapped landing only in memory without dirty tracking
+// (tmpfs, ramfs): a disk file system's page cache pinned long-term for a
+// device to write into is unsafe (writeback can't see the writes; Linux
+// 6.5 and later refuse such pins), so there it lands through staging and
+// O_DIRECT. Whether rxe or mlx5 take a tmpfs mapping is untested here;
+// where mapping or registering fails (that, a file opened without write
+// access, a file system without shared writable mappings), the fetch
+// lands through staging too. Either way the debug log says which and
+// why; the choice is made once per fetch, before any READ.
 
 // maxLandRegions is how many regions a fetch keeps mapped at once: the
 // one chunks are being started in, the one before (chunks still in
@@ -67,7 +71,8 @@ type fileMap struct {
 
 // mapLanding returns the mapped landing for out, or nil and why not;
 // slots is the staging it replaces, in chunks.
-func mapLanding(out *sink, layout chunker.Layout, slots int, reg func([]byte) (verbs.MR, error), log *slog.Logger) (*fileMap, string) {
+// pins says the device DMAs into pinned pages.
+func mapLanding(out *sink, layout chunker.Layout, slots int, pins bool, reg func([]byte) (verbs.MR, error), log *slog.Logger) (*fileMap, string) {
 	switch {
 	case out.kind != destFresh && out.kind != destInPlace:
 		return nil, "not a regular file"
@@ -84,6 +89,10 @@ func mapLanding(out *sink, layout chunker.Layout, slots int, reg func([]byte) (v
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < layout.Size {
 		return nil, "file is not a regular file of the source's size"
+	}
+	var sf unix.Statfs_t
+	if pins && (unix.Fstatfs(int(out.f.Fd()), &sf) != nil || sf.Type != unix.TMPFS_MAGIC && sf.Type != unix.RAMFS_MAGIC) {
+		return nil, "the device would pin the page cache of a file system that tracks dirty pages"
 	}
 	m := &fileMap{f: out.f, name: out.f.Name(), size: layout.Size, span: landSpan(slots, layout.ChunkSize), reg: reg, populate: true, log: log}
 	// Try the first region now, so that a file or device that can't be
