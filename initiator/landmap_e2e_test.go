@@ -15,6 +15,7 @@ import (
 // pages, and the file comes out whole; a chunk that keeps failing fails
 // the copy and leaves no destination behind.
 func TestMappedLandingRereadsCorruptChunks(t *testing.T) {
+	initiator.MapAnywhere(t)
 	e, inj := faultyEnv(t)
 	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+4321)
 	// One READ per chunk, so that three corruptions are three chunks.

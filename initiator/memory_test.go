@@ -142,6 +142,7 @@ func TestPullSlots(t *testing.T) {
 // file: the figure doctor holds the memlock limit against follows the
 // copy.
 func TestPullStagingIsWhatAPullRegisters(t *testing.T) {
+	initiator.MapAnywhere(t) // the --no-direct cases land mapped
 	e := startTarget(t, nil) // 64 KiB chunks
 	const chunk = 64 << 10
 	out := t.TempDir()
@@ -243,6 +244,7 @@ func TestPushPinnedIsWhatAPushRegisters(t *testing.T) {
 // Where the device won't register the file's mapping, a copy lands
 // through staging instead, whole and right.
 func TestMappedLandingFallsBackToStaging(t *testing.T) {
+	initiator.MapAnywhere(t)
 	e := startTarget(t, nil) // 64 KiB chunks
 	want := randomFile(t, filepath.Join(e.dir, "f"), 20<<16+123)
 	dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
