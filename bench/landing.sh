@@ -7,6 +7,10 @@
 #
 #   bench/landing.sh [-s SIZE_MiB] [-n RUNS] [-t TMPFS_DIR] [-D DISK_DIR] [NAME=BINARY...]
 #
+# TMPFS_DIR defaults to /dev/shm, DISK_DIR to /var/tmp; an empty one is
+# skipped. A mapped landing is chosen only in a tmpfs with huge pages
+# (mount -t tmpfs -o huge=always,size=3G tmpfs DIR for -t DIR).
+#
 # Without binaries it builds this tree's rdmacp; give two (before=...
 # after=...) to compare builds, alternating in the same rounds.
 set -euo pipefail
@@ -24,6 +28,7 @@ if [ ${#bins[@]} = 0 ]; then
   bins=("this=$tmp/rdmacp")
 fi
 for where in "$tmpfs" "$disk"; do
+  [ -n "$where" ] || continue # -t "" or -D "": skip it
   d=$(mktemp -d "$where/rdmacp-landing.XXXXXX")
   echo "== into $where"
   bench/ab.sh -x -s "$size" -n "$runs" -d "$d/run" "${bins[@]}" 2>/dev/null
