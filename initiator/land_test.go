@@ -219,7 +219,7 @@ func TestMappedLandingTruncatedFileIsAnError(t *testing.T) {
 func BenchmarkLandingPath(b *testing.B) {
 	const size = 256 << 20
 	const chunk = 4 << 20
-	slots := PullSlots(4, 16, 1<<20, chunk, size/chunk, false)
+	slots := PullSlots(4, 4, 1<<20, chunk, size/chunk, false) // the defaults: 4 QPs x 4 READs of 1 MiB
 	dir := benchDir(b)
 	src, w0 := pattern(size, chunk)
 	for _, mapped := range []bool{false, true} {
