@@ -5,7 +5,12 @@
 # with and without fsync). Prints, per method, the median MB/s (min-max)
 # and the receiving side's CPU seconds per GB (user+system), then ratios.
 #
-#   bench/ab.sh [-s SIZE_MiB] [-n RUNS] [-d DIR] [-a "CP FLAGS"] NAME=BINARY...
+#   bench/ab.sh [-s SIZE_MiB] [-n RUNS] [-d DIR] [-a "CP FLAGS"] [-x] NAME=BINARY...
+#
+# With -x it also runs, each round, dd bs=4M of the file into DIR (the
+# one-copy ceiling: page cache to new page cache, and its fsync) and
+# rdmacp bench of the first binary (READs alone, nothing landed; its rate
+# and CPU are the bench's own report).
 #
 #   bench/ab.sh -n 5 main=/tmp/rdmacp-main direct=/tmp/rdmacp-direct
 #
@@ -13,9 +18,9 @@
 # method once, in order, after one untimed warm-up round; the destination
 # is removed and the file system synced before each copy.
 set -euo pipefail
-size=1024 runs=5 dir= cpflags=
-while getopts s:n:d:a: o; do
-  case $o in s) size=$OPTARG ;; n) runs=$OPTARG ;; d) dir=$OPTARG ;; a) cpflags=$OPTARG ;; *) exit 2 ;; esac
+size=1024 runs=5 dir= cpflags= extra=0
+while getopts s:n:d:a:x o; do
+  case $o in s) size=$OPTARG ;; n) runs=$OPTARG ;; d) dir=$OPTARG ;; a) cpflags=$OPTARG ;; x) extra=1 ;; *) exit 2 ;; esac
 done
 shift $((OPTIND - 1))
 [ $# -ge 1 ] || { echo "usage: $0 [-s MiB] [-n RUNS] [-d DIR] NAME=BINARY..." >&2; exit 2; }
@@ -87,9 +92,24 @@ copy_go() { # fsync: true or false
   ci=$(jget cpu_seconds "$dir/recv.json")
 }
 
+copy_dd() {
+  t0=$(now)
+  /usr/bin/time -o "$dir/time" -f '%U %S' dd if="$src" of="$dst" bs=4M conv=fsync status=none
+  t1=$(now)
+  ci=$(tcpu "$dir/time")
+}
+bench_rdmacp() { # binary: no landing; t0 t1 stand for the bench's own rate
+  "$1" bench --transport iwarp-soft --json -D 3 127.0.0.1:$port:data/file >"$dir/bench.json" 2>"$dir/bench.err" ||
+    { cat "$dir/bench.err" >&2; exit 1; }
+  t0=0 t1=$(awk -v b=$bytes -v r="$(jget avg_mb_per_s "$dir/bench.json")" 'BEGIN { printf "%.6f", b / (r * 1e6) }')
+  ci=$(awk -v c="$(jget cpu_seconds_per_gb "$dir/bench.json")" -v b=$bytes 'BEGIN { printf "%.3f", c * b / 1e9 }')
+  cp "$src" "$dst" # nothing landed: for the check below
+}
+
 methods=()
 for n in "${names[@]}"; do methods+=("rdmacp $n"); done
 methods+=("cat | nc" "cat | nc + fsync" "tcpstream" "tcpstream no fsync")
+[ $extra = 0 ] || methods+=("dd + fsync" "bench, no landing")
 declare -A mb cpu this ratio
 for i in $(seq 0 "$runs"); do
   for m in "${methods[@]}"; do
@@ -103,6 +123,8 @@ for i in $(seq 0 "$runs"); do
     "cat | nc + fsync") copy_nc 1 ;;
     "tcpstream") copy_go true ;;
     "tcpstream no fsync") copy_go false ;;
+    "dd + fsync") copy_dd ;;
+    "bench, no landing") bench_rdmacp "${bins[0]}" ;;
     esac
     cmp -s "$src" "$dst" || { echo "$m: copy differs" >&2; exit 1; }
     [ "$i" -gt 0 ] || continue # warm-up: digests cached, page cache settled

@@ -91,6 +91,7 @@ type Result struct {
 	entry       protocol.Entry
 	start       time.Time
 	directBytes int64 // landed with O_DIRECT
+	mapped      bool  // READs landed in the file's own pages (landmap.go)
 }
 
 // DestPath is where a copy of src to dst lands, cp-style: into dst, or
@@ -426,6 +427,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.BytesRead += f.bytesRead
 	resuspected := f.resuspected
 	res.directBytes += out.directBytes()
+	res.mapped = res.mapped || f.inPages
 	if err != nil {
 		if errors.Is(err, ErrVerify) {
 			// Digests that keep failing usually mean the source changed.
@@ -775,11 +777,15 @@ type fetch struct {
 	eng      *reads.Engine
 	wg       *sync.WaitGroup // goroutines of the fetch, waited for by run
 	windows  chan struct{}   // a token per mapped window
-	stage    *verbs.Buffer
+	stage    *verbs.Buffer   // staging, when READs don't land in the file (landmap.go)
 	mr       verbs.MR
+	fmap     *fileMap // mapped landing: READs land in the file's own pages
+	inPages  bool     // fmap was used
 	slots    []*chunk // by slot index; nil when free
 	free     []int
 	jobs     chan *chunk  // chunks whose READs are all in, to verify
+	landed   []*chunk     // the same, in a mapped landing: verified by run
+	sum      []byte       // scratch for verifyLanded
 	sums     *orderedSums // local digests, into the file digest
 	verified []bool       // chunks verified and written (or trusted)
 	written  int64
@@ -815,7 +821,9 @@ type chunk struct {
 	slot      int
 	win       *win
 	g         reads.Group
-	suspected bool // the target was asked to hash it again (Suspect)
+	reg       *region // its region of a mapped landing; nil with staging
+	mem       []byte  // where its READs land
+	suspected bool    // the target was asked to hash it again (Suspect)
 }
 
 // win is a mapped window and the digests of the chunks it covers.
@@ -857,7 +865,7 @@ func (f *fetch) run() (err error) {
 	defer f.teardown()
 	ctx, cancel := context.WithCancel(f.ctx)
 	eng, err := f.s.engine(ctx, reads.Config{
-		GroupDone: func(g *reads.Group) { f.jobs <- f.slots[g.Tag] },
+		GroupDone: func(g *reads.Group) { f.completed(f.slots[g.Tag]) },
 		Done: func(p *reads.Piece) {
 			f.bytesRead += int64(p.Local.Length)
 			f.s.bytesRead.Add(int64(p.Local.Length))
@@ -885,7 +893,7 @@ func (f *fetch) run() (err error) {
 	}()
 	f.jobs = make(chan *chunk, len(f.slots))
 	verdicts := make(chan verdict, len(f.slots))
-	for range verifiers {
+	for range f.verifiers() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -907,8 +915,12 @@ func (f *fetch) run() (err error) {
 		if err != nil {
 			return err
 		}
+		landed, err := f.verifyLanded()
+		if err != nil {
+			return err
+		}
 		f.report(false)
-		if busy || stepped || judged || f.done == n {
+		if busy || stepped || judged || landed || f.done == n {
 			continue
 		}
 		var winc chan winOrErr
@@ -983,11 +995,12 @@ func (f *fetch) start(cur **win, next *int, wins chan winOrErr) (bool, error) {
 			busy = true
 			continue
 		}
-		slot := f.free[len(f.free)-1]
-		f.free = f.free[:len(f.free)-1]
 		off, ln := f.layout.Chunk(*next)
-		c := &chunk{idx: *next, off: off, n: int(ln), slot: slot, win: w, g: reads.Group{Tag: slot}}
-		f.slots[slot] = c
+		c := &chunk{idx: *next, off: off, n: int(ln), win: w}
+		if ok, err := f.place(c); err != nil || !ok {
+			return busy, err
+		}
+		f.slots[c.slot] = c
 		f.eng.AddGroup(&c.g, f.pieces(c))
 		*next++
 		busy = true
@@ -995,86 +1008,25 @@ func (f *fetch) start(cur **win, next *int, wins chan winOrErr) (bool, error) {
 	return busy, nil
 }
 
-// pieces are the READs that fill chunk c's slot.
+// pieces are the READs that fill chunk c's memory.
 func (f *fetch) pieces(c *chunk) []reads.Piece {
-	cs := uint64(f.layout.ChunkSize)
 	w := c.win
+	mr := f.mr
+	if c.reg != nil {
+		mr = c.reg.mr
+	}
+	base := verbs.AddrOf(c.mem)
 	ps := make([]reads.Piece, 0, (c.n+f.readSize-1)/f.readSize)
 	for off := 0; off < c.n; off += f.readSize {
 		ps = append(ps, reads.Piece{
-			Local: verbs.SGE{Addr: f.mr.Addr() + uint64(c.slot)*cs + uint64(off),
-				Length: uint32(min(f.readSize, c.n-off)), LKey: f.mr.LKey()},
-			LKeys:  lkeys(f.mr),
+			Local: verbs.SGE{Addr: base + uint64(off),
+				Length: uint32(min(f.readSize, c.n-off)), LKey: mr.LKey()},
+			LKeys:  lkeys(mr),
 			Remote: w.w.Addr + uint64(c.off+int64(off)) - w.w.Offset,
 			Keys:   w.keys,
 		})
 	}
 	return ps
-}
-
-func (f *fetch) setup() error {
-	s := f.s
-	cs := int(f.layout.ChunkSize)
-	f.readSize = min(s.cfg.ReadSize, cs, int(min(s.maxMsgSize(), 1<<30)))
-	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
-	var err error
-	if f.stage, err = verbs.AllocBuffer(slots * cs); err != nil {
-		return err
-	}
-	if f.mr, err = s.regMR(f.stage.Bytes(), verbs.AccessLocalWrite); err != nil {
-		f.stage.Free()
-		f.stage = nil
-		return err
-	}
-	f.slots = make([]*chunk, slots)
-	for i := range slots {
-		f.free = append(f.free, slots-1-i)
-	}
-	return nil
-}
-
-func (f *fetch) teardown() {
-	// The engine has drained or failed the QPs of any READ still out;
-	// the MR's Close waits for a placement still under way.
-	if f.mr != nil {
-		f.mr.Close()
-	}
-	if f.stage != nil {
-		f.stage.Free()
-	}
-}
-
-// verifier checks chunks against their digests and writes the good ones.
-func (f *fetch) verifier(ctx context.Context, jobs <-chan *chunk, out chan<- verdict) {
-	var sum []byte
-	for {
-		var c *chunk
-		select {
-		case c = <-jobs:
-		case <-ctx.Done():
-			return
-		}
-		data := f.stage.Bytes()[c.slot*int(f.layout.ChunkSize):][:c.n]
-		v := verdict{c: c, ok: true}
-		if size := f.alg.Size(); size > 0 {
-			sum = chunker.AppendSum(sum[:0], f.alg, data)
-			i := c.idx - c.win.first
-			v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
-			if v.ok {
-				v.sum = append([]byte(nil), sum...)
-			}
-		}
-		if v.ok {
-			if _, err := f.out.WriteAt(data, c.off); err != nil {
-				v.err = err
-			}
-		}
-		select {
-		case out <- v:
-		case <-ctx.Done():
-			return
-		}
-	}
 }
 
 // judgeAll takes every verdict there is, without waiting.
@@ -1114,8 +1066,7 @@ func (f *fetch) judge(v verdict) error {
 		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.g.Tries)
 		return nil
 	}
-	f.slots[c.slot] = nil
-	f.free = append(f.free, c.slot)
+	f.release(c)
 	f.sums.put(c.idx, v.sum)
 	f.chunkDone(c.win, c.idx)
 	return nil

@@ -130,6 +130,21 @@ func (s *Session) maxMsgSize() uint64 {
 	return n
 }
 
+// pins reports whether a device of the session DMAs into pinned pages
+// (verbs.Caps.CPUPlaces false): a mapped landing must then be in memory
+// without dirty tracking (landmap.go).
+func (s *Session) pins() bool {
+	if !s.cfg.Device.Caps().CPUPlaces {
+		return true
+	}
+	for _, d := range s.cfg.MoreDevices {
+		if !d.Caps().CPUPlaces {
+			return true
+		}
+	}
+	return false
+}
+
 // regMR registers buf on every device of the session: with several,
 // a verbs.MRSet, device 0's to the verbs.MR methods, whose keys on the
 // others are lkeys(mr) and rkeyOn.

@@ -3,6 +3,7 @@ package initiator
 import (
 	"context"
 	"os"
+	"testing"
 
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/verbs"
@@ -40,6 +41,18 @@ func DataQP(s *Session, i int) verbs.QP {
 	qp, _ := s.qps.QP(i)
 	return qp
 }
+
+// MapAnywhere lets copies choose a mapped landing on any file system
+// for the rest of the test (landmap.go's mapsCheaper).
+func MapAnywhere(t *testing.T) {
+	old := mapsCheaper
+	mapsCheaper = func(bool, uint64) string { return "" }
+	t.Cleanup(func() { mapsCheaper = old })
+}
+
+// MappedLanding reports whether a copy's READs landed in the file's own
+// pages (landmap.go).
+func MappedLanding(r *Result) bool { return r.mapped }
 
 // DirectBytes is how many of a copy's bytes were landed with O_DIRECT.
 func DirectBytes(r *Result) int64 { return r.directBytes }

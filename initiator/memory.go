@@ -41,6 +41,8 @@ func PullSlots(qps, depth, readSize int, chunkSize int64, chunks int, direct boo
 // PullStaging is the bytes of registered staging a pull uses: PullSlots
 // chunks of chunkSize bytes, in one registration that lives as long as
 // the file's transfer. Pass chunks as math.MaxInt for a file of any size.
+// A pull that lands in the file's own pages (landmap.go) registers no
+// more: maxLandRegions regions of landSpan bytes at a time.
 func PullStaging(qps, depth, readSize int, chunkSize int64, chunks int, direct bool) int64 {
 	return int64(PullSlots(qps, depth, readSize, chunkSize, chunks, direct)) * chunkSize
 }
@@ -70,4 +72,11 @@ func pushWindowSize(window, chunkSize int64) int64 {
 // whole chunks of chunkSize and at least one.
 func PushPinned(window, chunkSize int64) int64 {
 	return pushWindows * pushWindowSize(window, chunkSize)
+}
+
+// landSpan is the bytes of one region of a mapped landing: the staging
+// budget of slots chunks split among maxLandRegions regions, whole
+// chunks, at least one.
+func landSpan(slots int, chunkSize int64) int64 {
+	return int64(max(1, slots/maxLandRegions)) * chunkSize
 }

@@ -2,6 +2,7 @@ package initiator_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,14 +16,16 @@ import (
 )
 
 // regDevice records the memory registered through it: every registration
-// (bytes and access) and, of remote-read ones, the most bytes registered
-// at once.
+// (bytes and access) and, by access, the most bytes registered at once.
 type regDevice struct {
 	verbs.Device
-	mu       sync.Mutex
-	regs     []reg
-	liveRead uint64
-	peakRead uint64
+	mu   sync.Mutex
+	regs []reg
+	live map[verbs.Access]uint64
+	peak map[verbs.Access]uint64
+	// refuse fails the next local-write registration, as an RDMA
+	// device that won't pin a file's pages fails a mapped landing's.
+	refuse bool
 }
 
 type reg struct {
@@ -35,13 +38,12 @@ type regPD struct {
 	d *regDevice
 }
 
-// readMR counts a remote-read registration as live until it is closed.
-// (Only those are wrapped: the initiator hands their keys to the target
-// and never puts them in its own work requests.)
-type readMR struct {
+// countMR counts a registration as live until it is closed.
+type countMR struct {
 	verbs.MR
-	d    *regDevice
-	once sync.Once
+	d      *regDevice
+	access verbs.Access
+	once   sync.Once
 }
 
 func (d *regDevice) AllocPD() (verbs.PD, error) {
@@ -60,34 +62,38 @@ func (d *regDevice) PrepareDial(ctx context.Context, pd verbs.PD, addr string, c
 }
 
 func (pd *regPD) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
+	d := pd.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refuse && access == verbs.AccessLocalWrite {
+		d.refuse = false
+		return nil, errors.New("reg_mr: refused")
+	}
 	mr, err := pd.PD.RegMR(buf, access)
 	if err != nil {
 		return nil, err
 	}
-	d := pd.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.regs = append(d.regs, reg{len(buf), access})
-	if access != verbs.AccessRemoteRead {
-		return mr, nil
+	if d.live == nil {
+		d.live, d.peak = map[verbs.Access]uint64{}, map[verbs.Access]uint64{}
 	}
-	d.liveRead += uint64(len(buf))
-	d.peakRead = max(d.peakRead, d.liveRead)
-	return &readMR{MR: mr, d: d}, nil
+	d.live[access] += uint64(len(buf))
+	d.peak[access] = max(d.peak[access], d.live[access])
+	return &countMR{MR: mr, d: d, access: access}, nil
 }
 
-func (m *readMR) Close() error {
+func (m *countMR) Close() error {
 	m.once.Do(func() {
 		m.d.mu.Lock()
-		m.d.liveRead -= m.MR.Len()
+		m.d.live[m.access] -= m.MR.Len()
 		m.d.mu.Unlock()
 	})
 	return m.MR.Close()
 }
 
 // take returns the registrations of the given access made since the last
-// take, and the most remote-read bytes registered at once since then.
-func (d *regDevice) take(access verbs.Access) (sizes []int, peakRead uint64) {
+// take, and the most bytes of it registered at once since then.
+func (d *regDevice) take(access verbs.Access) (sizes []int, peak uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range d.regs {
@@ -95,9 +101,15 @@ func (d *regDevice) take(access verbs.Access) (sizes []int, peakRead uint64) {
 			sizes = append(sizes, r.n)
 		}
 	}
-	peakRead = d.peakRead
-	d.regs, d.peakRead = nil, d.liveRead
-	return sizes, peakRead
+	peak = d.peak[access]
+	d.regs = nil
+	if d.live == nil {
+		d.live, d.peak = map[verbs.Access]uint64{}, map[verbs.Access]uint64{}
+	}
+	for a, n := range d.live {
+		d.peak[a] = n
+	}
+	return sizes, peak
 }
 
 func TestPullSlots(t *testing.T) {
@@ -130,6 +142,7 @@ func TestPullSlots(t *testing.T) {
 // file: the figure doctor holds the memlock limit against follows the
 // copy.
 func TestPullStagingIsWhatAPullRegisters(t *testing.T) {
+	initiator.MapAnywhere(t) // the --no-direct cases land mapped
 	e := startTarget(t, nil) // 64 KiB chunks
 	const chunk = 64 << 10
 	out := t.TempDir()
@@ -150,7 +163,7 @@ func TestPullStagingIsWhatAPullRegisters(t *testing.T) {
 		s := e.dial(t, func(c *initiator.Config) {
 			c.Device, c.QPs, c.Depth, c.ReadSize = dev, tc.qps, tc.depth, tc.readSize
 		})
-		dev.take(verbs.AccessLocalWrite)
+		_, base := dev.take(verbs.AccessLocalWrite) // the session's own (its QPs' buffers)
 		dst := filepath.Join(out, "f")
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		res, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{NoDirect: tc.noDirect})
@@ -164,8 +177,15 @@ func TestPullStagingIsWhatAPullRegisters(t *testing.T) {
 			t.Logf("%+v: not landed direct here (%s)", tc, initiator.DirectWhy(out))
 		}
 		want := initiator.PullStaging(s.DataQPs(), s.ReadsPerQP(), tc.readSize, chunk, tc.chunks, direct)
-		got, _ := dev.take(verbs.AccessLocalWrite)
-		if len(got) != 1 || int64(got[0]) != want {
+		got, peak := dev.take(verbs.AccessLocalWrite)
+		switch {
+		case initiator.MappedLanding(res):
+			// Regions of the file, one after another: never more at
+			// once than staging would have been.
+			if int64(peak-base) > want || len(got) < 2 && tc.chunks > 3 {
+				t.Errorf("%+v (%d QPs x %d): registered %v of the file, %d at once; PullStaging says %d", tc, s.DataQPs(), s.ReadsPerQP(), got, peak-base, want)
+			}
+		case len(got) != 1 || int64(got[0]) != want:
 			t.Errorf("%+v (%d QPs x %d, direct %v): registered %v for staging, PullStaging says %d", tc, s.DataQPs(), s.ReadsPerQP(), direct, got, want)
 		}
 		s.Close()
@@ -218,5 +238,34 @@ func TestPushPinnedIsWhatAPushRegisters(t *testing.T) {
 			t.Errorf("window %d: %d bytes registered at once, PushPinned says at most %d", window, peak, pinned)
 		}
 		t.Logf("window %d: %d windows, at most %d bytes registered at once (PushPinned %d)", window, len(sizes), peak, pinned)
+	}
+}
+
+// Where the device won't register the file's mapping, a copy lands
+// through staging instead, whole and right.
+func TestMappedLandingFallsBackToStaging(t *testing.T) {
+	initiator.MapAnywhere(t)
+	e := startTarget(t, nil) // 64 KiB chunks
+	want := randomFile(t, filepath.Join(e.dir, "f"), 20<<16+123)
+	dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
+	s := e.dial(t, func(c *initiator.Config) { c.Device = dev })
+	dst := filepath.Join(t.TempDir(), "f")
+	for _, refuse := range []bool{false, true} {
+		os.Remove(dst)
+		dev.mu.Lock()
+		dev.refuse = refuse
+		dev.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, err := s.Get(ctx, "data/f", dst, initiator.GetOptions{NoDirect: true})
+		cancel()
+		if err != nil {
+			t.Fatalf("refuse %v: %v", refuse, err)
+		}
+		if initiator.MappedLanding(res) == refuse {
+			t.Errorf("refuse %v: mapped landing %v", refuse, initiator.MappedLanding(res))
+		}
+		if got, _ := os.ReadFile(dst); string(got) != string(want) {
+			t.Errorf("refuse %v: the copy differs from the source", refuse)
+		}
 	}
 }

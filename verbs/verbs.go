@@ -57,7 +57,11 @@ type Caps struct {
 	MaxCQE         int    // largest completion queue
 	MaxPrivateData int    // bytes of private data in a connection request or reply
 	MemoryWindows  bool   // type-2 memory windows are available
-	Addressing     AddrMode
+	// CPUPlaces: the CPU places incoming data (a software transport), so
+	// registering memory pins nothing and any mapping may be registered;
+	// false for a device that DMAs into pinned pages.
+	CPUPlaces  bool
+	Addressing AddrMode
 }
 
 // Device is an opened RDMA device.

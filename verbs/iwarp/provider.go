@@ -146,6 +146,7 @@ func (d *device) Caps() verbs.Caps {
 		MaxPrivateData: mpaMaxPrivate - 4,
 		MemoryWindows:  true,
 		Addressing:     verbs.AddrIP,
+		CPUPlaces:      true,
 	}
 }
 
