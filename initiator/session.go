@@ -378,12 +378,25 @@ func (e *timeoutErr) Error() string {
 }
 func (e *timeoutErr) Unwrap() error { return e.err }
 
+// hello greets the target and plans the session from the RTT the
+// greeting measured.
 func (s *Session) hello(ctx context.Context) error {
+	var est rttEstimate
+	if err := s.greet(ctx, &est); err != nil {
+		return err
+	}
+	s.measureHello(est.RTT())
+	return nil
+}
+
+// greet sends Hello and authenticates, adding each round trip, and the
+// transport's own estimate, to est.
+func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
 		Client: protocol.ClientString("rdmacp", append(s.cfg.Archive.features(), protocol.FeatureWinDigests)...)}
 	t0 := time.Now()
 	m, err := s.call(ctx, h)
-	rtt := time.Since(t0)
+	est.add(time.Since(t0))
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeVersion {
@@ -397,7 +410,7 @@ func (s *Session) hello(ctx context.Context) error {
 	}
 	s.ch0 = ch
 	s.ch.SetPipelined(protocol.HasFeature(ch.Server, protocol.FeaturePipeline))
-	s.measureHello(rtt)
+	est.addQP(s.ch.QP())
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {
 			// A target that knows no secret can't prove it is the one we meant.
@@ -412,7 +425,9 @@ func (s *Session) hello(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t0 = time.Now()
 	m, err = s.call(ctx, auth)
+	est.add(time.Since(t0))
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeAuthFailed {
