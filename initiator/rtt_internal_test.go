@@ -29,14 +29,7 @@ func TestRTTEstimateIsTheLeastSample(t *testing.T) {
 // does on a loaded host: the kernel's min_rtt of the control socket
 // keeps the plan a short path's.
 func TestDelayedHelloStillPlansLoopback(t *testing.T) {
-	dev := func() verbs.Device {
-		d, err := iwarp.New(iwarp.Config{}).Open(context.Background(), verbs.DeviceConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
+	dev := func() verbs.Device { return openTestDevice(t) }
 	cfg := target.Config{Device: dev(), Exports: []target.Export{{Name: "data", Path: t.TempDir()}}}
 	srv, err := target.New(cfg)
 	if err != nil {
@@ -69,4 +62,15 @@ func TestDelayedHelloStillPlansLoopback(t *testing.T) {
 	if p.QPs != shortQPs || p.Depth != shortDepth {
 		t.Fatalf("plan %+v after a late Hello on loopback, want the short path's %d QPs x %d", p, shortQPs, shortDepth)
 	}
+}
+
+// openTestDevice opens a pure-Go iWARP device, closed when t ends.
+func openTestDevice(t *testing.T) verbs.Device {
+	t.Helper()
+	d, err := iwarp.New(iwarp.Config{}).Open(context.Background(), verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
 }

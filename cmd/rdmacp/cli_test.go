@@ -264,24 +264,50 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
+// A target SIGKILLed mid-copy: cp gives up with exitConnect and leaves
+// nothing at DEST, once --retry-for is spent (a short one: the default
+// 2m made this test take 133 s under load) or at once with --retry-for
+// 0. --retries 0 ("never re-read a chunk") once failed every dial with
+// "initiator: retries -1".
 func TestKillTargetMidCopy(t *testing.T) {
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "big"), 256<<20)
-	s := serve(t, dir, nil)
-	dst := filepath.Join(t.TempDir(), "big")
-	cp := rdmacp("cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
-	var errb bytes.Buffer
-	cp.Stderr = &errb
-	_, err := runUntil(t, cp, isStatus, func() { s.cmd.Process.Kill() }) // SIGKILL: no goodbye from the target
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitConnect {
-		t.Fatalf("cp after the target died: %v (want exit %d); stderr %s", err, exitConnect, errb.String())
-	}
-	if _, err := os.Stat(dst); err == nil {
-		t.Fatal("destination exists after the target died")
-	}
-	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*")); len(left) > 0 {
-		t.Fatalf("leftovers: %v", left)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		bound time.Duration // from the kill to cp's exit, at most
+	}{
+		{"retry-for 3s", []string{"--retry-for", "3s"}, 60 * time.Second},
+		{"never", []string{"--retries", "0", "--retry-for", "0"}, 30 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			writeFile(t, filepath.Join(dir, "big"), 256<<20)
+			s := serve(t, dir, nil)
+			dst := filepath.Join(t.TempDir(), "big")
+			args := append([]string{"cp", "--json", "--qps", "1", "--depth", "1", "--read-size", "64K"}, tc.flags...)
+			cp := rdmacp(append(args, s.addr+":data/big", dst)...)
+			var errb bytes.Buffer
+			cp.Stderr = &errb
+			var killed time.Time
+			_, err := runUntil(t, cp, isStatus, func() { s.cmd.Process.Kill(); killed = time.Now() }) // SIGKILL: no goodbye from the target
+			took := time.Since(killed)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != exitConnect {
+				t.Fatalf("cp after the target died: %v (want exit %d); stderr %s", err, exitConnect, errb.String())
+			}
+			if killed.IsZero() || took > tc.bound {
+				t.Errorf("cp exited %v after the kill (killed: %v), want within %v", took, !killed.IsZero(), tc.bound)
+			}
+			if tc.name == "never" && strings.Contains(errb.String(), "reconnect") {
+				t.Errorf("--retry-for 0 tried to reconnect: %s", errb.String())
+			}
+			if _, err := os.Stat(dst); err == nil {
+				t.Fatal("destination exists after the target died")
+			}
+			if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".*")); len(left) > 0 {
+				t.Fatalf("leftovers: %v", left)
+			}
+		})
 	}
 }
 

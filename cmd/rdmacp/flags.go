@@ -18,7 +18,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ, fixed (4KiB..256MiB; capped by the chunk size)"},
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk, a multiple of 4KiB up to 256MiB (default: the target's, 4MiB)"},
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
-		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again (0: never)"},
+		&cli.IntFlag{Name: "retries", Value: initiator.Defaults().Retries, Usage: "times a chunk that fails its digest is read again (0: never)"},
 		bindFlag(),
 		secretFlag(),
 		identityFlag(),
@@ -35,9 +35,10 @@ func quietFlag() cli.Flag {
 func quiet(c *cli.Context) bool { return c.Bool("quiet") }
 
 func initiatorConfig(c *cli.Context) (initiator.Config, error) {
-	cfg := initiator.Config{QPs: c.Int("qps"), Depth: c.Int("depth"), Retries: c.Int("retries")}
-	if c.Int("retries") == 0 {
-		cfg.Retries = -1 // explicit zero: never retry
+	cfg := initiator.Defaults()
+	cfg.QPs, cfg.Depth, cfg.Retries = c.Int("qps"), c.Int("depth"), c.Int("retries")
+	if cfg.Retries == 0 {
+		cfg.Retries = initiator.NoRetries
 	}
 	rs, err := parseSize(c.String("read-size"))
 	if err != nil {
