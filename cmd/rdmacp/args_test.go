@@ -7,6 +7,7 @@ import (
 )
 
 func TestNormalizeArgs(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"cp SRC DEST -r", "cp -r -- SRC DEST"},
 		{"cp -r SRC DEST", "cp -r -- SRC DEST"},
@@ -43,6 +44,7 @@ func TestNormalizeArgs(t *testing.T) {
 }
 
 func TestNormalizeArgsErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"cpp S D", `unknown command "cpp": did you mean "cp"?`},
 		{"bnech H", `did you mean "bench"?`},
@@ -71,6 +73,7 @@ func TestNormalizeArgsErrors(t *testing.T) {
 }
 
 func TestParseRemoteRules(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		// 1: local paths.
 		{"relative/path", "local"},
@@ -121,6 +124,7 @@ func matches(got, want string) bool {
 }
 
 func TestParseListTarget(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"host", "host:7362 "},
 		{"host:", "host:7362 "},
@@ -142,6 +146,7 @@ func TestParseListTarget(t *testing.T) {
 }
 
 func TestNearest(t *testing.T) {
+	t.Parallel()
 	names := []string{"recursive", "qps", "quiet", "depth", "digest", "dry-run"}
 	for in, want := range map[string]string{"recursiv": "recursive", "rec": "recursive", "qsp": "qps", "dpeth": "depth", "xyzzy": "", "dry": "dry-run"} {
 		if got := nearest(in, names); got != want {

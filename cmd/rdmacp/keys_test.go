@@ -65,6 +65,7 @@ func keysServer(t *testing.T, text string) (*server, string) {
 }
 
 func TestKeysRightsCLI(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" data=read\nclient bob "+bobKey+" *=read drop=push\n")
 	kf := keyFiles(t, aliceKey, bobKey)
 	alice := []string{"--identity", "alice", "--secret-file", kf[0]}
@@ -115,6 +116,7 @@ func TestKeysRightsCLI(t *testing.T) {
 
 // A wrong key and an unknown name: the same exit code and message.
 func TestKeysWrongKeyUnknownNameAlike(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" *=read\n")
 	kf := keyFiles(t, aliceKey, bobKey)
 	_, wrong, c1 := run(t, "ls", "--identity", "alice", "--secret-file", kf[1], s.addr+":")
@@ -130,6 +132,7 @@ func TestKeysWrongKeyUnknownNameAlike(t *testing.T) {
 // A revoked client's running copy ends within 2 s of SIGHUP. The copy is
 // slowed by a rate-limited proxy, to last well past the signal.
 func TestKeysRevokeEndsRunningCopy(t *testing.T) {
+	t.Parallel()
 	s, kf := keysServer(t, "client alice "+aliceKey+" *=read\nclient bob "+bobKey+" *=read\n")
 	writeFile(t, filepath.Join(s.dir, "big"), 64<<20)
 	p, err := faultproxy.New(s.addr)
@@ -182,6 +185,7 @@ func lastLine(s string) string {
 
 // Downgraded read → none: no longer opens; given more: keeps going.
 func TestKeysDowngradeCLI(t *testing.T) {
+	t.Parallel()
 	s, kf := keysServer(t, "client alice "+aliceKey+" *=read\n")
 	keys := keyFiles(t, aliceKey)
 	as := []string{"--identity", "alice", "--secret-file", keys[0]}
@@ -245,6 +249,7 @@ func relayFrom(t *testing.T, src, upstream string) string {
 // Address rules: data takes 127.0.0.2 only; from 127.0.0.1 it is as if
 // the client had no right.
 func TestKeysHostsCLI(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" *=read\nhosts data 127.0.0.2/32\n")
 	keys := keyFiles(t, aliceKey)
 	as := []string{"--identity", "alice", "--secret-file", keys[0]}
@@ -262,6 +267,7 @@ func TestKeysHostsCLI(t *testing.T) {
 }
 
 func TestKeysFileErrors(t *testing.T) {
+	t.Parallel()
 	kf := writeKeys(t, filepath.Join(t.TempDir(), "keys"), "# keys\n\nclient alice "+aliceKey+" data=write\n")
 	_, errs, code := run(t, "serve", "--listen", "127.0.0.1:0", "--export", "data="+t.TempDir(), "--keys", kf)
 	if code != exitUsage || !strings.Contains(errs, kf+":3: client \"alice\": right \"write\"") {
@@ -282,6 +288,7 @@ func TestKeysFileErrors(t *testing.T) {
 // The single --secret-file is identity "default": an initiator that
 // names it, or none (as older ones, which send plain Auth), gets in.
 func TestSecretFileIsDefault(t *testing.T) {
+	t.Parallel()
 	keys := keyFiles(t, aliceKey)
 	s := serve(t, t.TempDir(), nil, "--secret-file", keys[0])
 	for _, args := range [][]string{{"ls", "--secret-file", keys[0], s.addr + ":"}, {"ls", "--identity", "default", "--secret-file", keys[0], s.addr + ":"}} {

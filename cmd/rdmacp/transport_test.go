@@ -8,6 +8,7 @@ import (
 )
 
 func TestMPACRCNegotiation(t *testing.T) {
+	t.Parallel()
 	// CRC is used when either side asks for it (RFC 5044): off only
 	// when neither does; auto does not over loopback.
 	for _, tc := range []struct {
