@@ -97,6 +97,14 @@ const (
 	NeverRetry time.Duration = -1
 )
 
+// The bounds Validate holds a Config to, which the CLI checks its flags
+// against before anything connects.
+const (
+	MaxQPs      = 64   // Config.QPs
+	MaxDepth    = 1024 // Config.Depth
+	MinReadSize = 4096 // Config.ReadSize
+)
+
 // Defaults is the one place a session's defaults are set: every zero
 // field of a Config takes its value from here, and the CLI shows these
 // as its flags' defaults.
@@ -137,12 +145,12 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Device == nil:
 		return errors.New("initiator: no device")
-	case c.QPs < 0 || c.QPs > 64:
-		return fmt.Errorf("initiator: --qps %d: want 1..64", c.QPs)
-	case c.Depth < 0 || c.Depth > 1024:
-		return fmt.Errorf("initiator: --depth %d: want 1..1024", c.Depth)
-	case c.ReadSize < 4096:
-		return fmt.Errorf("initiator: read size %d: want at least 4096", c.ReadSize)
+	case c.QPs < 0 || c.QPs > MaxQPs:
+		return fmt.Errorf("initiator: --qps %d: want 1..%d", c.QPs, MaxQPs)
+	case c.Depth < 0 || c.Depth > MaxDepth:
+		return fmt.Errorf("initiator: --depth %d: want 1..%d", c.Depth, MaxDepth)
+	case c.ReadSize < MinReadSize:
+		return fmt.Errorf("initiator: read size %d: want at least %d", c.ReadSize, MinReadSize)
 	case c.Retries < 0 && c.Retries != NoRetries:
 		return fmt.Errorf("initiator: retries %d: want 0 or more, or NoRetries", c.Retries)
 	case c.RetryFor < 0 && c.RetryFor != NeverRetry:

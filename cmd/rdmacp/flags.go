@@ -96,9 +96,9 @@ const (
 // chunker.ValidateChunkSize, the verbs port and GID tables), checked here
 // so that a bad value is a usage error before anything connects.
 var flagLimits = map[string]limit{
-	"qps":        {intFlag, 1, 64, "data queue pairs per session"},
-	"depth":      {intFlag, 1, 1024, "READs in flight per queue pair"},
-	"read-size":  {sizeFlag, 4096, chunker.MaxChunkSize, "a READ never spans chunks"},
+	"qps":        {intFlag, 1, initiator.MaxQPs, "data queue pairs per session"},
+	"depth":      {intFlag, 1, initiator.MaxDepth, "READs in flight per queue pair"},
+	"read-size":  {sizeFlag, initiator.MinReadSize, chunker.MaxChunkSize, "a READ never spans chunks"},
 	"chunk-size": {kind: chunkFlag},
 	"retries":    {intFlag, 0, 1000, "0 means never retry"},
 	"timeout":    {kind: secondsFlag, min: 1},
