@@ -34,8 +34,27 @@ func quietFlag() cli.Flag {
 // banners) are left out.
 func quiet(c *cli.Context) bool { return c.Bool("quiet") }
 
-func initiatorConfig(c *cli.Context) (initiator.Config, error) {
+// sessionConfig is the one place the flags every command that dials
+// shares (--secret-file, --identity, timeoutFlags) become a session's
+// config, starting from initiator.Defaults; the session validates it.
+func sessionConfig(c *cli.Context) (initiator.Config, error) {
 	cfg := initiator.Defaults()
+	var err error
+	if cfg.Secret, err = readSecret(c); err != nil {
+		return cfg, err
+	}
+	if cfg.Identity, err = identityOf(c); err != nil {
+		return cfg, err
+	}
+	return cfg, timeoutConfig(c, &cfg)
+}
+
+// initiatorConfig is sessionConfig with initiatorFlags (cp, demo).
+func initiatorConfig(c *cli.Context) (initiator.Config, error) {
+	cfg, err := sessionConfig(c)
+	if err != nil {
+		return cfg, err
+	}
 	cfg.QPs, cfg.Depth, cfg.Retries = c.Int("qps"), c.Int("depth"), c.Int("retries")
 	if cfg.Retries == 0 {
 		cfg.Retries = initiator.NoRetries
@@ -52,15 +71,6 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 	}
 	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("digest")); err != nil {
 		return cfg, usagef("--digest: %v", err)
-	}
-	if cfg.Secret, err = readSecret(c); err != nil {
-		return cfg, err
-	}
-	if cfg.Identity, err = identityOf(c); err != nil {
-		return cfg, err
-	}
-	if err := timeoutConfig(c, &cfg); err != nil {
-		return cfg, err
 	}
 	if err := railsConfig(c, &cfg); err != nil {
 		return cfg, err
