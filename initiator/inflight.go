@@ -57,7 +57,7 @@ const (
 
 // pathPlan is what a session settled on at connect.
 type pathPlan struct {
-	RTT      time.Duration // the Hello's round trip
+	RTT      time.Duration // measured at connect (rttEstimate)
 	QPs      int           // data QPs to ask for
 	Depth    int           // READs per QP at most
 	Inflight int64         // bytes in flight at most (QPs × Depth × read size)
@@ -140,7 +140,7 @@ func (s *Session) windowsAhead() int {
 	return maxWindows
 }
 
-// measureHello takes the Hello's round trip as the path's RTT and plans
+// measureHello takes the RTT the greeting measured (rtt.go) and plans
 // the session (once: a session re-established after a fault keeps its
 // plan, which its transfers' staging was sized by).
 func (s *Session) measureHello(rtt time.Duration) {
@@ -175,7 +175,7 @@ func (s *Session) window() *reads.Window {
 // InFlight is what the session's window settled on: the RTT, the bytes
 // in flight now and its bounds.
 type InFlight struct {
-	ConnectRTT time.Duration // the Hello's round trip
+	ConnectRTT time.Duration // measured at connect (rttEstimate)
 	RTT        time.Duration // the fastest READ seen (or ConnectRTT)
 	Bytes      int64         // bytes in flight allowed now
 	Min, Max   int64

@@ -45,7 +45,7 @@ type Config struct {
 	ReadSize  int
 	ChunkSize int64             // 0: the target's default
 	Algorithm chunker.Algorithm // default CRC32C
-	Retries   int               // re-reads of a chunk that fails its digest; default 3
+	Retries   int               // re-reads of a chunk that fails its digest; default 3, NoRetries: none
 	Logger    *slog.Logger
 
 	// Timeout is the I/O timeout, as rsync's --timeout: a data QP with
@@ -56,7 +56,7 @@ type Config struct {
 	// handshake, the hello and every data QP. Default 10 s.
 	ConnectTimeout time.Duration
 	// RetryFor bounds the time a session spends re-establishing itself
-	// after it broke, all attempts together. Default 2 min; negative:
+	// after it broke, all attempts together. Default 2 min; NeverRetry:
 	// never try.
 	RetryFor time.Duration
 	// Recovered, if set, is told of every recovery and its outcome: a
@@ -90,21 +90,50 @@ const (
 	ScopeSession Scope = "session"
 )
 
+// Never, as Retries or RetryFor, is an explicit "not at all": their
+// zero values take the defaults, so "never" has a name of its own.
+const (
+	NoRetries                = -1
+	NeverRetry time.Duration = -1
+)
+
+// The bounds Validate holds a Config to, which the CLI checks its flags
+// against before anything connects.
+const (
+	MaxQPs      = 64   // Config.QPs
+	MaxDepth    = 1024 // Config.Depth
+	MinReadSize = 4096 // Config.ReadSize
+)
+
+// Defaults is the one place a session's defaults are set: every zero
+// field of a Config takes its value from here, and the CLI shows these
+// as its flags' defaults.
+func Defaults() Config {
+	return Config{
+		ReadSize:       1 << 20,
+		Retries:        3,
+		Timeout:        reads.DefaultTimeout,
+		ConnectTimeout: 10 * time.Second,
+		RetryFor:       2 * time.Minute,
+	}
+}
+
 func (c *Config) setDefaults() {
+	d := Defaults()
 	if c.ReadSize == 0 {
-		c.ReadSize = 1 << 20
+		c.ReadSize = d.ReadSize
 	}
 	if c.Retries == 0 {
-		c.Retries = 3
+		c.Retries = d.Retries
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 30 * time.Second
+		c.Timeout = d.Timeout
 	}
 	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = 10 * time.Second
+		c.ConnectTimeout = d.ConnectTimeout
 	}
 	if c.RetryFor == 0 {
-		c.RetryFor = 2 * time.Minute
+		c.RetryFor = d.RetryFor
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -116,14 +145,16 @@ func (c *Config) Validate() error {
 	switch {
 	case c.Device == nil:
 		return errors.New("initiator: no device")
-	case c.QPs < 0 || c.QPs > 64:
-		return fmt.Errorf("initiator: --qps %d: want 1..64", c.QPs)
-	case c.Depth < 0 || c.Depth > 1024:
-		return fmt.Errorf("initiator: --depth %d: want 1..1024", c.Depth)
-	case c.ReadSize < 4096:
-		return fmt.Errorf("initiator: read size %d: want at least 4096", c.ReadSize)
-	case c.Retries < 0:
-		return fmt.Errorf("initiator: retries %d", c.Retries)
+	case c.QPs < 0 || c.QPs > MaxQPs:
+		return fmt.Errorf("initiator: --qps %d: want 1..%d", c.QPs, MaxQPs)
+	case c.Depth < 0 || c.Depth > MaxDepth:
+		return fmt.Errorf("initiator: --depth %d: want 1..%d", c.Depth, MaxDepth)
+	case c.ReadSize < MinReadSize:
+		return fmt.Errorf("initiator: read size %d: want at least %d", c.ReadSize, MinReadSize)
+	case c.Retries < 0 && c.Retries != NoRetries:
+		return fmt.Errorf("initiator: retries %d: want 0 or more, or NoRetries", c.Retries)
+	case c.RetryFor < 0 && c.RetryFor != NeverRetry:
+		return fmt.Errorf("initiator: --retry-for %v: want a positive duration, or NeverRetry", c.RetryFor)
 	case c.Timeout < 0 || c.ConnectTimeout < 0:
 		return fmt.Errorf("initiator: --timeout %v, --contimeout %v: want positive durations", c.Timeout, c.ConnectTimeout)
 	case !c.Algorithm.Valid():
@@ -378,12 +409,25 @@ func (e *timeoutErr) Error() string {
 }
 func (e *timeoutErr) Unwrap() error { return e.err }
 
+// hello greets the target and plans the session from the RTT the
+// greeting measured.
 func (s *Session) hello(ctx context.Context) error {
+	var est rttEstimate
+	if err := s.greet(ctx, &est); err != nil {
+		return err
+	}
+	s.measureHello(est.RTT())
+	return nil
+}
+
+// greet sends Hello and authenticates, adding each round trip, and the
+// transport's own estimate, to est.
+func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
 		Client: protocol.ClientString("rdmacp", append(s.cfg.Archive.features(), protocol.FeatureWinDigests)...)}
 	t0 := time.Now()
 	m, err := s.call(ctx, h)
-	rtt := time.Since(t0)
+	est.add(time.Since(t0))
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeVersion {
@@ -397,7 +441,7 @@ func (s *Session) hello(ctx context.Context) error {
 	}
 	s.ch0 = ch
 	s.ch.SetPipelined(protocol.HasFeature(ch.Server, protocol.FeaturePipeline))
-	s.measureHello(rtt)
+	est.addQP(s.ch.QP())
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {
 			// A target that knows no secret can't prove it is the one we meant.
@@ -412,7 +456,9 @@ func (s *Session) hello(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	t0 = time.Now()
 	m, err = s.call(ctx, auth)
+	est.add(time.Since(t0))
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeAuthFailed {

@@ -61,6 +61,7 @@ func lstat(t *testing.T, p string) unix.Stat_t {
 // cp -a keeps setuid, setgid and sticky, owners, symlink mtimes; -H
 // hard links; -X user.* xattrs.
 func TestCpArchive(t *testing.T) {
+	t.Parallel()
 	dir, xattrs := archiveTree(t)
 	s := serve(t, dir, nil)
 	base := t.TempDir()
@@ -123,6 +124,7 @@ func TestCpArchive(t *testing.T) {
 // Without -a the default is as it was: mode & 0777 and mtimes kept,
 // owners the copier's, hard links split, no xattrs.
 func TestCpDefaultMeta(t *testing.T) {
+	t.Parallel()
 	dir, xattrs := archiveTree(t)
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "out")
@@ -151,6 +153,7 @@ func TestCpDefaultMeta(t *testing.T) {
 
 // Single files honour -p, -o and -g (and -X) too.
 func TestCpArchiveSingleFile(t *testing.T) {
+	t.Parallel()
 	dir, xattrs := archiveTree(t)
 	s := serve(t, dir, nil)
 	out := t.TempDir()
@@ -179,6 +182,7 @@ func TestCpArchiveSingleFile(t *testing.T) {
 // Owners go by name: a source file owned by nobody lands owned by this
 // side's nobody.
 func TestCpArchiveOwnerByName(t *testing.T) {
+	t.Parallel()
 	dir, _ := archiveTree(t)
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
@@ -211,6 +215,7 @@ func aclXattr() []byte {
 
 // -A keeps a POSIX ACL; -X alone does not.
 func TestCpACLs(t *testing.T) {
+	t.Parallel()
 	dir, _ := archiveTree(t)
 	p := filepath.Join(dir, "tree", "plain")
 	if err := unix.Setxattr(p, "system.posix_acl_access", aclXattr(), 0); err != nil {
@@ -240,6 +245,7 @@ func TestCpACLs(t *testing.T) {
 // A manifest's lines keep what -a keeps, packed (many small files in
 // one round trip) or copied one by one.
 func TestCpManifestArchive(t *testing.T) {
+	t.Parallel()
 	dir, _ := archiveTree(t)
 	s := serve(t, dir, nil)
 	out := t.TempDir()
@@ -267,6 +273,7 @@ func TestCpManifestArchive(t *testing.T) {
 // -a implies -r for --delete too, and a -c rerun of a -H tree keeps its
 // links: a file found the same is a link target as a copied one is.
 func TestCpArchiveRerun(t *testing.T) {
+	t.Parallel()
 	dir, _ := archiveTree(t)
 	s := serve(t, dir, nil)
 	base := t.TempDir()
@@ -289,6 +296,7 @@ func TestCpArchiveRerun(t *testing.T) {
 // A single file the quick check leaves (same size and mtime) still gets
 // its mode and owner back, as rsync fixes them.
 func TestCpQuickCheckFixesSingleFile(t *testing.T) {
+	t.Parallel()
 	dir, _ := archiveTree(t)
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "owned")

@@ -7,11 +7,15 @@ import (
 )
 
 func TestNormalizeArgs(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"cp SRC DEST -r", "cp -r -- SRC DEST"},
 		{"cp -r SRC DEST", "cp -r -- SRC DEST"},
 		{"cp SRC -r DEST --qps 2", "cp -r --qps=2 -- SRC DEST"},
 		{"cp -rq SRC DEST", "cp -r -q -- SRC DEST"},
+		{"cp SRC DEST -qr --depth=2", "cp -q -r --depth=2 -- SRC DEST"},
+		{"-r cp SRC DEST --read-size 64K", "cp -r --read-size=64K -- SRC DEST"},
+		{"--qps 2 cp -r SRC DEST", "cp --qps=2 -r -- SRC DEST"},
 		{"cp -rc --qps=3 SRC DEST", "cp -r -c --qps=3 -- SRC DEST"},
 		{"cp SRC DEST -- -x", "cp -- SRC DEST -x"},
 		{"cp -- -r DEST", "cp -- -r DEST"},
@@ -43,6 +47,7 @@ func TestNormalizeArgs(t *testing.T) {
 }
 
 func TestNormalizeArgsErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"cpp S D", `unknown command "cpp": did you mean "cp"?`},
 		{"bnech H", `did you mean "bench"?`},
@@ -71,6 +76,7 @@ func TestNormalizeArgsErrors(t *testing.T) {
 }
 
 func TestParseRemoteRules(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		// 1: local paths.
 		{"relative/path", "local"},
@@ -121,6 +127,7 @@ func matches(got, want string) bool {
 }
 
 func TestParseListTarget(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"host", "host:7362 "},
 		{"host:", "host:7362 "},
@@ -142,6 +149,7 @@ func TestParseListTarget(t *testing.T) {
 }
 
 func TestNearest(t *testing.T) {
+	t.Parallel()
 	names := []string{"recursive", "qps", "quiet", "depth", "digest", "dry-run"}
 	for in, want := range map[string]string{"recursiv": "recursive", "rec": "recursive", "qsp": "qps", "dpeth": "depth", "xyzzy": "", "dry": "dry-run"} {
 		if got := nearest(in, names); got != want {

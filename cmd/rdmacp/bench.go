@@ -155,17 +155,11 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	secret, err := readSecret(c)
+	cfg, err := sessionConfig(c)
 	if err != nil {
 		return err
 	}
-	cfg := initiator.Config{Secret: secret, QPs: c.Int("qps"), Depth: c.Int("depth")}
-	if cfg.Identity, err = identityOf(c); err != nil {
-		return err
-	}
-	if err := timeoutConfig(c, &cfg); err != nil {
-		return err
-	}
+	cfg.QPs, cfg.Depth = c.Int("qps"), c.Int("depth")
 	jsonOut := c.Bool("json")
 	s, why, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {

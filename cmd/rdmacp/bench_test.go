@@ -8,6 +8,7 @@ import (
 )
 
 func TestBenchCommand(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "f"), 2<<20)
 	s := serve(t, dir, nil)
@@ -62,6 +63,7 @@ func TestBenchCommand(t *testing.T) {
 }
 
 func TestParseDuration(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{"5": "5s", "0.5": "500ms", "250ms": "250ms", "1m": "1m0s"} {
 		if d, err := parseDuration(in); err != nil || d.String() != want {
 			t.Errorf("%q: %v %v, want %s", in, d, err, want)

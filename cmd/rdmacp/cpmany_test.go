@@ -38,6 +38,7 @@ func lastSummary(t *testing.T, ls []map[string]any) map[string]any {
 }
 
 func TestCpRecursiveJSON(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	tree := filepath.Join(dir, "tree")
 	os.MkdirAll(filepath.Join(tree, "sub", "deeper"), 0o755)
@@ -105,6 +106,7 @@ func TestCpRecursiveJSON(t *testing.T) {
 }
 
 func TestCpManifest(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, n := range []string{"a", "c"} {
 		writeFile(t, filepath.Join(dir, n), 70<<10)
@@ -175,6 +177,7 @@ func TestCpManifest(t *testing.T) {
 
 // Shards 0..N-1 of a manifest copy each line exactly once.
 func TestCpManifestShards(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := serve(t, dir, nil)
 	out := t.TempDir()
@@ -213,6 +216,7 @@ func TestCpManifestShards(t *testing.T) {
 }
 
 func TestReadManifest(t *testing.T) {
+	t.Parallel()
 	ls, err := readManifest(strings.NewReader("h:e/a /x\n  # c\n\n{\"src\":\"h:e/b c\",\"dest\":\"/y z\"}\n"))
 	if err != nil || len(ls) != 2 || ls[0].Src != "h:e/a" || ls[0].Dest != "/x" || ls[1].Src != "h:e/b c" || ls[1].Dest != "/y z" || ls[1].line != 4 {
 		t.Fatalf("%+v %v", ls, err)
@@ -225,6 +229,7 @@ func TestReadManifest(t *testing.T) {
 }
 
 func TestParseShard(t *testing.T) {
+	t.Parallel()
 	if sh, err := parseShard("2/5"); err != nil || sh != (initiator.Shard{I: 2, N: 5}) {
 		t.Errorf("%v %v", sh, err)
 	}
@@ -238,6 +243,7 @@ func TestParseShard(t *testing.T) {
 // A --partial copy killed with SIGKILL resumes: the rerun reads only the
 // chunks the sidecar did not mark (all of which it re-checks first).
 func TestCpPartialResumeAfterKill(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	const size = 96 << 20
 	want := writeFile(t, filepath.Join(dir, "big"), size)
@@ -300,6 +306,7 @@ func TestCpPartialResumeAfterKill(t *testing.T) {
 
 // A chunk the sidecar marks but whose bytes are wrong is read again.
 func TestCpPartialRechecksMarkedChunks(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	const size = 1 << 20
 	want := writeFile(t, filepath.Join(dir, "f"), size)
@@ -327,6 +334,7 @@ func TestCpPartialRechecksMarkedChunks(t *testing.T) {
 }
 
 func TestCpSkipSame(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "f"), 200<<10)
 	s := serve(t, dir, nil)
@@ -353,6 +361,7 @@ func TestCpSkipSame(t *testing.T) {
 // temporary file; without --partial nothing is left (see
 // TestInterruptedCopyLeavesNothing).
 func TestCpPartialKeptOnSIGINT(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "big"), 128<<20)
 	s := serve(t, dir, nil)
@@ -381,6 +390,7 @@ func TestCpPartialKeptOnSIGINT(t *testing.T) {
 // before the kill and the verified chunks of the one in flight are not
 // read again.
 func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "tree", "sub"), 0o755)
 	const size = 24 << 20

@@ -14,6 +14,7 @@ import (
 // character device and a FIFO are refused (exit 8) and stay what they
 // are, and a symlink is written through and stays a link.
 func TestCpSpecialDestinations(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	want := writeFile(t, filepath.Join(src, "f"), 200<<10)
 	s := serve(t, src, nil)

@@ -38,6 +38,7 @@ func cached(t *testing.T, path string) float64 {
 // cp lands with O_DIRECT where the file system takes it, so the copy is
 // not left in the page cache; --no-direct writes through it.
 func TestCpDirectAndNoDirect(t *testing.T) {
+	t.Parallel()
 	out := t.TempDir()
 	var sf unix.Statfs_t
 	if err := unix.Statfs(out, &sf); err != nil || sf.Type == unix.TMPFS_MAGIC || sf.Type == unix.RAMFS_MAGIC {

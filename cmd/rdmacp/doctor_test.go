@@ -39,6 +39,7 @@ func doctorLines(t *testing.T, out string) map[string]string {
 }
 
 func TestDoctor(t *testing.T) {
+	t.Parallel()
 	out, errs, code := run(t, "doctor")
 	if code != 0 {
 		t.Fatalf("doctor: exit %d\n%s\n%s", code, out, errs)
@@ -107,6 +108,7 @@ func TestDoctor(t *testing.T) {
 // takes the TCP connection and says nothing fails the session check once
 // the two are spent, not the defaults' 15 s.
 func TestDoctorTimeouts(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +145,7 @@ func TestDoctorTimeouts(t *testing.T) {
 }
 
 func TestDoctorWrongSecret(t *testing.T) {
+	t.Parallel()
 	secret := filepath.Join(t.TempDir(), "secret")
 	os.WriteFile(secret, []byte("open sesame, please\n"), 0o600)
 	s := serve(t, t.TempDir(), nil, "--secret-file", secret)
@@ -156,6 +159,7 @@ func TestDoctorWrongSecret(t *testing.T) {
 }
 
 func TestDoctorAddr(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"host":             "host:7362",
 		"host:9000":        "host:9000",
@@ -175,6 +179,7 @@ func TestDoctorAddr(t *testing.T) {
 // register): a pull landing direct, a push's three windows, a session's
 // windows and push staging within the budget.
 func TestPinned(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	for _, tc := range []struct {
 		qps, depth                         int
@@ -211,6 +216,7 @@ func TestPinned(t *testing.T) {
 
 // The memlock line states the figures for doctor's flags.
 func TestDoctorMemlockFigures(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		nil,
 		{"--qps", "8", "--depth", "2", "--read-size", "512KiB", "--chunk-size", "1MiB"},
@@ -257,6 +263,7 @@ func TestDoctorMemlockFigures(t *testing.T) {
 }
 
 func TestDoctorSysfs(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	port := filepath.Join(root, "rxe0", "ports", "1")
 	files := map[string]string{
@@ -298,6 +305,7 @@ func TestDoctorSysfs(t *testing.T) {
 }
 
 func TestBenchDoctorHelp(t *testing.T) {
+	t.Parallel()
 	for _, c := range []string{"bench", "doctor"} {
 		out, _, code := run(t, c, "--help")
 		if code != 0 || !strings.Contains(out, "USAGE") {
@@ -307,6 +315,7 @@ func TestBenchDoctorHelp(t *testing.T) {
 }
 
 func TestMemlockVerdict(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	pull, init, tgt := int64(32*mib), int64(96*mib), int64(288*mib)
 	for _, tc := range []struct {

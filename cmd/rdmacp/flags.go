@@ -18,7 +18,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "read-size", Value: "1MiB", Usage: "bytes per RDMA READ, fixed (4KiB..256MiB; capped by the chunk size)"},
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk, a multiple of 4KiB up to 256MiB (default: the target's, 4MiB)"},
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
-		&cli.IntFlag{Name: "retries", Value: 3, Usage: "times a chunk that fails its digest is read again (0: never)"},
+		&cli.IntFlag{Name: "retries", Value: initiator.Defaults().Retries, Usage: "times a chunk that fails its digest is read again (0: never)"},
 		bindFlag(),
 		secretFlag(),
 		identityFlag(),
@@ -34,10 +34,30 @@ func quietFlag() cli.Flag {
 // banners) are left out.
 func quiet(c *cli.Context) bool { return c.Bool("quiet") }
 
+// sessionConfig is the one place the flags every command that dials
+// shares (--secret-file, --identity, timeoutFlags) become a session's
+// config, starting from initiator.Defaults; the session validates it.
+func sessionConfig(c *cli.Context) (initiator.Config, error) {
+	cfg := initiator.Defaults()
+	var err error
+	if cfg.Secret, err = readSecret(c); err != nil {
+		return cfg, err
+	}
+	if cfg.Identity, err = identityOf(c); err != nil {
+		return cfg, err
+	}
+	return cfg, timeoutConfig(c, &cfg)
+}
+
+// initiatorConfig is sessionConfig with initiatorFlags (cp, demo).
 func initiatorConfig(c *cli.Context) (initiator.Config, error) {
-	cfg := initiator.Config{QPs: c.Int("qps"), Depth: c.Int("depth"), Retries: c.Int("retries")}
-	if c.Int("retries") == 0 {
-		cfg.Retries = -1 // explicit zero: never retry
+	cfg, err := sessionConfig(c)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.QPs, cfg.Depth, cfg.Retries = c.Int("qps"), c.Int("depth"), c.Int("retries")
+	if cfg.Retries == 0 {
+		cfg.Retries = initiator.NoRetries
 	}
 	rs, err := parseSize(c.String("read-size"))
 	if err != nil {
@@ -51,15 +71,6 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 	}
 	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("digest")); err != nil {
 		return cfg, usagef("--digest: %v", err)
-	}
-	if cfg.Secret, err = readSecret(c); err != nil {
-		return cfg, err
-	}
-	if cfg.Identity, err = identityOf(c); err != nil {
-		return cfg, err
-	}
-	if err := timeoutConfig(c, &cfg); err != nil {
-		return cfg, err
 	}
 	if err := railsConfig(c, &cfg); err != nil {
 		return cfg, err
@@ -95,9 +106,9 @@ const (
 // chunker.ValidateChunkSize, the verbs port and GID tables), checked here
 // so that a bad value is a usage error before anything connects.
 var flagLimits = map[string]limit{
-	"qps":        {intFlag, 1, 64, "data queue pairs per session"},
-	"depth":      {intFlag, 1, 1024, "READs in flight per queue pair"},
-	"read-size":  {sizeFlag, 4096, chunker.MaxChunkSize, "a READ never spans chunks"},
+	"qps":        {intFlag, 1, initiator.MaxQPs, "data queue pairs per session"},
+	"depth":      {intFlag, 1, initiator.MaxDepth, "READs in flight per queue pair"},
+	"read-size":  {sizeFlag, initiator.MinReadSize, chunker.MaxChunkSize, "a READ never spans chunks"},
 	"chunk-size": {kind: chunkFlag},
 	"retries":    {intFlag, 0, 1000, "0 means never retry"},
 	"timeout":    {kind: secondsFlag, min: 1},

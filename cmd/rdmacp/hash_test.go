@@ -74,6 +74,7 @@ func hashOf(t *testing.T, path string, cs int64, alg chunker.Algorithm) []byte {
 // TestHashCommand: rdmacp hash stores, for every file under a directory,
 // the digests the target computes, and a second run hashes nothing.
 func TestHashCommand(t *testing.T) {
+	t.Parallel()
 	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
 	oldFile(t, filepath.Join(src, "a"), 300<<10+3)
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
@@ -108,6 +109,7 @@ func TestHashCommand(t *testing.T) {
 }
 
 func TestHashCommandRefusesBadStateDir(t *testing.T) {
+	t.Parallel()
 	src, state := t.TempDir(), t.TempDir()
 	os.Chmod(state, 0o777)
 	oldFile(t, filepath.Join(src, "a"), 4096)
@@ -165,6 +167,7 @@ func servedRead(t *testing.T, s *server, name string, want []byte) int64 {
 // to hash (its rchar grows by far less than the file); one not hashed
 // before is read whole, which shows the measure works.
 func TestHashThenServeNoHashPass(t *testing.T) {
+	t.Parallel()
 	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
 	const size = 8 << 20
 	hashed := oldFile(t, filepath.Join(src, "hashed"), size)
@@ -210,6 +213,7 @@ func TestHashThenServeNoHashPass(t *testing.T) {
 // digests, with its mtime put back (touch -r), is hashed again (its ctime
 // moved): the copy is of the new contents, and the daemon read the file.
 func TestServeTouchREdit(t *testing.T) {
+	t.Parallel()
 	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
 	const size = 4 << 20
 	p := filepath.Join(src, "f")
@@ -248,6 +252,7 @@ func TestServeTouchREdit(t *testing.T) {
 // TestServePrehash: serve --prehash hashes the exports into its state
 // directory in the background, with the daemon's chunk size and digest.
 func TestServePrehash(t *testing.T) {
+	t.Parallel()
 	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
 	oldFile(t, filepath.Join(src, "a"), 1<<20)
 	oldFile(t, filepath.Join(src, "b"), 200<<10)
@@ -276,6 +281,7 @@ func TestServePrehash(t *testing.T) {
 // through the device moves the counters, and the stored digests are no
 // longer found.
 func TestHashBlockDevice(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("loop devices need root")
 	}
@@ -339,6 +345,7 @@ func TestHashBlockDevice(t *testing.T) {
 // the file unchanged without reading it to hash; with
 // --no-persist-digests it reads it again.
 func TestServeRestartNoHashPass(t *testing.T) {
+	t.Parallel()
 	if !targetPersists {
 		t.Skip("the target does not use target.Config.Digests yet (targetPersists)")
 	}
@@ -395,6 +402,7 @@ func TestServeRestartFreshFileNoHashPass(t *testing.T) {
 // TestHashNice: rdmacp hash --nice (what serve --prehash runs) puts every
 // thread at nice 19 in the idle I/O class, while it hashes.
 func TestHashNice(t *testing.T) {
+	t.Parallel()
 	p, state := filepath.Join(t.TempDir(), "big"), filepath.Join(t.TempDir(), "state")
 	f, err := os.Create(p)
 	if err != nil {

@@ -43,6 +43,7 @@ func cpJSON(t *testing.T, args ...string) (map[string]any, []map[string]any) {
 // file is unchanged by size and mtime. A file whose mtime changed is
 // copied again; -I copies them all.
 func TestCpQuickCheckTree(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	smallTree(t, filepath.Join(src, "tree"), 100, 100)
 	s := serve(t, src, nil)
@@ -83,6 +84,7 @@ func TestCpQuickCheckTree(t *testing.T) {
 
 // A single file: the quick check skips it unread; -c compares digests.
 func TestCpQuickCheckFile(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	writeFile(t, filepath.Join(src, "f"), 100<<10)
 	s := serve(t, src, nil)
@@ -137,6 +139,7 @@ func lines(s string) []string {
 // --delete removes what the source does not have, but what an exclude
 // protects; with -n it lists the same and touches nothing.
 func TestCpDelete(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	tree := filepath.Join(src, "tree")
 	os.MkdirAll(filepath.Join(tree, "sub"), 0o755)
@@ -199,6 +202,7 @@ func TestCpDelete(t *testing.T) {
 // --exclude, --include and --exclude-from, in the order given; an
 // excluded directory is left out whole.
 func TestCpExclude(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	tree := filepath.Join(src, "tree")
 	for _, p := range []string{"main.c", "main.o", "notes.txt", "cache/x.c", "src/lib.c", "src/lib.o", "src/keep.o", "log.tmp"} {
@@ -225,6 +229,7 @@ func TestCpExclude(t *testing.T) {
 // -n lists what would be copied and makes nothing: not DEST, not a
 // temporary file, into an existing tree neither.
 func TestCpDryRunTouchesNothing(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	smallTree(t, filepath.Join(src, "tree"), 2, 3)
 	s := serve(t, src, nil)
@@ -278,6 +283,7 @@ func TestCpDryRunTouchesNothing(t *testing.T) {
 // -v lists each entry as it lands, one line a path, rsync's way; the
 // summary counts files, directories and links apart.
 func TestCpVerboseAndCounts(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	tree := filepath.Join(src, "tree")
 	os.MkdirAll(filepath.Join(tree, "sub"), 0o755)
@@ -308,6 +314,7 @@ func TestCpVerboseAndCounts(t *testing.T) {
 
 // -q prints nothing at all when all goes well.
 func TestCpQuietSilence(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	smallTree(t, filepath.Join(src, "tree"), 2, 2)
 	writeFile(t, filepath.Join(src, "f"), 70<<10)
@@ -333,6 +340,7 @@ func TestCpQuietSilence(t *testing.T) {
 // Like cp and rsync, DEST's directory must exist, for a file and for -r
 // alike, and the message names it, not a temporary file.
 func TestCpMissingDestDir(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	smallTree(t, filepath.Join(src, "tree"), 1, 1)
 	s := serve(t, src, nil)
@@ -370,6 +378,7 @@ func hostOf(t *testing.T, name string) string {
 // the same destination removes it and says so. A temporary file of a run
 // still alive is left alone.
 func TestCpCleansKilledRunsLeftovers(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	writeFile(t, filepath.Join(src, "big"), 48<<20)
 	s := serve(t, src, nil)
@@ -441,6 +450,7 @@ func TestCpCleansKilledRunsLeftovers(t *testing.T) {
 // A fresh tree copy SIGKILLed halfway leaves its staged tree (a
 // temporary directory beside DEST); the next run removes it and says so.
 func TestCpCleansKilledTreeStage(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
 	writeFile(t, filepath.Join(src, "tree", "big"), 48<<20)

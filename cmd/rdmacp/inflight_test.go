@@ -11,6 +11,7 @@ import (
 // in flight it settled on; on loopback that is the short-path plan
 // (4 QPs × 4 × 1 MiB, no growth), and --qps/--depth given are fixed.
 func TestBenchPrintsThePath(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "f"), 4<<20)
 	s := serve(t, dir, nil)

@@ -65,6 +65,7 @@ func keysServer(t *testing.T, text string) (*server, string) {
 }
 
 func TestKeysRightsCLI(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" data=read\nclient bob "+bobKey+" *=read drop=push\n")
 	kf := keyFiles(t, aliceKey, bobKey)
 	alice := []string{"--identity", "alice", "--secret-file", kf[0]}
@@ -115,6 +116,7 @@ func TestKeysRightsCLI(t *testing.T) {
 
 // A wrong key and an unknown name: the same exit code and message.
 func TestKeysWrongKeyUnknownNameAlike(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" *=read\n")
 	kf := keyFiles(t, aliceKey, bobKey)
 	_, wrong, c1 := run(t, "ls", "--identity", "alice", "--secret-file", kf[1], s.addr+":")
@@ -127,9 +129,12 @@ func TestKeysWrongKeyUnknownNameAlike(t *testing.T) {
 	}
 }
 
-// A revoked client's running copy ends within 2 s of SIGHUP. The copy is
-// slowed by a rate-limited proxy, to last well past the signal.
+// A revoked client's running copy ends at SIGHUP, long before it would
+// have finished: the copy is slowed by a rate-limited proxy to about
+// 32 s, and must end within 15 s of the signal (it takes well under 1 s
+// on a quiet host; a 2 s bound was a timing that load could break).
 func TestKeysRevokeEndsRunningCopy(t *testing.T) {
+	t.Parallel()
 	s, kf := keysServer(t, "client alice "+aliceKey+" *=read\nclient bob "+bobKey+" *=read\n")
 	writeFile(t, filepath.Join(s.dir, "big"), 64<<20)
 	p, err := faultproxy.New(s.addr)
@@ -137,7 +142,7 @@ func TestKeysRevokeEndsRunningCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	p.SetRate(8 << 20) // 64 MiB: about 8 s
+	p.SetRate(2 << 20) // 64 MiB: about 32 s
 	keys := keyFiles(t, aliceKey)
 	cmd := rdmacp("cp", "--identity", "alice", "--secret-file", keys[0], "--qps", "1", p.Addr()+":data/big", filepath.Join(t.TempDir(), "big"))
 	var errb strings.Builder
@@ -169,9 +174,9 @@ func TestKeysRevokeEndsRunningCopy(t *testing.T) {
 		if code != exitAuth {
 			t.Errorf("exit %d, want %d (its session re-established is refused)", code, exitAuth)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(15 * time.Second):
 		cmd.Process.Kill()
-		t.Fatalf("the revoked client's copy still runs 2 s after SIGHUP: %s", errb.String())
+		t.Fatalf("the revoked client's copy still runs 15 s after SIGHUP: %s", errb.String())
 	}
 }
 
@@ -182,6 +187,7 @@ func lastLine(s string) string {
 
 // Downgraded read → none: no longer opens; given more: keeps going.
 func TestKeysDowngradeCLI(t *testing.T) {
+	t.Parallel()
 	s, kf := keysServer(t, "client alice "+aliceKey+" *=read\n")
 	keys := keyFiles(t, aliceKey)
 	as := []string{"--identity", "alice", "--secret-file", keys[0]}
@@ -245,6 +251,7 @@ func relayFrom(t *testing.T, src, upstream string) string {
 // Address rules: data takes 127.0.0.2 only; from 127.0.0.1 it is as if
 // the client had no right.
 func TestKeysHostsCLI(t *testing.T) {
+	t.Parallel()
 	s, _ := keysServer(t, "client alice "+aliceKey+" *=read\nhosts data 127.0.0.2/32\n")
 	keys := keyFiles(t, aliceKey)
 	as := []string{"--identity", "alice", "--secret-file", keys[0]}
@@ -262,6 +269,7 @@ func TestKeysHostsCLI(t *testing.T) {
 }
 
 func TestKeysFileErrors(t *testing.T) {
+	t.Parallel()
 	kf := writeKeys(t, filepath.Join(t.TempDir(), "keys"), "# keys\n\nclient alice "+aliceKey+" data=write\n")
 	_, errs, code := run(t, "serve", "--listen", "127.0.0.1:0", "--export", "data="+t.TempDir(), "--keys", kf)
 	if code != exitUsage || !strings.Contains(errs, kf+":3: client \"alice\": right \"write\"") {
@@ -282,6 +290,7 @@ func TestKeysFileErrors(t *testing.T) {
 // The single --secret-file is identity "default": an initiator that
 // names it, or none (as older ones, which send plain Auth), gets in.
 func TestSecretFileIsDefault(t *testing.T) {
+	t.Parallel()
 	keys := keyFiles(t, aliceKey)
 	s := serve(t, t.TempDir(), nil, "--secret-file", keys[0])
 	for _, args := range [][]string{{"ls", "--secret-file", keys[0], s.addr + ":"}, {"ls", "--identity", "default", "--secret-file", keys[0], s.addr + ":"}} {

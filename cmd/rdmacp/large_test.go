@@ -67,6 +67,7 @@ func cp1(t *testing.T, args ...string) map[string]any {
 }
 
 func TestSparseHolesNotSent(t *testing.T) {
+	t.Parallel()
 	// A 1 GiB file holding three 4 MiB islands: the target's data QPs
 	// (iwarp-soft's counters, rdmacp_read_response_bytes_total) send the
 	// islands and no more. Stated overhead: data is read in whole chunks,
@@ -94,6 +95,7 @@ func TestSparseHolesNotSent(t *testing.T) {
 }
 
 func TestSparseDestinationKeepsHoles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	const size, island = 1 << 30, 4 << 20
 	sparseSource(t, filepath.Join(dir, "sparse"), size, []int64{64 << 20, 512 << 20}, island)
@@ -114,6 +116,7 @@ func TestSparseDestinationKeepsHoles(t *testing.T) {
 }
 
 func TestSparseSkipSameAndPartial(t *testing.T) {
+	t.Parallel()
 	// -c on a sparse file compares window by window; --partial resumes a
 	// sparse file whose temporary file holds a good chunk and a hole
 	// chunk the sidecar marks but that holds garbage.

@@ -10,7 +10,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/escape"
-	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -56,17 +55,11 @@ func runLs(c *cli.Context) error {
 	if err != nil {
 		return usageError{err}
 	}
-	secret, err := readSecret(c)
+	cfg, err := sessionConfig(c)
 	if err != nil {
 		return err
 	}
-	cfg := initiator.Config{Secret: secret, QPs: 1, Depth: 1}
-	if cfg.Identity, err = identityOf(c); err != nil {
-		return err
-	}
-	if err := timeoutConfig(c, &cfg); err != nil {
-		return err
-	}
+	cfg.QPs, cfg.Depth = 1, 1 // a listing moves no data
 	s, _, closeSession, err := dialSession(c, r.addr, cfg, c.Bool("json") || quiet(c))
 	if err != nil {
 		return err

@@ -172,6 +172,7 @@ next:
 }
 
 func TestMetricsAndAccessLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	const size = 64 << 20
 	writeFile(t, filepath.Join(dir, "big.bin"), size)

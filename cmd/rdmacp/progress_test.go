@@ -11,6 +11,7 @@ import (
 // No rate until half a second of history: a first chunk that lands in a
 // microsecond is not 1 TB/s.
 func TestRateMeterSaneFromFirstTick(t *testing.T) {
+	t.Parallel()
 	var m rateMeter
 	t0 := time.Now()
 	m.add(t0, 0)
@@ -34,6 +35,7 @@ func TestRateMeterSaneFromFirstTick(t *testing.T) {
 }
 
 func TestFormatSI(t *testing.T) {
+	t.Parallel()
 	for n, want := range map[int64]string{0: "0 B", 999: "999 B", 1000: "1.00 kB", 1500000: "1.50 MB", 10 << 20: "10.49 MB", 2e12: "2.00 TB"} {
 		if got := formatSI(n); got != want {
 			t.Errorf("formatSI(%d) = %q, want %q", n, got, want)
@@ -42,6 +44,7 @@ func TestFormatSI(t *testing.T) {
 }
 
 func TestTreeStatus(t *testing.T) {
+	t.Parallel()
 	walking := treeSnapshot{files: 1200, doneFiles: 300, bytes: 5e6, doneBytes: 1e6, elapsed: 200 * time.Millisecond}
 	s := treeStatus(walking, initiator.Progress{}, false)
 	if s != "300/1200+ files  1.00 MB / 5.00 MB+  0:00" {
@@ -60,6 +63,7 @@ func TestTreeStatus(t *testing.T) {
 }
 
 func TestFileStatus(t *testing.T) {
+	t.Parallel()
 	p := initiator.Progress{Path: "data/small.bin", Bytes: 4 << 20, Total: 10e6}
 	if s := fileStatus(p, 0, false); strings.Contains(s, "/s") {
 		t.Errorf("a rate without history: %q", s)

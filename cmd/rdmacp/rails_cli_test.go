@@ -16,6 +16,7 @@ import (
 // local addresses spreads its data QPs over the two rails and says
 // what each carried, in text and in --json.
 func TestCpRails(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	want := writeFile(t, filepath.Join(dir, "f"), 6<<20)
 	s := serve(t, dir, nil, "--listen", "127.0.0.2:0")
@@ -60,6 +61,7 @@ func TestCpRails(t *testing.T) {
 }
 
 func TestCpRailFlagsRefused(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"cp", "--bind", "eth0", "127.0.0.1:1:/data/f", "/tmp/x"},
 		{"cp", "-d", "mlx5_0,mlx5_1", "--bind", "10.0.0.1", "127.0.0.1:1:/data/f", "/tmp/x"},
@@ -74,6 +76,7 @@ func TestCpRailFlagsRefused(t *testing.T) {
 // iwarp-soft has one device: a -d list is a usage error that says what
 // to do instead, for cp and serve alike.
 func TestDeviceListSoft(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"cp", "--transport", "iwarp-soft", "-d", "iwsoft0,iwsoft1", "127.0.0.1:1:/data/f", "/tmp/x"},
 		{"serve", "--transport", "iwarp-soft", "-d", "iwsoft0,iwsoft0", "--export", "d=" + t.TempDir(), "--listen", "127.0.0.1:0"},
@@ -90,6 +93,7 @@ func TestDeviceListSoft(t *testing.T) {
 
 // A config file's listen key takes a list, as --listen repeated.
 func TestServeListenList(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cfg := filepath.Join(t.TempDir(), "c.json")
 	os.WriteFile(cfg, []byte(`{"listen": ["127.0.0.1:0", "127.0.0.2:0"]}`), 0o644)
@@ -102,6 +106,7 @@ func TestServeListenList(t *testing.T) {
 // doctor lists each netdev that is up with its speed and NUMA node (the
 // candidates for --bind), and leaves out lo and interfaces down.
 func TestDoctorNetdevs(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	for name, files := range map[string]map[string]string{
 		"rail9": {"operstate": "up", "speed": "25000", "device/numa_node": "1"},
@@ -130,6 +135,7 @@ func TestDoctorNetdevs(t *testing.T) {
 
 // A tree copy over two rails names them too.
 func TestCpTreeRails(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, n := range []string{"a", "b", "c"} {
 		writeFile(t, filepath.Join(dir, n), 2<<20)
@@ -148,6 +154,7 @@ func TestCpTreeRails(t *testing.T) {
 // A --bind address this host doesn't have can't carry a rail: cp warns,
 // goes on over the other, and its summary says the rail is down.
 func TestCpRailDownWarns(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	want := writeFile(t, filepath.Join(dir, "f"), 1<<20)
 	s := serve(t, dir, nil)

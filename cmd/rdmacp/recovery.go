@@ -17,9 +17,9 @@ import (
 // cp, ls and bench share them (doctor has its own --timeout).
 func timeoutFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "timeout", Value: "30s", Usage: "I/O timeout: a queue pair or the control connection that makes no progress for this `DURATION` is dead"},
-		&cli.StringFlag{Name: "contimeout", Value: "10s", Usage: "bound on each connection setup (dial, handshake, hello), a `DURATION`"},
-		&cli.StringFlag{Name: "retry-for", Value: "2m", Usage: "time spent re-establishing a broken session, all attempts together (`DURATION`; 0: never)"},
+		&cli.StringFlag{Name: "timeout", Value: initiator.Defaults().Timeout.String(), Usage: "I/O timeout: a queue pair or the control connection that makes no progress for this `DURATION` is dead"},
+		&cli.StringFlag{Name: "contimeout", Value: initiator.Defaults().ConnectTimeout.String(), Usage: "bound on each connection setup (dial, handshake, hello), a `DURATION`"},
+		&cli.StringFlag{Name: "retry-for", Value: initiator.Defaults().RetryFor.String(), Usage: "time spent re-establishing a broken session, all attempts together (`DURATION`; 0: never)"},
 	}
 }
 
@@ -34,7 +34,7 @@ func timeoutConfig(c *cli.Context, cfg *initiator.Config) error {
 		return usagef("--contimeout: %v", err)
 	}
 	if d, perr := time.ParseDuration(c.String("retry-for")); (perr == nil && d == 0) || c.String("retry-for") == "0" {
-		cfg.RetryFor = -1 // never
+		cfg.RetryFor = initiator.NeverRetry
 	} else if cfg.RetryFor, err = parseDuration(c.String("retry-for")); err != nil {
 		return usagef("--retry-for: %v", err)
 	}

@@ -98,6 +98,7 @@ func sameSparse(t *testing.T, a, b string) bool {
 }
 
 func TestSparseCopyKeepsHoles8GiB(t *testing.T) {
+	t.Parallel()
 	// An 8 GiB file with three 8 MiB islands, through cp end to end: the
 	// destination is byte-exact and allocates about the data, not 8 GiB.
 	dir := t.TempDir()
@@ -139,6 +140,7 @@ func denseWithZeros(t *testing.T, p string, size int, islands []int, n int) int6
 }
 
 func TestSparseFlagDenseZeros(t *testing.T) {
+	t.Parallel()
 	// A dense 32 MiB file of zeros with three islands (one not on a chunk
 	// boundary, one a single block): with -S the destination allocates
 	// about the islands; without, all 32 MiB, as the source does.
@@ -259,6 +261,7 @@ func unwrittenBytes(t *testing.T, p string) int64 {
 }
 
 func TestSparseOntoBlockDevice(t *testing.T) {
+	t.Parallel()
 	// A device full of 0xff gets the source's holes as zeros with each
 	// --zero mode; discard gives the blocks back (the loop device's
 	// backing file loses them), write and zeroout keep them. The loop
@@ -315,6 +318,7 @@ func TestSparseOntoBlockDevice(t *testing.T) {
 }
 
 func TestSparseDiscardRefusedWithoutWriteZeroes(t *testing.T) {
+	t.Parallel()
 	// A loop device over a ramfs file has no write-zeroes support
 	// (ramfs has no fallocate): --zero discard is refused before the
 	// first byte, the device untouched; zeroout works there (the kernel
@@ -366,6 +370,7 @@ func smallFS(t *testing.T, size string) string {
 }
 
 func TestSparseSmallFileSystem(t *testing.T) {
+	t.Parallel()
 	// A 64 MiB file system takes a 1 GiB sparse file holding 16 MiB; a
 	// source with 96 MiB of data fails before its first byte is read,
 	// saying why, and leaves nothing behind.
@@ -394,6 +399,7 @@ func TestSparseSmallFileSystem(t *testing.T) {
 }
 
 func TestSparsePartialKeptFile(t *testing.T) {
+	t.Parallel()
 	// A --partial resume onto a kept file of a sparse source, the kept
 	// file dense with garbage: the good chunk stays, the islands are
 	// read, and the holes are punched (not written with zeros), so the

@@ -48,6 +48,7 @@ func summaryOf(t *testing.T, stdout string) map[string]any {
 // DEST/s; skips the 300 files the first finished, unread, and says so;
 // reads only the big file; leaves no .part file and no journal; exits 0.
 func TestTreeKilledThenSameCommand(t *testing.T) {
+	t.Parallel()
 	for _, again := range []string{"--partial", "--no-partial"} {
 		t.Run(again, func(t *testing.T) {
 			dir := treeToResume(t)

@@ -7,6 +7,7 @@ import (
 )
 
 func TestVersionText(t *testing.T) {
+	t.Parallel()
 	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/rdmacp/rdmacp", Version: "v0.1.0"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123abcd"}, {Key: "vcs.time", Value: "2026-12-03T00:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}
 	got := versionText("0.1.0-dev", bi, true)
