@@ -143,7 +143,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 			return &landing{f: f, dst: dst, device: true, discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err // errSame too, by window
 			} else if same {
 				return nil, errSame
@@ -220,7 +220,13 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	}
 	mask := s.cfg.Archive.modeMask()
 	if want := e.Mode & mask; st.Mode&mask != want {
-		if err := os.Chmod(dst, fileMode(want)); err != nil {
+		f, err := openRegular(dst, openMode{flag: os.O_RDONLY}) // not a link put there since
+		if err != nil {
+			return err
+		}
+		err = f.Chmod(fileMode(want))
+		f.Close()
+		if err != nil {
 			return err
 		}
 	}
@@ -708,7 +714,7 @@ func (l *landing) commit(e protocol.Entry) error {
 // the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), tempBase(filepath.Base(dst)))
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := openRegular(name, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 	if err != nil {
 		return nil, err
 	}
@@ -745,9 +751,11 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	mt := time.Unix(0, e.MtimeNs)
-	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
-		return err
+	// Not followed: what is at the temporary name now may be a link put
+	// there by someone who can write into the directory.
+	ts := unix.NsecToTimespec(e.MtimeNs)
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, tmp.Name(), []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -334,6 +335,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	// name (and --partial needs those names to resume).
 	stage := ""
 	var jn *journal
+	named := filepath.Clean(top) == filepath.Clean(dst) // the user named it: followed
+	if err := replaceTopLink(top, named, s.cfg.Logger); err != nil {
+		return tr, err
+	}
 	_, err = os.Lstat(top)
 	topExisted := err == nil
 	if errors.Is(err, fs.ErrNotExist) && !opt.Partial {
@@ -359,7 +364,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			return tr, err
 		}
 	}
-	root, err := os.OpenRoot(cmp.Or(stage, top))
+	root, err := openTreeRoot(cmp.Or(stage, top), named && stage == "")
 	if err != nil {
 		return tr, err
 	}
@@ -434,6 +439,12 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		f.Close()
 	}
 	if stage != "" {
+		// The tree appears whole or not at all: one that lost files (a
+		// full disk, say) stays out of DEST, and the same command run
+		// again copies it.
+		if n := c.failed(); n > 0 {
+			return tr, fmt.Errorf("%w: %s was not put in place: %d of its files failed (nothing was left there; run the command again, or add --partial to keep what lands)", ErrDest, top, n)
+		}
 		if err := renameNew(stage, top); err != nil {
 			return tr, err
 		}
@@ -1110,9 +1121,50 @@ func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
 		if serr == nil && fi.IsDir() {
 			return true, nil
 		}
+		if serr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			// As rsync (without --keep-dirlinks): a symlink where the
+			// source has a directory is replaced, not followed.
+			if err := root.Remove(rel); err != nil {
+				return false, err
+			}
+			return false, root.Mkdir(rel, 0o700)
+		}
 		return false, fmt.Errorf("%s exists and is not a directory", rel)
 	}
 	return false, err
+}
+
+// replaceTopLink removes a symlink at top, where the tree's directory
+// goes, as rsync does (without --keep-dirlinks): a link planted there by
+// someone who can write into DEST would send the whole tree (and
+// --delete, and the directories' modes) wherever it points. A top the
+// user named is theirs: followed.
+func replaceTopLink(top string, named bool, log *slog.Logger) error {
+	fi, err := os.Lstat(top)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 || named {
+		return nil
+	}
+	if err := os.Remove(top); err != nil {
+		return fmt.Errorf("%w: %s is a symlink where the tree's directory goes, and could not be removed: %w", ErrDest, top, err)
+	}
+	log.Info("replaced a symlink with the tree's directory (as rsync)", "path", top)
+	return nil
+}
+
+// openTreeRoot opens the directory a tree is written through. Unless
+// follow (a DEST the user named), a symlink at dir is refused, not
+// followed: it was checked for and removed, so one there now was put
+// there since.
+func openTreeRoot(dir string, follow bool) (*os.Root, error) {
+	if follow {
+		return os.OpenRoot(dir)
+	}
+	parent, err := os.Open(filepath.Dir(dir))
+	if err != nil {
+		return nil, err
+	}
+	defer parent.Close()
+	return openDirNoFollow(parent, filepath.Dir(dir), filepath.Base(dir))
 }
 
 // renameNew renames the staged tree stage to top, which must not exist:
@@ -1177,7 +1229,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return d.Open(base) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegularRoot(d, base, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err
 			} else if same {
 				return nil, errSame
@@ -1191,7 +1243,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 			tmp = rs.tmpName
 			return &landing{f: rs.f, dst: it.rel, partial: rs}, nil
 		}
-		f, err := d.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := openRegularRoot(d, tmp, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 		if err != nil {
 			return nil, err
 		}
