@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -442,8 +443,11 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		// The tree appears whole or not at all: one that lost files (a
 		// full disk, say) stays out of DEST, and the same command run
 		// again copies it.
-		if n := c.failed(); n > 0 {
-			return tr, fmt.Errorf("%w: %s was not put in place: %d of its files failed (nothing was left there; run the command again, or add --partial to keep what lands)", ErrDest, top, n)
+		c.mu.Lock()
+		n := c.unlanded
+		c.mu.Unlock()
+		if n > 0 {
+			return tr, fmt.Errorf("%w: %s was not put in place: %d of its files could not be written (nothing was left there; run the command again, or add --partial to keep what lands)", ErrDest, top, n)
 		}
 		if err := renameNew(stage, top); err != nil {
 			return tr, err
@@ -610,6 +614,9 @@ type treeCopy struct {
 	mu      sync.Mutex // tr and waiting: the packer reports too
 	tr      *TreeResult
 	waiting []pending
+	// unlanded counts the failures that were the destination's (see
+	// landFailed): a staged tree with any is not put in place.
+	unlanded int
 
 	large largeQueue // regular files to copy with Open, after the rest
 	flush flusher
@@ -678,6 +685,9 @@ func (c *treeCopy) reportLocked(fr FileResult) {
 		tr.Bytes += fr.Bytes
 	case StatusFailed:
 		tr.Failed++
+		if landFailed(fr.Err) {
+			c.unlanded++
+		}
 	case StatusSkipped:
 		tr.Skipped++
 	case StatusUnchanged: // in place: ok, and counted apart
@@ -1132,6 +1142,23 @@ func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
 		return false, fmt.Errorf("%s exists and is not a directory", rel)
 	}
 	return false, err
+}
+
+// landFailed reports whether a file's failure was the destination's (a
+// full disk, an I/O error, a name there that is not what it should be),
+// not the source's (a name refused, a file the target could not read):
+// a tree missing a file the source could not give is the source's tree
+// as it can be read, as rsync lands it; one missing files that could not
+// be written is not.
+func landFailed(err error) bool {
+	var te *protocol.Error
+	if err == nil || errors.As(err, &te) || errors.Is(err, ErrName) {
+		return false
+	}
+	var pe *fs.PathError
+	var le *os.LinkError
+	var errno syscall.Errno
+	return errors.Is(err, ErrDest) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &errno)
 }
 
 // replaceTopLink removes a symlink at top, where the tree's directory
