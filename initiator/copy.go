@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -112,7 +113,8 @@ func DestPath(src, dst string) string {
 // nothing at dst (with Partial, it leaves its temporary file and a
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
-	dst, discard, err := destOf(DestPath(src, dst))
+	top := DestPath(src, dst)
+	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, err
 	}
@@ -592,10 +594,16 @@ var ErrDest = errors.New("destination refused")
 // names (cp writes through a symlink; rdmacp does not replace it). It
 // refuses a symlink that leads nowhere and any special file but
 // /dev/null, into which a copy is verified and thrown away (discard).
-func destOf(dst string) (path string, discard bool, err error) {
+func destOf(dst string, named bool) (path string, discard bool, err error) {
 	fi, err := os.Lstat(dst)
 	if err != nil {
 		return dst, false, nil // a new file
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 && !named {
+		// DEST/NAME, a name the user did not give: a link there is
+		// replaced, not followed, as rsync does; it may have been put
+		// there by anyone who can write into DEST.
+		return dst, false, nil
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		t, err := filepath.EvalSymlinks(dst)
@@ -745,17 +753,22 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 	if err := tmp.Chmod(fs.FileMode(e.Mode & 0o777)); err != nil {
 		return err
 	}
+	// The mtime through the descriptor, not the name: what is at the
+	// temporary name now may be a link put there by someone who can
+	// write into the directory. Then the data, last.
+	ts := unix.NsecToTimespec(e.MtimeNs)
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(tmp.Fd())), []unix.Timespec{ts, ts}, 0); err != nil {
+		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
+	}
 	if err := tmp.Sync(); err != nil {
 		return &fs.PathError{Op: "sync", Path: dst, Err: err}
 	}
-	if err := tmp.Close(); err != nil {
+	if err := stillAt(tmp); err != nil {
+		tmp.Close()
 		return err
 	}
-	// Not followed: what is at the temporary name now may be a link put
-	// there by someone who can write into the directory.
-	ts := unix.NsecToTimespec(e.MtimeNs)
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, tmp.Name(), []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
+	if err := tmp.Close(); err != nil {
+		return err
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
 		return err

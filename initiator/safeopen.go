@@ -237,3 +237,19 @@ func rootStat(r *os.Root, st *unix.Stat_t) error {
 	defer f.Close()
 	return unix.Fstat(int(f.Fd()), st)
 }
+
+// stillAt checks that f's name is still f, not something put in its place
+// since (renaming that into DEST would put another file there).
+func stillAt(f *os.File) error {
+	var a, b unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &a); err != nil {
+		return &fs.PathError{Op: "stat", Path: f.Name(), Err: err}
+	}
+	if err := unix.Lstat(f.Name(), &b); err != nil {
+		return &fs.PathError{Op: "lstat", Path: f.Name(), Err: err}
+	}
+	if a.Dev != b.Dev || a.Ino != b.Ino {
+		return &fs.PathError{Op: "rename", Path: f.Name(), Err: &unsafeFile{found: "was replaced by another file while cp wrote it"}}
+	}
+	return nil
+}

@@ -170,12 +170,16 @@ func TestNeighbour(t *testing.T) {
 		{name: "sidecar tmp symlink", plant: symlinkAt("f.bin.rdmacp-partial.tmp", vfile), args: []string{"--partial", file}},
 		{name: "partial temp symlink", plant: symlinkAt(".f.bin.rdmacp-partial.part", vfile), args: []string{"--partial", file}},
 		{name: "partial temp hardlink", plant: linkAt(".f.bin.rdmacp-partial.part"), args: []string{"--partial", file}},
-		{name: "dest fifo checksum", plant: fifoAt("f.bin"), args: []string{"-c", file},
+		// A special file at DEST is refused, with -c (which reads DEST) too.
+		{name: "dest fifo checksum", plant: fifoAt("f.bin"), args: []string{"-c", file}, exit: -1,
+			say: "f.bin is a FIFO: rdmacp writes regular files"},
+		{name: "dest symlink", plant: symlinkAt("f.bin", vfile), args: []string{file},
 			check: func(t *testing.T, dest string) {
 				if fi, err := os.Lstat(filepath.Join(dest, "f.bin")); err != nil || !fi.Mode().IsRegular() || fi.Size() != 1<<20 {
-					t.Errorf("f.bin: %v %v", fi, err)
+					t.Errorf("f.bin: %v %v: want the symlink replaced by the file", fi, err)
 				}
 			}},
+		{name: "dest symlink checksum", plant: symlinkAt("f.bin", vfile), args: []string{"-c", file}},
 		{name: "top symlink delete", plant: symlinkAt("t", vdir), args: []string{"-r", "--delete", tree},
 			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
 		{name: "top symlink partial", plant: symlinkAt("t", vdir), args: []string{"-r", "--partial", tree},
