@@ -25,7 +25,7 @@ import (
 
 // neighbourBound is how long any cp of the suite may take: its trees are
 // a few MB on loopback (well under a second unloaded).
-const neighbourBound = 60 * time.Second
+const neighbourBound = 20 * time.Second
 
 // victims are a file and a directory outside DEST that planted links
 // point at.
@@ -340,6 +340,7 @@ func TestNeighbourFullDisk(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("umount", dest).Run() })
 	stderr, code := cpBounded(t, "-r", s.addr+":data/big", dest+"/")
+	t.Logf("exit %d:\n%s", code, stderr)
 	if code == 0 {
 		t.Fatalf("exit 0 into a full file system: %s", stderr)
 	}
