@@ -168,6 +168,28 @@ func TestNeighbour(t *testing.T) {
 		{name: "sidecar fifo", plant: fifoAt("f.bin.rdmacp-partial"), args: []string{"--partial", file}},
 		{name: "sidecar symlink", plant: symlinkAt("f.bin.rdmacp-partial", vfile), args: []string{"--partial", file}},
 		{name: "sidecar tmp symlink", plant: symlinkAt("f.bin.rdmacp-partial.tmp", vfile), args: []string{"--partial", file}},
+		{name: "sidecar tmp hardlink", plant: linkAt("f.bin.rdmacp-partial.tmp"), args: []string{"--partial", file}},
+		// A kept temporary file with a sidecar that matches the source
+		// is written into by the next run: one linked to another file is
+		// not (it is replaced by a fresh one).
+		{name: "partial temp hardlink sidecar", plant: func(t *testing.T, dest string, v victims) {
+			big := filepath.Join(filepath.Dir(v.file), "big-victim")
+			if err := os.WriteFile(big, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Link(big, filepath.Join(dest, ".f.bin.rdmacp-partial.part")); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(filepath.Join(s.dir, "f.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := fmt.Sprintf(`{"source":"data/f.bin","size":%d,"mtime_ns":%d,"chunk_size":65536,"algorithm":"crc32c","temp":".f.bin.rdmacp-partial.part","bitmap":"AAA="}`,
+				fi.Size(), fi.ModTime().UnixNano())
+			if err := os.WriteFile(filepath.Join(dest, "f.bin.rdmacp-partial"), []byte(sc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, args: []string{"--partial", file}},
 		{name: "partial temp symlink", plant: symlinkAt(".f.bin.rdmacp-partial.part", vfile), args: []string{"--partial", file}},
 		{name: "partial temp hardlink", plant: linkAt(".f.bin.rdmacp-partial.part"), args: []string{"--partial", file}},
 		// A special file at DEST is refused, with -c (which reads DEST) too.
