@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -390,4 +391,51 @@ func TestNeighbourFullDisk(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(dest, "big")); len(ents) != 40 {
 		t.Errorf("rerun landed %d files, want 40", len(ents))
 	}
+}
+
+// TestInterruptBackstop: a cp stuck in a system call that does not see
+// its context (here an open of a FIFO nobody writes, the way a hung file
+// system would hold it) still ends within 2 s of SIGTERM, exit 130. The
+// test binary runs itself as that process (TestInterruptBackstopHelper).
+func TestInterruptBackstop(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), neighbourBound)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "-test.run=^TestInterruptBackstopHelper$")
+	cmd.Env = append(os.Environ(), "RDMACP_BACKSTOP_FIFO="+fifo)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	sent := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	took := time.Since(sent)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupts || took > 2*time.Second {
+		t.Fatalf("%v after %v, want exit %d within 2 s: %s", err, took, exitInterrupts, errb.String())
+	}
+	if !strings.Contains(errb.String(), "exiting without cleaning up") {
+		t.Errorf("does not say it did not clean up: %s", errb.String())
+	}
+}
+
+func TestInterruptBackstopHelper(t *testing.T) {
+	fifo := os.Getenv("RDMACP_BACKSTOP_FIFO")
+	if fifo == "" {
+		t.Skip("run by TestInterruptBackstop")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	go exitAfterInterrupt(ctx, interruptGrace)
+	f, err := os.Open(fifo) // blocks: no writer
+	if err == nil {
+		f.Close()
+	}
+	t.Fatal("the open of a FIFO without a writer returned")
 }
