@@ -49,6 +49,9 @@ type openMode struct {
 	// exclusive refuses a file with more than one link or another owner:
 	// for files the initiator writes into that may already exist.
 	exclusive bool
+	// follow follows a symlink at the last element: for a name the user
+	// gave (a push's source), never for one the initiator chose.
+	follow bool
 }
 
 // openRegular opens the regular file at p. The directories above p are
@@ -78,6 +81,9 @@ func openRegularRoot(root *os.Root, name string, m openMode) (*os.File, error) {
 func openRegularIn(dir *os.File, dirName, name string, m openMode) (*os.File, error) {
 	full := filepath.Join(dirName, name)
 	flag := m.flag&^os.O_TRUNC | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY
+	if m.follow {
+		flag &^= unix.O_NOFOLLOW
+	}
 	var fd int
 	var err error
 	for {

@@ -156,3 +156,31 @@ func TestOpenDirNoFollow(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenRegularFollow: a name the user gave is followed to a regular
+// file, and still never blocks on a FIFO it leads to.
+func TestOpenRegularFollow(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o600)
+	os.Symlink("f", filepath.Join(dir, "link"))
+	unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600)
+	os.Symlink("fifo", filepath.Join(dir, "tofifo"))
+	f, err := openRegular(filepath.Join(dir, "link"), openMode{flag: os.O_RDONLY, follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := openRegular(filepath.Join(dir, "tofifo"), openMode{flag: os.O_RDONLY, follow: true})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrNotRegular) || !strings.Contains(err.Error(), "is a FIFO") {
+			t.Errorf("got %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("blocked on a FIFO behind a symlink")
+	}
+}
