@@ -63,7 +63,10 @@ func journalPath(top string) string {
 // journalSource returns the source a journal at path names, or "" if
 // there is none (or it is not one).
 func journalSource(path string) string {
-	f, err := openRegular(path, openMode{flag: os.O_RDONLY})
+	// Only a journal of this user's, of one link: one planted by another
+	// user would otherwise make DEST the tree itself (treeDest) and
+	// --delete delete what DEST holds.
+	f, err := openRegular(path, openMode{flag: os.O_RDONLY, exclusive: true})
 	if err != nil {
 		return ""
 	}

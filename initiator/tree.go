@@ -1216,13 +1216,12 @@ func renameNew(stage, top string) error {
 // first making its directories writable: they may have the source's
 // read-only modes by then.
 func removeStage(stage string) {
-	filepath.WalkDir(stage, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	os.RemoveAll(stage)
+	root, err := os.OpenRoot(filepath.Dir(stage))
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	removeIn(root, filepath.Base(stage))
 }
 
 // syncRoot makes everything written on root's file system durable.

@@ -246,6 +246,34 @@ func TestNeighbour(t *testing.T) {
 	}
 }
 
+// TestNeighbourForeignJournal: a journal another user planted beside
+// DEST, naming the source, would make DEST itself the tree (as a rerun
+// of an unfinished copy) and --delete empty it: it is not trusted.
+func TestNeighbourForeignJournal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: needs root to give the planted journal to another user")
+	}
+	s := neighbourSource(t)
+	base := t.TempDir()
+	dest := filepath.Join(base, "D")
+	os.Mkdir(dest, 0o755)
+	os.WriteFile(filepath.Join(dest, "precious"), []byte("mine"), 0o600)
+	j := filepath.Join(base, ".D.rdmacp-tree")
+	if err := os.WriteFile(j, []byte("rdmacp-tree-journal 1 \"data/t\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(j, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := cpBounded(t, "-r", "--delete", s.addr+":data/t", dest); code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(dest, "precious")); err != nil || string(b) != "mine" {
+		t.Errorf("DEST's own file: %q %v", b, err)
+	}
+	mustTree(t, filepath.Join(dest, "t"))
+}
+
 // TestNeighbourDestLinkNamed: DEST given on the command line is the
 // user's and is followed when it is a symlink to a directory, as rsync.
 func TestNeighbourDestLinkNamed(t *testing.T) {
