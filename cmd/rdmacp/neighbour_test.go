@@ -207,6 +207,22 @@ func TestNeighbour(t *testing.T) {
 			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
 		{name: "top symlink partial", plant: symlinkAt("t", vdir), args: []string{"-r", "--partial", tree},
 			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
+		{name: "tree file fifo checksum", first: []string{"-r", tree}, plant: func(t *testing.T, dest string, v victims) {
+			f0 := filepath.Join(dest, "t", "f0")
+			os.Remove(f0)
+			if err := syscall.Mkfifo(f0, 0o666); err != nil {
+				t.Fatal(err)
+			}
+		}, args: []string{"-r", "-c", tree},
+			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
+		{name: "tree file hardlink", first: []string{"-r", tree}, plant: func(t *testing.T, dest string, v victims) {
+			f0 := filepath.Join(dest, "t", "f0")
+			os.Remove(f0)
+			if err := os.Link(v.file, f0); err != nil {
+				t.Fatal(err)
+			}
+		}, args: []string{"-r", "-c", tree},
+			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
 		{name: "inner symlink delete", first: []string{"-r", tree}, plant: func(t *testing.T, dest string, v victims) {
 			sub := filepath.Join(dest, "t", "sub")
 			if err := os.RemoveAll(sub); err != nil {
