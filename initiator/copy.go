@@ -10,7 +10,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -756,8 +755,7 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 	// The mtime through the descriptor, not the name: what is at the
 	// temporary name now may be a link put there by someone who can
 	// write into the directory. Then the data, last.
-	ts := unix.NsecToTimespec(e.MtimeNs)
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(tmp.Fd())), []unix.Timespec{ts, ts}, 0); err != nil {
+	if err := setMtime(tmp.Fd(), e.MtimeNs); err != nil {
 		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
 	}
 	if err := tmp.Sync(); err != nil {

@@ -259,3 +259,11 @@ func stillAt(f *os.File) error {
 	}
 	return nil
 }
+
+// setMtime sets the atime and mtime of the open file fd (nanoseconds)
+// through the descriptor: by name, a link put at the name since would be
+// what gets them.
+func setMtime(fd uintptr, ns int64) error {
+	ts := unix.NsecToTimespec(ns)
+	return unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.FormatUint(uint64(fd), 10), []unix.Timespec{ts, ts}, 0)
+}

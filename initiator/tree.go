@@ -1292,12 +1292,13 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	fr.Bytes, fr.Digest = res.Bytes, res.Digest
 	e := res.entry
 	err = land.f.Chmod(fs.FileMode(e.Mode & 0o777))
+	if err == nil { // through the file: a link at tmp's name is not touched
+		if err = setMtime(land.f.Fd(), e.MtimeNs); err != nil {
+			err = &fs.PathError{Op: "chtimes", Path: tmp, Err: err}
+		}
+	}
 	if cerr := land.f.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		mt := time.Unix(0, e.MtimeNs)
-		err = d.Chtimes(tmp, mt, mt)
 	}
 	if err != nil {
 		if rs != nil {
@@ -1518,8 +1519,7 @@ func writeSmall(dir *os.File, name string, e protocol.Entry, data []byte) error 
 		op, err = "chmod", unix.Fchmod(fd, mode)
 	}
 	if err == nil {
-		ts := unix.NsecToTimespec(e.MtimeNs)
-		op, err = "chtimes", unix.UtimesNanoAt(dfd, name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
+		op, err = "chtimes", setMtime(uintptr(fd), e.MtimeNs)
 	}
 	if cerr := unix.Close(fd); err == nil {
 		op, err = "close", cerr
