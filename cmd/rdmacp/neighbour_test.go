@@ -123,6 +123,7 @@ func mustTree(t *testing.T, top string) {
 }
 
 func TestNeighbour(t *testing.T) {
+	t.Parallel()
 	s := neighbourSource(t)
 	tree, file := s.addr+":data/t", s.addr+":data/f.bin"
 	type plantFn func(t *testing.T, dest string, v victims)
@@ -236,6 +237,7 @@ func TestNeighbour(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			t.Parallel()
 			v := newVictims(t)
 			dest := t.TempDir()
 			if c.first != nil {
@@ -266,6 +268,7 @@ func TestNeighbour(t *testing.T) {
 // DEST, naming the source, would make DEST itself the tree (as a rerun
 // of an unfinished copy) and --delete empty it: it is not trusted.
 func TestNeighbourForeignJournal(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: needs root to give the planted journal to another user")
 	}
@@ -293,6 +296,7 @@ func TestNeighbourForeignJournal(t *testing.T) {
 // TestNeighbourDestLinkNamed: DEST given on the command line is the
 // user's and is followed when it is a symlink to a directory, as rsync.
 func TestNeighbourDestLinkNamed(t *testing.T) {
+	t.Parallel()
 	s := neighbourSource(t)
 	base := t.TempDir()
 	real := filepath.Join(base, "real")
@@ -308,6 +312,7 @@ func TestNeighbourDestLinkNamed(t *testing.T) {
 // appears, with a symlink or a hard link to the victim: cp may fail, but
 // writes nothing outside DEST.
 func TestNeighbourTempRace(t *testing.T) {
+	t.Parallel()
 	s := neighbourSource(t)
 	for _, how := range []string{"symlink", "hardlink"} {
 		t.Run(how, func(t *testing.T) {
@@ -356,6 +361,7 @@ func TestNeighbourTempRace(t *testing.T) {
 // TestNeighbourSigterm: with the target stopped (SIGSTOP) mid-copy, cp
 // still ends within 2 s of SIGTERM, and says it was interrupted.
 func TestNeighbourSigterm(t *testing.T) {
+	t.Parallel()
 	s := neighbourSource(t)
 	dest := t.TempDir()
 	for _, args := range [][]string{{"-r", "--partial", s.addr + ":data/t"}, {s.addr + ":data/f.bin"}} {
@@ -392,6 +398,7 @@ func TestNeighbourSigterm(t *testing.T) {
 // it: the errors are one line per cause with a count, and the tree stays
 // out of DEST (nothing of it there, no leftovers); freed, a rerun lands it.
 func TestNeighbourFullDisk(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIP: mounting a small tmpfs needs root")
 	}
@@ -442,6 +449,7 @@ func TestNeighbourFullDisk(t *testing.T) {
 // system would hold it) still ends within 2 s of SIGTERM, exit 130. The
 // test binary runs itself as that process (TestInterruptBackstopHelper).
 func TestInterruptBackstop(t *testing.T) {
+	t.Parallel()
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
