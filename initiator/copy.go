@@ -113,7 +113,8 @@ func DestPath(src, dst string) string {
 // nothing at dst (with Partial, it leaves its temporary file and a
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
-	dst, discard, err := destOf(DestPath(src, dst))
+	top := DestPath(src, dst)
+	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, err
 	}
@@ -144,7 +145,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 			return &landing{f: f, dst: dst, device: true, discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return os.Open(dst) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err // errSame too, by window
 			} else if same {
 				return nil, errSame
@@ -221,7 +222,13 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	}
 	mask := s.cfg.Archive.modeMask()
 	if want := e.Mode & mask; st.Mode&mask != want {
-		if err := os.Chmod(dst, fileMode(want)); err != nil {
+		f, err := openRegular(dst, openMode{flag: os.O_RDONLY}) // not a link put there since
+		if err != nil {
+			return err
+		}
+		err = f.Chmod(fileMode(want))
+		f.Close()
+		if err != nil {
 			return err
 		}
 	}
@@ -588,10 +595,16 @@ var ErrDest = errors.New("destination refused")
 // names (cp writes through a symlink; rdmacp does not replace it). It
 // refuses a symlink that leads nowhere and any special file but
 // /dev/null, into which a copy is verified and thrown away (discard).
-func destOf(dst string) (path string, discard bool, err error) {
+func destOf(dst string, named bool) (path string, discard bool, err error) {
 	fi, err := os.Lstat(dst)
 	if err != nil {
 		return dst, false, nil // a new file
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 && !named {
+		// DEST/NAME, a name the user did not give: a link there is
+		// replaced, not followed, as rsync does; it may have been put
+		// there by anyone who can write into DEST.
+		return dst, false, nil
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		t, err := filepath.EvalSymlinks(dst)
@@ -710,7 +723,7 @@ func (l *landing) commit(e protocol.Entry) error {
 // the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), tempBase(filepath.Base(dst)))
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := openRegular(name, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 	if err != nil {
 		return nil, err
 	}
@@ -741,14 +754,20 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 	if err := tmp.Chmod(fs.FileMode(e.Mode & 0o777)); err != nil {
 		return err
 	}
+	// The mtime through the descriptor, not the name: what is at the
+	// temporary name now may be a link put there by someone who can
+	// write into the directory. Then the data, last.
+	if err := setMtime(tmp.Fd(), e.MtimeNs); err != nil {
+		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
+	}
 	if err := tmp.Sync(); err != nil {
 		return &fs.PathError{Op: "sync", Path: dst, Err: err}
 	}
-	if err := tmp.Close(); err != nil {
+	if err := stillAt(tmp); err != nil {
+		tmp.Close()
 		return err
 	}
-	mt := time.Unix(0, e.MtimeNs)
-	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
+	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {

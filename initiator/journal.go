@@ -63,7 +63,10 @@ func journalPath(top string) string {
 // journalSource returns the source a journal at path names, or "" if
 // there is none (or it is not one).
 func journalSource(path string) string {
-	f, err := os.Open(path)
+	// Only a journal of this user's, of one link: one planted by another
+	// user would otherwise make DEST the tree itself (treeDest) and
+	// --delete delete what DEST holds.
+	f, err := openRegular(path, openMode{flag: os.O_RDONLY, exclusive: true})
 	if err != nil {
 		return ""
 	}
@@ -117,7 +120,9 @@ func openJournal(top, src string, write bool) (*journal, error) {
 	if old != src {
 		flags |= os.O_TRUNC
 	}
-	f, err := os.OpenFile(p, flags, 0o600)
+	// Beside DEST, where others may write: a symlink, FIFO or hard link
+	// planted at its name is refused, not written through.
+	f, err := openRegular(p, openMode{flag: flags, perm: 0o600, exclusive: true})
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +150,7 @@ func openJournal(top, src string, write bool) (*journal, error) {
 // read loads the hashes of the journal's lines, up to the first that is
 // not whole.
 func (j *journal) read() error {
-	f, err := os.Open(j.path)
+	f, err := openRegular(j.path, openMode{flag: os.O_RDONLY})
 	if err != nil {
 		return err
 	}

@@ -115,19 +115,27 @@ func cleanIn(root *os.Root, dir, base string) []string {
 			continue
 		}
 		p := path.Join(dir, n)
-		if err := root.RemoveAll(p); err != nil {
-			// A staged tree can hold directories with read-only modes.
-			fs.WalkDir(root.FS(), p, func(q string, d fs.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					root.Chmod(q, 0o700)
-				}
-				return nil
-			})
-			if err := root.RemoveAll(p); err != nil {
-				continue
-			}
+		if removeIn(root, p) != nil {
+			continue
 		}
 		gone = append(gone, p)
 	}
 	return gone
+}
+
+// removeIn removes p, a file or a staged tree, from root. Everything goes
+// through root: a link put in the tree's place is removed, never
+// followed, and nothing outside root is changed.
+func removeIn(root *os.Root, p string) error {
+	if root.RemoveAll(p) == nil {
+		return nil
+	}
+	// A staged tree can hold directories with read-only modes.
+	fs.WalkDir(root.FS(), p, func(q string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			root.Chmod(q, 0o700)
+		}
+		return nil
+	})
+	return root.RemoveAll(p)
 }

@@ -98,7 +98,9 @@ func (r *refusal) Unwrap() error { return r.pe }
 
 func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
-	f, err := os.Open(src)
+	// The user named src (a symlink is followed), but it may have become
+	// a FIFO since the CLI looked: that is refused, not waited on.
+	f, err := openRegular(src, openMode{flag: os.O_RDONLY, follow: true})
 	if err != nil {
 		return res, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -73,7 +74,7 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 		Algorithm: alg.String(), Temp: r.tmpName, Bitmap: make([]byte, (layout.Chunks()+7)/8)}
 	if old, ok := readSidecar(dir, r.path); ok && old.Source == src && old.Size == layout.Size && old.MtimeNs == or.Entry.MtimeNs &&
 		old.ChunkSize == layout.ChunkSize && old.Algorithm == alg.String() && old.Temp == r.sc.Temp && len(old.Bitmap) == len(r.sc.Bitmap) {
-		f, err := dir.OpenFile(r.tmpName, os.O_RDWR, 0)
+		f, err := openRegularRoot(dir, r.tmpName, openMode{flag: os.O_RDWR, exclusive: true})
 		if err == nil {
 			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == layout.Size {
 				r.f, r.kept = f, true
@@ -88,7 +89,7 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 	}
 	dir.Remove(r.path)
 	dir.Remove(r.tmpName)
-	f, err := dir.OpenFile(r.tmpName, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := openRegularRoot(dir, r.tmpName, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 	if err != nil {
 		return nil, err
 	}
@@ -101,9 +102,19 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 	return r, nil
 }
 
+// sidecarMax bounds the sidecar read back: its bitmap has a bit per
+// chunk, base64'd, so 64 MiB is a 2^29-chunk file; what is larger is not
+// one of ours.
+const sidecarMax = 64 << 20
+
 func readSidecar(dir *os.Root, name string) (Sidecar, bool) {
 	var sc Sidecar
-	b, err := dir.ReadFile(name)
+	f, err := openRegularRoot(dir, name, openMode{flag: os.O_RDONLY})
+	if err != nil {
+		return sc, false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, sidecarMax))
 	if err != nil || json.Unmarshal(b, &sc) != nil {
 		return sc, false
 	}
@@ -161,7 +172,7 @@ func (r *resumer) saveLocked() {
 	b, err := json.Marshal(&r.sc)
 	if err == nil {
 		tmp := r.path + ".tmp"
-		if err = r.dir.WriteFile(tmp, b, 0o600); err == nil {
+		if err = r.writeNew(tmp, b); err == nil {
 			err = r.dir.Rename(tmp, r.path)
 		}
 	}
@@ -170,6 +181,21 @@ func (r *resumer) saveLocked() {
 	}
 	r.unsaved = 0
 	r.saved = time.Now()
+}
+
+// writeNew writes b to a file made anew at name: whatever was there (a
+// link planted by another user) is removed, not written through.
+func (r *resumer) writeNew(name string, b []byte) error {
+	r.dir.Remove(name)
+	f, err := openRegularRoot(r.dir, name, openMode{flag: os.O_WRONLY | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // save saves the sidecar now.

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -337,6 +339,10 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	// name (and --partial needs those names to resume).
 	stage := ""
 	var jn *journal
+	named := filepath.Clean(top) == filepath.Clean(dst) // the user named it: followed
+	if err := replaceTopLink(top, named, s.cfg.Logger); err != nil {
+		return tr, err
+	}
 	_, err = os.Lstat(top)
 	topExisted := err == nil
 	if errors.Is(err, fs.ErrNotExist) && !opt.Partial {
@@ -362,7 +368,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 			return tr, err
 		}
 	}
-	root, err := os.OpenRoot(cmp.Or(stage, top))
+	root, err := openTreeRoot(cmp.Or(stage, top), named && stage == "")
 	if err != nil {
 		return tr, err
 	}
@@ -437,6 +443,15 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		f.Close()
 	}
 	if stage != "" {
+		// The tree appears whole or not at all: one that lost files (a
+		// full disk, say) stays out of DEST, and the same command run
+		// again copies it.
+		c.mu.Lock()
+		n := c.unlanded
+		c.mu.Unlock()
+		if n > 0 {
+			return tr, fmt.Errorf("%w: %s was not put in place: %d of its files could not be written (nothing was left there; run the command again, or add --partial to keep what lands)", ErrDest, top, n)
+		}
 		if err := renameNew(stage, top); err != nil {
 			return tr, err
 		}
@@ -602,6 +617,9 @@ type treeCopy struct {
 	mu      sync.Mutex // tr and waiting: the packer reports too
 	tr      *TreeResult
 	waiting []pending
+	// unlanded counts the failures that were the destination's (see
+	// landFailed): a staged tree with any is not put in place.
+	unlanded int
 
 	large largeQueue // regular files to copy with Open, after the rest
 	flush flusher
@@ -670,6 +688,9 @@ func (c *treeCopy) reportLocked(fr FileResult) {
 		tr.Bytes += fr.Bytes
 	case StatusFailed:
 		tr.Failed++
+		if landFailed(fr.Err) {
+			c.unlanded++
+		}
 	case StatusSkipped:
 		tr.Skipped++
 	case StatusUnchanged: // in place: ok, and counted apart
@@ -1113,9 +1134,67 @@ func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
 		if serr == nil && fi.IsDir() {
 			return true, nil
 		}
+		if serr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			// As rsync (without --keep-dirlinks): a symlink where the
+			// source has a directory is replaced, not followed.
+			if err := root.Remove(rel); err != nil {
+				return false, err
+			}
+			return false, root.Mkdir(rel, 0o700)
+		}
 		return false, fmt.Errorf("%s exists and is not a directory", rel)
 	}
 	return false, err
+}
+
+// landFailed reports whether a file's failure was the destination's (a
+// full disk, an I/O error, a name there that is not what it should be),
+// not the source's (a name refused, a file the target could not read):
+// a tree missing a file the source could not give is the source's tree
+// as it can be read, as rsync lands it; one missing files that could not
+// be written is not.
+func landFailed(err error) bool {
+	var te *protocol.Error
+	if err == nil || errors.As(err, &te) || errors.Is(err, ErrName) {
+		return false
+	}
+	var pe *fs.PathError
+	var le *os.LinkError
+	var errno syscall.Errno
+	return errors.Is(err, ErrDest) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &errno)
+}
+
+// replaceTopLink removes a symlink at top, where the tree's directory
+// goes, as rsync does (without --keep-dirlinks): a link planted there by
+// someone who can write into DEST would send the whole tree (and
+// --delete, and the directories' modes) wherever it points. A top the
+// user named is theirs: followed.
+func replaceTopLink(top string, named bool, log *slog.Logger) error {
+	fi, err := os.Lstat(top)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 || named {
+		return nil
+	}
+	if err := os.Remove(top); err != nil {
+		return fmt.Errorf("%w: %s is a symlink where the tree's directory goes, and could not be removed: %w", ErrDest, top, err)
+	}
+	log.Info("replaced a symlink with the tree's directory (as rsync)", "path", top)
+	return nil
+}
+
+// openTreeRoot opens the directory a tree is written through. Unless
+// follow (a DEST the user named), a symlink at dir is refused, not
+// followed: it was checked for and removed, so one there now was put
+// there since.
+func openTreeRoot(dir string, follow bool) (*os.Root, error) {
+	if follow {
+		return os.OpenRoot(dir)
+	}
+	parent, err := os.Open(filepath.Dir(dir))
+	if err != nil {
+		return nil, err
+	}
+	defer parent.Close()
+	return openDirNoFollow(parent, filepath.Dir(dir), filepath.Base(dir))
 }
 
 // renameNew renames the staged tree stage to top, which must not exist:
@@ -1140,13 +1219,12 @@ func renameNew(stage, top string) error {
 // first making its directories writable: they may have the source's
 // read-only modes by then.
 func removeStage(stage string) {
-	filepath.WalkDir(stage, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			os.Chmod(p, 0o700)
-		}
-		return nil
-	})
-	os.RemoveAll(stage)
+	root, err := os.OpenRoot(filepath.Dir(stage))
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	removeIn(root, filepath.Base(stage))
 }
 
 // syncRoot makes everything written on root's file system durable.
@@ -1180,7 +1258,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return d.Open(base) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegularRoot(d, base, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err
 			} else if same {
 				return nil, errSame
@@ -1194,7 +1272,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 			tmp = rs.tmpName
 			return &landing{f: rs.f, dst: it.rel, partial: rs}, nil
 		}
-		f, err := d.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		f, err := openRegularRoot(d, tmp, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 		if err != nil {
 			return nil, err
 		}
@@ -1217,12 +1295,13 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	fr.Bytes, fr.Digest = res.Bytes, res.Digest
 	e := res.entry
 	err = land.f.Chmod(fs.FileMode(e.Mode & 0o777))
+	if err == nil { // through the file: a link at tmp's name is not touched
+		if err = setMtime(land.f.Fd(), e.MtimeNs); err != nil {
+			err = &fs.PathError{Op: "chtimes", Path: tmp, Err: err}
+		}
+	}
 	if cerr := land.f.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		mt := time.Unix(0, e.MtimeNs)
-		err = d.Chtimes(tmp, mt, mt)
 	}
 	if err != nil {
 		if rs != nil {
@@ -1443,8 +1522,7 @@ func writeSmall(dir *os.File, name string, e protocol.Entry, data []byte) error 
 		op, err = "chmod", unix.Fchmod(fd, mode)
 	}
 	if err == nil {
-		ts := unix.NsecToTimespec(e.MtimeNs)
-		op, err = "chtimes", unix.UtimesNanoAt(dfd, name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
+		op, err = "chtimes", setMtime(uintptr(fd), e.MtimeNs)
 	}
 	if cerr := unix.Close(fd); err == nil {
 		op, err = "close", cerr

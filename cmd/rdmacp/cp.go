@@ -88,6 +88,9 @@ type errorLine struct {
 }
 
 func runCp(c *cli.Context) error {
+	if stopOnInterrupt {
+		go exitAfterInterrupt(c.Context, interruptGrace)
+	}
 	if err := checkSparseFlags(c); err != nil {
 		return err
 	}

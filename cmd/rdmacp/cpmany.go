@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -138,6 +142,10 @@ type tally struct {
 	start     time.Time
 	sum       manySummary
 	first     error
+	// causes counts failed entries by cause (their error less the path):
+	// a cause many files share (a full disk) is shown once, with its path,
+	// and once more with its count at the end, not once a file.
+	causes map[string]int
 	// bar, if set, is the progress line that other output must clear.
 	bar *statusLine
 }
@@ -230,12 +238,43 @@ func (t *tally) show(fr initiator.FileResult, src, dst string) {
 	case t.jsonOut:
 		json.NewEncoder(t.out).Encode(l)
 	case fr.Status == initiator.StatusFailed:
-		t.say(t.errw, "rdmacp: %s: %s\n", escape.String(fr.Path), escape.String(fr.Err.Error()))
+		if t.causes == nil {
+			t.causes = map[string]int{}
+		}
+		c := causeOf(fr.Err)
+		if t.causes[c]++; t.causes[c] == 1 {
+			t.say(t.errw, "rdmacp: %s: %s\n", escape.String(fr.Path), escape.String(fr.Err.Error()))
+		}
 	case fr.Status == initiator.StatusSkipped:
 		t.say(t.errw, "rdmacp: warning: %s\n", escape.String(fr.Err.Error()))
 	case t.verbose && !t.quiet:
 		if s, ok := listed(fr); ok {
 			t.say(t.out, "%s\n", escape.String(s))
+		}
+	}
+}
+
+// causeOf is an entry's error without the path it names, for counting
+// failures by cause.
+func causeOf(err error) string {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Op + ": " + pe.Err.Error()
+	case errors.As(err, &le):
+		return le.Op + ": " + le.Err.Error()
+	case err == nil:
+		return ""
+	}
+	return err.Error()
+}
+
+// repeated prints, for each cause more than one entry failed of, how many.
+func (t *tally) repeated() {
+	for _, c := range slices.Sorted(maps.Keys(t.causes)) {
+		if n := t.causes[c]; n > 1 {
+			t.say(t.errw, "rdmacp: %s (%d files; the first shown above)\n", escape.String(c), n)
 		}
 	}
 }
@@ -258,6 +297,7 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 	t.sum.Transport, t.sum.QPs, t.sum.Depth = s.Transport(), s.DataQPs(), s.ReadsPerQP()
 	t.sum.Recoveries = recoveriesOf(t.c).Count()
 	t.sum.Rails = s.Rails()
+	t.repeated()
 	var err error
 	switch {
 	case fatal != nil:

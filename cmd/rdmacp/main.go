@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -105,6 +106,7 @@ func exitCode(ctx context.Context, err error) int {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopOnInterrupt = true
 	err := runApp(ctx, newApp(), os.Args)
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -113,6 +115,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rdmacp:", escape.String(err.Error()))
 	}
 	os.Exit(exitCode(ctx, err))
+}
+
+// interruptGrace is how long cp has, after SIGINT or SIGTERM, to clean up
+// and return before it exits anyway: the README promises it ends within
+// 2 s in every state.
+const interruptGrace = 1800 * time.Millisecond
+
+// stopOnInterrupt is set by main, not by tests that run commands in
+// their own process and cancel their context.
+var stopOnInterrupt bool
+
+// exitAfterInterrupt exits the process grace after ctx ends, if it has not
+// exited by then. Every wait in the copy sees ctx, but a system call does
+// not: an open that blocks (a hung NFS server, a special file) would keep
+// cp running for ever.
+func exitAfterInterrupt(ctx context.Context, grace time.Duration) {
+	<-ctx.Done()
+	time.Sleep(grace)
+	fmt.Fprintf(os.Stderr, "rdmacp: interrupted; exiting without cleaning up (it did not finish within %v)\n", grace)
+	os.Exit(exitInterrupts)
 }
 
 // runApp puts argv in urfave's shape (normalizeArgs) and runs app. With
