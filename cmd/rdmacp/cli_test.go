@@ -43,8 +43,9 @@ func TestMain(m *testing.M) {
 // slowTests run only with RDMACP_SLOW=1, in a CI step of their own
 // (.ci/run), not in the README's go test -race ./...: one moves 96 MiB at
 // one READ in flight, the other 10,000 files, through the race-built
-// binary (6-24 s apiece on the 2-core host, 19-23 s under load 6-9).
-var slowTests = []string{"TestCpPartialResumeAfterKill", "TestCpQuickCheckTree"}
+// binary (6-24 s apiece on the 2-core host, 19-23 s under load 6-9); the
+// third serves a 1 GiB file twice around a restart.
+var slowTests = []string{"TestCpPartialResumeAfterKill", "TestCpQuickCheckTree", "TestServeRestartFreshGiBNoHashPass"}
 
 // pickSlow runs slowTests alone with RDMACP_SLOW=1 and leaves them out
 // otherwise; a -run of one's own picks what it names either way.
