@@ -13,9 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"runtime"
 
 	"lukechampine.com/blake3"
+
+	"github.com/rdmacp/rdmacp/crc32c"
 )
 
 // Algorithm is a chunk digest algorithm. Its numeric values travel on the
@@ -143,46 +144,12 @@ func (l Layout) Chunk(i int) (off, length int64) {
 func AppendSum(dst []byte, alg Algorithm, p []byte) []byte {
 	switch alg {
 	case CRC32C:
-		return binary.BigEndian.AppendUint32(dst, crc32cTouched(p))
+		return binary.BigEndian.AppendUint32(dst, crc32c.UpdateCold(0, p)) // a chunk just landed is past L2
 	case BLAKE3:
 		sum := blake3.Sum256(p)
 		return append(dst, sum[:]...)
 	}
 	return dst
-}
-
-// crcBlock is crc32cTouched's step: small enough that a block's cache
-// lines, loaded ahead, are all still in L1 when the CRC reaches them.
-const crcBlock = 4 << 10
-
-// crc32cTouched is crc32.Checksum(p, castagnoli), loading each 4 KiB
-// block's cache lines before CRCing it. Go's CRC32C issues its loads in
-// order and stalls on each miss; the touch loop's loads are independent,
-// so the memory system serves many at once. A chunk is verified right
-// after its READs landed, but 4 MiB is past L2: on the 2-core VM,
-// 4 MiB just written by a copy CRCs at 6.0-7.4 GB/s plain and 18-20 GB/s
-// touched (go test -bench ChunkCRC ./chunker), 0.1 s of CPU per GB
-// verified. (verbs/iwarp's crcCold does the same for the MPA CRC.)
-func crc32cTouched(p []byte) uint32 {
-	var sum uint32
-	var touched byte
-	for len(p) > 0 {
-		n := min(len(p), crcBlock)
-		touched += touchLines(p[:n])
-		sum = crc32.Update(sum, castagnoli, p[:n])
-		p = p[n:]
-	}
-	runtime.KeepAlive(touched) // keeps touchLines' loads
-	return sum
-}
-
-// touchLines loads one byte of each 64-byte cache line of p.
-func touchLines(p []byte) byte {
-	var x byte
-	for i := 0; i < len(p); i += 64 {
-		x += p[i]
-	}
-	return x
 }
 
 // Sum returns the digest of p in a new slice.

@@ -466,16 +466,3 @@ func TestFileDigestMismatch(t *testing.T) {
 		t.Errorf("None file digest %x, %v", got, err)
 	}
 }
-
-// The touched CRC32C is CRC32C, at every length around its blocks.
-func TestCRC32CTouchedIsCRC32C(t *testing.T) {
-	p := make([]byte, 3*crcBlock+777)
-	for i := range p {
-		p[i] = byte(i*131 + i>>9)
-	}
-	for _, n := range []int{0, 1, 63, 64, 65, crcBlock - 1, crcBlock, crcBlock + 1, 2*crcBlock + 5, len(p)} {
-		if got, want := crc32cTouched(p[:n]), crc32.Checksum(p[:n], castagnoli); got != want {
-			t.Errorf("%d bytes: %08x, want %08x", n, got, want)
-		}
-	}
-}

@@ -5,13 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
 
 	"lukechampine.com/blake3"
+
+	"github.com/rdmacp/rdmacp/crc32c"
 )
 
 // Digests holds the digests of a file's chunks, one after another in one
@@ -174,7 +175,7 @@ func (h *chunkHasher) hash(ctx context.Context, r io.ReaderAt, off, length int64
 		}
 		switch h.alg {
 		case CRC32C:
-			crc = crc32.Update(crc, castagnoli, p)
+			crc = crc32c.Update(crc, p) // just read: in cache
 		case BLAKE3:
 			h.b3.Write(p)
 		}

@@ -2,7 +2,6 @@ package iwarp
 
 import (
 	"context"
-	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"testing"
@@ -90,51 +89,6 @@ func readResponsesInPieces(t *testing.T, seed uint64) {
 	}
 }
 
-// crcCold is the plain CRC32C, at any length and alignment.
-func TestCRCCold(t *testing.T) {
-	data := fzPattern(3*coldBlock+200, 9)
-	for _, n := range []int{0, 1, 63, 64, 65, coldBlock - 1, coldBlock, coldBlock + 1, 3*coldBlock + 200} {
-		for _, off := range []int{0, 1, 7} {
-			if off+n > len(data) {
-				continue
-			}
-			p := data[off : off+n]
-			var touched byte
-			if got, want := crcCold(0x1234, p, &touched), crc32.Update(0x1234, castagnoli, p); got != want {
-				t.Errorf("crcCold of %d bytes at offset %d: %#08x, want %#08x", n, off, got, want)
-			}
-		}
-	}
-}
-
-// BenchmarkColdCRC: CRC32C of memory that is not in cache, the way the
-// sender meets a Read Response's source, plain and touched ahead.
-func BenchmarkColdCRC(b *testing.B) {
-	const total, piece = 256 << 20, maxPayload
-	buf := make([]byte, total)
-	for i := range buf {
-		buf[i] = byte(i * 7)
-	}
-	for _, tc := range []struct {
-		name string
-		fn   func(uint32, []byte) uint32
-	}{
-		{"plain", func(s uint32, p []byte) uint32 { return crc32.Update(s, castagnoli, p) }},
-		{"touched", func(s uint32, p []byte) uint32 { var x byte; return crcCold(s, p, &x) }},
-		{"fold", crc32c},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			b.SetBytes(total)
-			for b.Loop() {
-				var s uint32
-				for off := 0; off+piece <= total; off += piece {
-					s = tc.fn(s, buf[off:off+piece])
-				}
-			}
-		})
-	}
-}
-
 // BenchmarkReadCRC: 1 MiB READs over one QP, 4 in flight, from a 32 MiB
 // source (mostly not in cache, as a mapped file window is) into their
 // own slots: the responder's send path and the requester's receive path
@@ -186,50 +140,4 @@ func BenchmarkReadCRC(b *testing.B) {
 			}
 		})
 	}
-}
-
-// crc32c (castagnoliFold where the CPU has it) is hash/crc32's CRC32C
-// at every length, alignment and starting value.
-func TestCRC32CFold(t *testing.T) {
-	if !hasFold {
-		t.Log("no AVX-512 VPCLMULQDQ here: crc32c is hash/crc32's")
-	}
-	data := fzPattern(3*maxPayload, 5)
-	rng := rand.New(rand.NewPCG(7, 8))
-	lens := []int{0, 1, 63, 64, 255, 256, 257, 319, 320, 511, 512, 513, 767, 768, 1024, 4096, maxPayload, 2 * maxPayload}
-	for range 300 {
-		lens = append(lens, rng.IntN(len(data)-8))
-	}
-	for _, n := range lens {
-		off := rng.IntN(8)
-		p := data[off : off+n]
-		for _, init := range []uint32{0, 0xffffffff, rng.Uint32()} {
-			if got, want := crc32c(init, p), crc32.Update(init, castagnoli, p); got != want {
-				t.Fatalf("crc32c(%#x, %d bytes at %d) = %#08x, want %#08x", init, n, off, got, want)
-			}
-		}
-	}
-	// Chained over pieces, as the receiver does (header, then payload).
-	sum := crc32c(crc32.Update(0, castagnoli, data[:16]), data[16:70000])
-	if want := crc32.Checksum(data[:70000], castagnoli); sum != want {
-		t.Fatalf("chained: %#08x, want %#08x", sum, want)
-	}
-}
-
-// BenchmarkCRC32C: one FPDU's payload in cache, hash/crc32 against
-// crc32c.
-func BenchmarkCRC32C(b *testing.B) {
-	p := fzPattern(maxPayload, 3)
-	b.Run("hash-crc32", func(b *testing.B) {
-		b.SetBytes(int64(len(p)))
-		for b.Loop() {
-			crc32.Update(0, castagnoli, p)
-		}
-	})
-	b.Run("fold", func(b *testing.B) {
-		b.SetBytes(int64(len(p)))
-		for b.Loop() {
-			crc32c(0, p)
-		}
-	})
 }

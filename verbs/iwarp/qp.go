@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -442,9 +443,8 @@ type fpdus struct {
 	scratch []byte
 	held    []heldMR // regions the gathered FPDUs, or the message being emitted, come from
 	bytes   int
-	total   int  // bufs ever added
-	sent    int  // bufs ever written whole
-	touched byte // see crcCold
+	total   int // bufs ever added
+	sent    int // bufs ever written whole
 
 	// The socket, and writev's call and state, kept so that a write
 	// allocates nothing. rc is nil if the conn has no socket (then a
@@ -506,7 +506,7 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 	var sum uint32
 	if f.crc {
 		sum = crc32.Update(0, castagnoli, hb)
-		sum = crcCold(sum, payload, &f.touched)
+		sum = crc32c.UpdateCold(sum, payload)
 		sum = crc32.Update(sum, castagnoli, tb[:pad])
 	}
 	// The CRC goes least significant byte first, as iSCSI's does
@@ -1301,7 +1301,7 @@ func (q *qp) readLoop(fr *frameReader) error {
 			}
 			body := fr.take(n)
 			if q.crc {
-				sum = crc32c(sum, body)
+				sum = crc32c.Update(sum, body)
 			}
 			if err := q.checkCRC(sum, fr.take(pad+crcLen), pad); err != nil {
 				return err
@@ -1357,7 +1357,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 			return sum, err
 		}
 		if q.crc {
-			sum = crc32c(sum, b)
+			sum = crc32c.Update(sum, b)
 		}
 		return sum, nil
 	}
@@ -1445,7 +1445,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	}
 	b = b[:n]
 	if q.crc {
-		sum = crc32c(sum, b)
+		sum = crc32c.Update(sum, b)
 	}
 	s.placed += uint64(n)
 	return sum, nil

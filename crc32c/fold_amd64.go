@@ -1,4 +1,4 @@
-package iwarp
+package crc32c
 
 import "golang.org/x/sys/cpu"
 

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package iwarp
+package crc32c
 
 const hasFold = false
 
