@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -145,5 +146,37 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 		closeDevs()
 		return nil, "", nil, err
 	}
-	return s, why, func() { s.Close(); closeDevs() }, nil
+	return s, why, func() {
+		if !closedWithin(c.Context, s.Close, interruptedCloseWait) {
+			return // the process is exiting: the kernel closes what is left
+		}
+		closeDevs()
+	}, nil
+}
+
+// interruptedCloseWait bounds a session's close after SIGINT or SIGTERM.
+// A close says Bye (up to 300 ms) and lets each QP's socket linger up to
+// 1 s for a peer to read what was sent: 1.4-1.6 s against a frozen target,
+// which under load ran past the 1.8 s backstop (exitAfterInterrupt), so
+// cp exited without its error line. An interrupted cp is about to exit,
+// and the kernel closes its sockets then; it need not wait for the peer.
+const interruptedCloseWait = 300 * time.Millisecond
+
+// closedWithin runs shut, waiting for it for ever while ctx is live and at
+// most wait once ctx is done (interrupted). It reports whether shut ended.
+func closedWithin(ctx context.Context, shut func() error, wait time.Duration) bool {
+	if ctx.Err() == nil {
+		shut()
+		return true
+	}
+	done := make(chan struct{})
+	go func() { shut(); close(done) }()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
