@@ -8,7 +8,9 @@
 #      (goal: 0),
 #   3. after a restart with --no-persist-digests (the old behaviour),
 #   4. after rdmacp hash into a new state directory, then a restart,
-#   5. after an edit with the mtime put back (touch -r): hashed again.
+#   5. after an edit with the mtime put back (touch -r): hashed again,
+#   6. served the moment it changed (its ctime is now: a copy just landed),
+#      then after a restart (goal: 0; #27 saw 704 of 1,024 MiB hashed).
 # Each copy goes to /dev/null (verified, then thrown away).
 #
 #   bench/persist.sh [-s SIZE_MiB] [-d DIR]      (default 4096 MiB)
@@ -84,4 +86,11 @@ printf 'x' | dd of="$src" bs=1 seek=12345 conv=notrunc status=none
 touch -r "$ref" "$src"
 start "$dir/state1"
 served "5. after a touch -r edit, same state dir"
+stop
+touch -d '1 hour ago' "$src" # a ctime of now, as a file copied in has
+start "$dir/state3"
+served "6. served the moment it changed"
+stop
+start "$dir/state3"
+served "   after a restart, same state dir"
 stop

@@ -661,3 +661,22 @@ func waitPersistable(ctx context.Context, k Key) error {
 		return context.Cause(ctx)
 	}
 }
+
+// SettleDelay is how long a hash of version k should wait, from now, so
+// that what it hashes may be cached and persisted: the rest of k's racy
+// window on a file system whose stamps keep nanoseconds (at most 50 ms).
+// ok is false where waiting is not worth it: a file system that keeps
+// whole seconds (up to 2 s more on every fresh file) or times in the
+// future. A daemon that hashed a file served the moment it was written
+// without this wait saved none of what it hashed in those first 50 ms,
+// and the whole first window with them (#27).
+func SettleDelay(k Key, now time.Time) (d time.Duration, ok bool) {
+	if Persistable(k, now) {
+		return 0, true
+	}
+	if k.racy() != fineRacyWindow {
+		return 0, false
+	}
+	d = time.Unix(0, k.changedNs()).Add(k.racy() + time.Millisecond).Sub(now)
+	return d, d <= k.racy()+10*time.Millisecond
+}

@@ -596,3 +596,29 @@ func BenchmarkHashSmall(b *testing.B) {
 		}
 	}
 }
+
+// TestSettleDelay: a hash of a file changed a moment ago waits out the rest
+// of a nanosecond file system's racy window (so what it hashes is saved),
+// and does not wait on a whole-second one or for times in the future.
+func TestSettleDelay(t *testing.T) {
+	now := time.Unix(1_700_000_000, 500_000_000)
+	fine := func(ago time.Duration) Key { return Key{CtimeNs: now.Add(-ago).UnixNano() | 1} }
+	coarse := Key{CtimeNs: now.Add(-500 * time.Millisecond).Truncate(time.Second).UnixNano()}
+	for _, c := range []struct {
+		name     string
+		k        Key
+		min, max time.Duration
+		ok       bool
+	}{
+		{"fine, settled", fine(time.Second), 0, 0, true},
+		{"fine, 20 ms ago", fine(20 * time.Millisecond), 30 * time.Millisecond, 32 * time.Millisecond, true},
+		{"fine, just now", fine(0), 50 * time.Millisecond, 52 * time.Millisecond, true},
+		{"fine, in the future", fine(-time.Second), 0, 0, false},
+		{"whole seconds, 500 ms ago", coarse, 0, 0, false},
+	} {
+		d, ok := SettleDelay(c.k, now)
+		if ok != c.ok || (ok && (d < c.min || d > c.max)) {
+			t.Errorf("%s: SettleDelay = %v, %v; want %v in [%v, %v]", c.name, d, ok, c.ok, c.min, c.max)
+		}
+	}
+}

@@ -178,6 +178,9 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := wd.settle(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	var read int64
 	counted := func(i int) bool {
@@ -197,6 +200,26 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 	wd.hashed.Add(read)
 	wd.save(first, b, start)
 	return b, nil
+}
+
+// settle waits out the racy window of a file changed a moment ago, so
+// that what compute hashes is saved (chunker.SettleDelay).
+func (wd *winDigests) settle(ctx context.Context) error {
+	if !wd.keyed || wd.srv.cfg.Digests == nil {
+		return nil
+	}
+	d, ok := chunker.SettleDelay(wd.key, time.Now())
+	if !ok || d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // stored looks chunks [first, end) up in the in-memory cache (a whole
