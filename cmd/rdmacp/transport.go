@@ -145,5 +145,6 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 		closeDevs()
 		return nil, "", nil, err
 	}
+	warnSkippedRails(c.App.ErrWriter, s.SkippedRails()) // a warning: -q and --json keep it
 	return s, why, func() { s.Close(); closeDevs() }, nil
 }
