@@ -344,6 +344,8 @@ func (s *Session) callErr(t protocol.Type, err error) error {
 		re := &RevokedError{Err: pe} // told unasked: see revoked
 		s.revocation.CompareAndSwap(nil, re)
 		return re
+	case errors.Is(err, protocol.ErrNoProgress):
+		return err // not ErrConnect: another session would hang on the same storage
 	case errors.Is(err, protocol.ErrTimeout):
 		return fmt.Errorf("%w: %v: %w", ErrConnect, t, &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
 	case errors.Is(err, protocol.ErrClosed):
