@@ -8,11 +8,12 @@ import (
 // Progress: each Working a session sends carries the work done for the
 // request under way (protocol.Working.Progress), counted by the code
 // doing it, not by a timer: bytes read to hash a file, bytes read into a
-// pack, directory entries read for a walk. A serving thread stuck in
-// hung storage stops counting while its keepalive goes on, and the
-// initiator fails the request after its --timeout instead of waiting for
-// ever. The session's counter (session.work) only grows; answer sends
-// what it grew by since the request began.
+// pack, directory entries read for a walk, bytes a push pulled and
+// wrote (not a push's closing fsync: one system call). A serving thread
+// stuck in hung storage stops counting while its keepalive goes on, and
+// the initiator fails the request after its --timeout instead of
+// waiting for ever. The session's counter (session.work) only grows;
+// answer sends what it grew by since the request began.
 
 // progressReader counts the bytes read through it into n.
 type progressReader struct {
