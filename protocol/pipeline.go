@@ -222,8 +222,10 @@ func (c *Channel) pump(ctx context.Context, ref *Pending) error {
 	if err != nil {
 		if ctx.Err() == nil && rctx.Err() != nil {
 			// Stuck, not silent: Working came for a request still
-			// unanswered since the last move.
-			if stalled && c.workingAt > c.lastMoved.Load() {
+			// unanswered since the last move, and is still coming (a
+			// peer frozen after its last Working is taken for dead:
+			// another session may get past it).
+			if stalled && c.workingAt > c.lastMoved.Load() && time.Since(time.Unix(0, c.workingAt)) < 2*WorkingInterval {
 				return &NoProgressError{Request: c.serving(ref), For: d}
 			}
 			return &timeoutError{msg: fmt.Sprintf("target sent nothing for %v", d)}

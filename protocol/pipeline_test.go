@@ -308,3 +308,25 @@ func TestWorkingWithoutProgressFails(t *testing.T) {
 		t.Errorf("failed after %v, want about 200ms of progress + 300ms", el)
 	}
 }
+
+// A peer that sent one Working without progress and then nothing (it
+// froze) is taken for dead, as a silent one is: ErrTimeout, which a
+// caller may retry, not a NoProgressError.
+func TestWorkingThenSilenceIsATimeout(t *testing.T) {
+	dial, accept := pair(t)
+	dial.SetTimeout(2500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		accept.Send(ctx, &protocol.Working{RequestID: m.ID()})
+	}()
+	_, err := dial.Call(ctx, stat(0))
+	if !errors.Is(err, protocol.ErrTimeout) || errors.Is(err, protocol.ErrNoProgress) {
+		t.Fatalf("Call: %v, want ErrTimeout", err)
+	}
+}
