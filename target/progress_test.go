@@ -81,3 +81,41 @@ func TestSlowMovingHashSucceeds(t *testing.T) {
 		t.Errorf("took %v: the hash was not slower than the timeout, the test proves nothing", took)
 	}
 }
+
+// Any request, not only a hash, is bounded by progress: a reply held
+// back by a hostile target (or a serving thread stuck after its work)
+// while the keepalive goes on fails the call after the I/O timeout.
+func TestStalledReplyFailsWithinTimeout(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, target.Config{Exports: []target.Export{{Name: "data", Path: dir}}, ChunkSize: 64 << 10})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := initiator.Dial(ctx, addr, initiator.Config{Device: device(t), QPs: 1, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	release := make(chan struct{})
+	defer close(release)
+	t.Cleanup(target.SetReplyHook(func(req, reply protocol.Message) protocol.Message {
+		if _, ok := req.(*protocol.Stat); ok {
+			select {
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		return reply
+	}))
+	start := time.Now()
+	_, err = s.Stat(ctx, "data/f")
+	took := time.Since(start)
+	if !errors.Is(err, protocol.ErrNoProgress) || !strings.Contains(err.Error(), "no progress on Stat for 2s") {
+		t.Fatalf("Stat: %v, want no progress on Stat", err)
+	}
+	if took < 2*time.Second || took > 4*time.Second {
+		t.Errorf("failed after %v, want about 2s", took)
+	}
+}
