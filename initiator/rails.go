@@ -131,7 +131,7 @@ func (s *Session) targetRails(ctx context.Context) ([]string, error) {
 	if len(r.Addrs) == 0 {
 		return []string{s.addr}, nil
 	}
-	return r.Addrs, nil
+	return s.trustRails(ctx, r.Addrs)
 }
 
 // setRails plans the session's rails on its first dial; a redial keeps

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,4 +209,42 @@ func TestRailDropFreesTheSlot(t *testing.T) {
 		}
 	}
 	railCopy(t, s, dir, 1<<20)
+}
+
+// A target that names a rail the initiator has no reason to trust (here
+// 127.0.0.2, with fake local subnets that leave out lo) has it skipped:
+// never dialled, reported once, and the copy runs on the control host.
+func TestForeignRailSkipped(t *testing.T) {
+	dir, lns := railTarget(t, []string{"127.0.0.1:0", "127.0.0.2:0"}, nil)
+	cfg := initiator.WithSubnets(initiator.Config{Device: open(t, iwarp.New(iwarp.Config{})),
+		QPs: 4, Depth: 4, ReadSize: 16 << 10, ConnectTimeout: 4 * time.Second}, netip.MustParsePrefix("10.9.9.0/24"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := initiator.Dial(ctx, lns[0].Addr(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	railCopy(t, s, dir, 2<<20)
+	if saw := lns[1].saw(); len(saw) != 0 {
+		t.Errorf("the foreign rail was dialled: %v", saw)
+	}
+	if rails := s.Rails(); len(rails) != 1 || rails[0].Remote != lns[0].Addr() {
+		t.Errorf("rails %+v, want only the control host's", rails)
+	}
+	sk := s.SkippedRails()
+	if len(sk) != 1 || sk[0].Remote != lns[1].Addr() || !strings.Contains(sk[0].Why, "not the target's host nor on a local subnet") {
+		t.Errorf("skipped %+v, want %s", sk, lns[1].Addr())
+	}
+
+	// Allowed by the user, it is dialled.
+	cfg.AllowRails = []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}
+	s2, err := initiator.Dial(ctx, lns[0].Addr(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	if len(s2.Rails()) != 2 || len(s2.SkippedRails()) != 0 || len(lns[1].saw()) == 0 {
+		t.Errorf("allowed: rails %+v skipped %+v, the second listener saw %v", s2.Rails(), s2.SkippedRails(), lns[1].saw())
+	}
 }

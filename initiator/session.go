@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,13 @@ type Config struct {
 	// rails.go): the data QPs spread over them, and the control QP
 	// connects from the first. Empty: the system picks the path.
 	Bind []string
+	// AllowRails are networks whose addresses the session dials when
+	// the target names them as rails, besides the control host's and
+	// the local subnets' (railcheck.go).
+	AllowRails []netip.Prefix
+	// subnets lists the local subnets; nil: the host's interfaces.
+	// Tests give fake ones.
+	subnets subnetLister
 	// Archive is what copies keep beyond bytes, modes & 0777 and mtimes;
 	// the session asks the target for what it needs of that in Hello.
 	Archive Archive
@@ -163,6 +171,11 @@ func (c *Config) Validate() error {
 	if err := ValidateBind(c.Bind); err != nil {
 		return err
 	}
+	for _, p := range c.AllowRails {
+		if !p.IsValid() {
+			return errors.New("initiator: --allow-rail: an invalid network")
+		}
+	}
 	if err := c.validateDevices(); err != nil {
 		return err
 	}
@@ -202,8 +215,9 @@ type Session struct {
 	reads  int      // READs in flight per data QP
 	// rails are the paths the data QPs take, and slotRail each slot's
 	// rail (an index into rails): see rails.go.
-	rails    []*rail
-	slotRail []atomic.Int32
+	rails        []*rail
+	skippedRails []SkippedRail
+	slotRail     []atomic.Int32
 	// plan is what the session settled on for its path at connect, from
 	// the user's QPs and Depth (0: automatic); win the in-flight window
 	// its engines share (inflight.go).
@@ -330,6 +344,8 @@ func (s *Session) callErr(t protocol.Type, err error) error {
 		re := &RevokedError{Err: pe} // told unasked: see revoked
 		s.revocation.CompareAndSwap(nil, re)
 		return re
+	case errors.Is(err, protocol.ErrNoProgress):
+		return err // not ErrConnect: another session would hang on the same storage
 	case errors.Is(err, protocol.ErrTimeout):
 		return fmt.Errorf("%w: %v: %w", ErrConnect, t, &timeoutErr{what: "the target", d: s.cfg.Timeout, err: err})
 	case errors.Is(err, protocol.ErrClosed):

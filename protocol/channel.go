@@ -59,10 +59,17 @@ type Channel struct {
 	slots     chan struct{}
 	rx        chan struct{}
 	lastRx    atomic.Int64
-	pmu       sync.Mutex
-	nextID    uint32
-	pending   []*Pending // sent and not yet answered, in order sent
-	startMu   sync.Mutex // IDs go out in the order they are given
+	// progress: when the peer last moved a request on (a reply, or a
+	// Working whose Progress grew), and the request and Progress of the
+	// last Working, and when one came for a request unanswered (under rx).
+	lastMoved    atomic.Int64
+	workID       uint32
+	workProgress uint64
+	workingAt    int64
+	pmu          sync.Mutex
+	nextID       uint32
+	pending      []*Pending // sent and not yet answered, in order sent
+	startMu      sync.Mutex // IDs go out in the order they are given
 }
 
 // DefaultDepth is the number of receives a channel keeps posted.
@@ -206,11 +213,31 @@ func (e *timeoutError) Is(target error) bool {
 	return target == ErrTimeout || e.closed && target == ErrClosed
 }
 
+// ErrNoProgress: the peer is alive (it sends Working) but has not moved
+// the request it serves on for the I/O timeout.
+var ErrNoProgress = errors.New("the target made no progress")
+
+// NoProgressError is ErrNoProgress for one request: another session
+// would only hang on the same storage, so it is not an ErrTimeout (which
+// a caller may retry).
+type NoProgressError struct {
+	Request Type          // the request the peer is serving: the oldest unanswered
+	For     time.Duration // the I/O timeout
+}
+
+func (e *NoProgressError) Error() string {
+	return fmt.Sprintf("the target made no progress on %v for %v; its storage may be hung", e.Request, e.For)
+}
+
+func (e *NoProgressError) Is(target error) bool { return target == ErrNoProgress }
+
 // SetTimeout sets the channel's I/O timeout; 0, the default, is none.
 // With d > 0, a Send fails if the QP has not sent its message within d
 // (the peer is not receiving), and a Call fails if nothing at all
 // arrives from the peer within d of its request or of the last message
-// that did (a Working, say). Set it before the channel is used.
+// that did (ErrTimeout), or if the peer moves no request on for d: no
+// reply and no Working whose Progress grew (NoProgressError). Set it
+// before the channel is used.
 func (c *Channel) SetTimeout(d time.Duration) { c.timeout.Store(int64(d)) }
 
 func (c *Channel) ioTimeout() time.Duration { return time.Duration(c.timeout.Load()) }

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"strings"
@@ -163,4 +164,27 @@ func TestWinDigestsMessagesRoundTrip(t *testing.T) {
 	if _, err := Marshal(full); err != nil {
 		t.Fatalf("a full page does not fit: %v", err)
 	}
+}
+
+// FuzzWorking: Working's body is its Progress, 8 bytes big-endian, and
+// nothing else decodes.
+func FuzzWorking(f *testing.F) {
+	f.Add(uint32(1), []byte{})
+	f.Add(uint32(7), []byte{0, 0, 0, 0, 0, 0, 0, 1})
+	f.Add(uint32(7), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0})
+	f.Add(uint32(0), []byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, id uint32, body []byte) {
+		b := binary.BigEndian.AppendUint32([]byte{Version, byte(TypeWorking), 0, 0}, id)
+		m, err := Unmarshal(append(b, body...))
+		if len(body) != 8 {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("a %d-byte body: %v, %+v, want Malformed", len(body), err, m)
+			}
+			return
+		}
+		w, ok := m.(*Working)
+		if err != nil || !ok || w.RequestID != id || w.Progress != binary.BigEndian.Uint64(body) {
+			t.Fatalf("decoded %+v, %v from % x", m, err, body)
+		}
+	})
 }

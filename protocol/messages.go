@@ -361,8 +361,16 @@ type Bye struct {
 // initiator whose Hello.Client announced FeatureWorking. It lets an
 // initiator tell a target that is slow (hashing a large file for Open)
 // from one that is gone, without a timeout longer than any request.
+//
+// Progress counts the work done for the request so far (bytes hashed or
+// read, directory entries walked), from the code doing it: a keepalive
+// proves the target alive, not that the request moves, and a target
+// whose storage hangs goes on sending Working. The initiator fails a
+// request whose Progress has not grown for its I/O timeout
+// (NoProgressError). Only a change matters, not the unit.
 type Working struct {
 	RequestID uint32
+	Progress  uint64
 }
 
 // Pack asks the target to copy whole small files into one window, so
@@ -901,8 +909,8 @@ func (m *Error) decode(d *decoder) {
 func (m *Bye) encode(e *encoder) {}
 func (m *Bye) decode(d *decoder) {}
 
-func (m *Working) encode(e *encoder) {}
-func (m *Working) decode(d *decoder) {}
+func (m *Working) encode(e *encoder) { e.u64(m.Progress) }
+func (m *Working) decode(d *decoder) { m.Progress = d.u64() }
 
 func (m *Pack) encode(e *encoder) {
 	e.u8(m.Algorithm)

@@ -30,6 +30,7 @@ func (c *Channel) Pipelined() bool { return c.pipelined.Load() }
 type Pending struct {
 	c       *Channel
 	id      uint32
+	typ     Type // the request's
 	sent    time.Time
 	sendErr error         // the send failed after the request went: a reply may still come
 	done    chan struct{} // closed once reply or err is set
@@ -45,8 +46,9 @@ func (p *Pending) ID() uint32 { return p.id }
 
 // Call sends req with a fresh request ID and waits for the reply. An
 // Error reply is returned as the error. Working messages are not
-// replies: each one, like anything else that arrives, shows the peer is
-// alive, and restarts the I/O timeout (SetTimeout).
+// replies: each one shows the peer is alive, and one whose Progress
+// grew that it moves the request on; the I/O timeout (SetTimeout)
+// bounds both.
 func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
 	if !c.pipelined.Load() {
 		c.callMu.Lock()
@@ -75,7 +77,7 @@ func (c *Channel) Start(ctx context.Context, req Message) (*Pending, error) {
 	if c.nextID == 0 {
 		c.nextID = 1 // 0 is the ID of errors that answer what could not be decoded
 	}
-	p := &Pending{c: c, id: id, sent: time.Now(), done: make(chan struct{})}
+	p := &Pending{c: c, id: id, typ: req.Type(), sent: time.Now(), done: make(chan struct{})}
 	c.pending = append(c.pending, p)
 	c.pmu.Unlock()
 	req.SetID(id)
@@ -129,7 +131,8 @@ func (c *Channel) take(ctx context.Context) error {
 // Wait waits for the reply to p, reading the channel for every waiter
 // while no other does. It fails with ErrTimeout if nothing at all comes
 // from the peer within the I/O timeout of p's sending or of the last
-// message that did. A Wait that ends without the reply abandons p.
+// message that did, and with a NoProgressError if no request moved on
+// (see pump) within it. A Wait that ends without the reply abandons p.
 func (p *Pending) Wait(ctx context.Context) (Message, error) {
 	defer p.Abandon()
 	c := p.c
@@ -177,26 +180,54 @@ func (p *Pending) Abandon() {
 // (a message that could not be decoded but names its request goes to
 // that request). ref, if set, is the request whose sending starts the
 // I/O timeout's clock (else the oldest unanswered).
+//
+// The clock is progress, not liveness: the peer serves requests in
+// order, so while any request is answered, or any Working's Progress
+// grows, the requests behind it are moving too; a peer that sends only
+// Working with the same Progress for the I/O timeout (a serving thread
+// stuck in hung storage, its keepalive going on) fails the wait with a
+// NoProgressError naming the request it is stuck on.
 func (c *Channel) pump(ctx context.Context, ref *Pending) error {
 	rctx := ctx
 	d := c.ioTimeout()
+	stalled := false
 	if d > 0 {
-		since := time.Unix(0, c.lastRx.Load())
+		alive := time.Unix(0, c.lastRx.Load())
+		moved := time.Unix(0, c.lastMoved.Load())
 		c.pmu.Lock()
 		if ref == nil && len(c.pending) > 0 {
 			ref = c.pending[0]
 		}
 		c.pmu.Unlock()
-		if ref != nil && ref.sent.After(since) {
-			since = ref.sent
+		deadline := alive.Add(d)
+		if ref != nil {
+			if ref.sent.After(alive) {
+				alive = ref.sent
+			}
+			if ref.sent.After(moved) {
+				moved = ref.sent
+			}
+			// lastMoved never passes lastRx: the progress deadline
+			// comes first unless nothing but a reply came since.
+			deadline = alive.Add(d)
+			if m := moved.Add(d); m.Before(deadline) {
+				deadline, stalled = m, true
+			}
 		}
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, since.Add(d))
+		rctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
 	m, err := c.Recv(rctx)
 	if err != nil {
 		if ctx.Err() == nil && rctx.Err() != nil {
+			// Stuck, not silent: Working came for a request still
+			// unanswered since the last move, and is still coming (a
+			// peer frozen after its last Working is taken for dead:
+			// another session may get past it).
+			if stalled && c.workingAt > c.lastMoved.Load() && time.Since(time.Unix(0, c.workingAt)) < 2*WorkingInterval {
+				return &NoProgressError{Request: c.serving(ref), For: d}
+			}
 			return &timeoutError{msg: fmt.Sprintf("target sent nothing for %v", d)}
 		}
 		var de *DecodeError
@@ -205,8 +236,11 @@ func (c *Channel) pump(ctx context.Context, ref *Pending) error {
 		}
 		return err
 	}
-	if _, ok := m.(*Working); ok {
-		return nil // for a request under way or one given up on: the clock restarts either way
+	if w, ok := m.(*Working); ok {
+		// For a request under way or one given up on: the peer is alive
+		// either way, and moving if its Progress grew.
+		c.working(w)
+		return nil
 	}
 	var reply Message = m
 	var rerr error
@@ -226,8 +260,45 @@ func (c *Channel) pump(ctx context.Context, ref *Pending) error {
 		}
 		c.pmu.Unlock()
 	}
-	c.hand(id, reply, rerr)
+	if c.hand(id, reply, rerr) {
+		c.lastMoved.Store(time.Now().UnixNano())
+	}
 	return nil
+}
+
+// working notes w (under rx): the first Working for a request sets its
+// Progress, and any that grows it after moves the clock on; one for a
+// request unanswered says the peer is serving it (workingAt).
+func (c *Channel) working(w *Working) {
+	c.pmu.Lock()
+	for _, p := range c.pending {
+		if p.id == w.RequestID {
+			c.workingAt = time.Now().UnixNano()
+			break
+		}
+	}
+	c.pmu.Unlock()
+	if w.RequestID != c.workID {
+		c.workID, c.workProgress = w.RequestID, 0
+	}
+	if w.Progress > c.workProgress {
+		c.workProgress = w.Progress
+		c.lastMoved.Store(time.Now().UnixNano())
+	}
+}
+
+// serving is the type of the request the peer is stuck on: the oldest
+// unanswered (it serves in order), else ref's.
+func (c *Channel) serving(ref *Pending) Type {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if len(c.pending) > 0 {
+		return c.pending[0].typ
+	}
+	if ref != nil {
+		return ref.typ
+	}
+	return 0
 }
 
 // hand gives the request with ID id its reply, or drops the reply if

@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,9 +250,9 @@ func TestWorkingForAnEarlierRequestKeepsLaterAlive(t *testing.T) {
 			}
 			reqs = append(reqs, m)
 		}
-		for range 10 {
+		for i := range 10 {
 			time.Sleep(100 * time.Millisecond)
-			accept.Send(ctx, &protocol.Working{RequestID: reqs[0].ID()})
+			accept.Send(ctx, &protocol.Working{RequestID: reqs[0].ID(), Progress: uint64(i+1) << 20})
 		}
 		accept.Send(ctx, answer(reqs[0]))
 		accept.Send(ctx, answer(reqs[1]))
@@ -263,5 +264,69 @@ func TestWorkingForAnEarlierRequestKeepsLaterAlive(t *testing.T) {
 	m, err = first.Wait(ctx)
 	if s := got(t, m, err); s != stat(0).Path {
 		t.Fatalf("first request got %q", s)
+	}
+}
+
+// A target that goes on sending Working but whose Progress stays put
+// (its serving thread stuck in hung storage) fails the wait within about
+// the I/O timeout, with an error that names the request and is not a
+// timeout to retry; the same Workings with Progress growing keep it
+// going past the timeout (TestWorkingForAnEarlierRequestKeepsLaterAlive).
+func TestWorkingWithoutProgressFails(t *testing.T) {
+	dial, accept := pair(t)
+	dial.SetTimeout(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			return
+		}
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			// Some progress at first, then none.
+			accept.Send(ctx, &protocol.Working{RequestID: m.ID(), Progress: uint64(min(i, 3))})
+		}
+	}()
+	start := time.Now()
+	_, err := dial.Call(ctx, stat(0))
+	el := time.Since(start)
+	var np *protocol.NoProgressError
+	if !errors.As(err, &np) || !errors.Is(err, protocol.ErrNoProgress) || errors.Is(err, protocol.ErrTimeout) {
+		t.Fatalf("Call: %v, want a NoProgressError that is not ErrTimeout", err)
+	}
+	if np.Request != protocol.TypeStat || !strings.Contains(err.Error(), "the target made no progress on Stat for 300ms; its storage may be hung") {
+		t.Errorf("error %q", err)
+	}
+	if el < 400*time.Millisecond || el > 2*time.Second {
+		t.Errorf("failed after %v, want about 200ms of progress + 300ms", el)
+	}
+}
+
+// A peer that sent one Working without progress and then nothing (it
+// froze) is taken for dead, as a silent one is: ErrTimeout, which a
+// caller may retry, not a NoProgressError.
+func TestWorkingThenSilenceIsATimeout(t *testing.T) {
+	dial, accept := pair(t)
+	dial.SetTimeout(2500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	go func() {
+		m, err := accept.Recv(ctx)
+		if err != nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		accept.Send(ctx, &protocol.Working{RequestID: m.ID()})
+	}()
+	_, err := dial.Call(ctx, stat(0))
+	if !errors.Is(err, protocol.ErrTimeout) || errors.Is(err, protocol.ErrNoProgress) {
+		t.Fatalf("Call: %v, want ErrTimeout", err)
 	}
 }

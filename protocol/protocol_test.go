@@ -83,6 +83,7 @@ func samples() []Message {
 				{Dir: 1, PackedFile: PackedFile{Code: CodePermission, Entry: Entry{Type: FileRegular, Name: "secret"}, Message: "permission denied"}},
 			}},
 		&Working{RequestID: 17},
+		&Working{RequestID: 18, Progress: 0x1122334455667788},
 	}, winSamples()...) // FeatureWinDigests' messages: fuzz_test.go
 }
 
@@ -163,7 +164,7 @@ func TestGolden(t *testing.T) {
 			"01 0e 0000 00000001" + "00000002 00000003 0000000000000004 0000000000000005 0000000000000006 00000002 00000007 00000008"},
 		{&CloseReply{RequestID: 1, Changed: true}, "01 12 0000 00000001 01"},
 		{&Bye{}, "01 14 0000 00000000"},
-		{&Working{RequestID: 0x0a0b0c0d}, "01 1f 0000 0a0b0c0d"},
+		{&Working{RequestID: 0x0a0b0c0d, Progress: 0x0102030405060708}, "01 1f 0000 0a0b0c0d" + "0102030405060708"},
 		{&Pack{RequestID: 2, Algorithm: 1, Paths: []string{"a", "bc"}},
 			"01 15 0000 00000002" + "01 00000002 0001 61 0002 6263"},
 		{&PackReply{RequestID: 2, Handle: 3, Window: Window{ID: 4, Length: 5, Addr: 6, RKeys: []uint32{7}},

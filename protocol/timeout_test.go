@@ -32,7 +32,7 @@ func TestCallTimesOutWhenTargetIsSilent(t *testing.T) {
 }
 
 // serveSlowly answers one request after d, sending Working for it every
-// tick meanwhile, and a Working for another request (one given up on)
+// tick meanwhile (with Progress growing), and a Working for another request (one given up on)
 // first.
 func serveSlowly(ctx context.Context, ch *protocol.Channel, d, tick time.Duration) error {
 	m, err := ch.Recv(ctx)
@@ -43,9 +43,10 @@ func serveSlowly(ctx context.Context, ch *protocol.Channel, d, tick time.Duratio
 	if err := ch.Send(ctx, stale); err != nil {
 		return err
 	}
-	for end := time.Now().Add(d); time.Now().Before(end); {
+	for end, done := time.Now().Add(d), uint64(0); time.Now().Before(end); {
 		time.Sleep(tick)
-		if err := ch.Send(ctx, &protocol.Working{RequestID: m.ID()}); err != nil {
+		done += 4096 // work done meanwhile: Progress grows
+		if err := ch.Send(ctx, &protocol.Working{RequestID: m.ID(), Progress: done}); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package target
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ import (
 type winDigests struct {
 	srv   *Server
 	f     *os.File
+	work  *atomic.Uint64 // the session's work counter: progress.go
 	l     chunker.Layout
 	alg   chunker.Algorithm
 	dense bool // block device: no holes to look for
@@ -55,7 +57,7 @@ type winDigests struct {
 // newWinDigests starts hashing f's first window.
 func (ss *session) newWinDigests(f *os.File, l chunker.Layout, alg chunker.Algorithm, dense bool) *winDigests {
 	per := max(1, int(ss.srv.cfg.MaxWindow/uint64(l.ChunkSize)))
-	wd := &winDigests{srv: ss.srv, f: f, l: l, alg: alg, dense: dense, per: per,
+	wd := &winDigests{srv: ss.srv, f: f, work: &ss.work, l: l, alg: alg, dense: dense, per: per,
 		done: make(chan struct{}), changed: make(chan struct{}), want: -1, wins: map[int][]byte{}}
 	if fi, err := f.Stat(); err == nil {
 		if k, err := chunker.KeyOf(fi, l, alg); err == nil {
@@ -76,6 +78,9 @@ func (ss *session) newWinDigests(f *os.File, l chunker.Layout, alg chunker.Algor
 }
 
 // windows is how many windows the file has.
+// reader is wd.f, its reads counted as the session's progress.
+func (wd *winDigests) reader() io.ReaderAt { return progressReader{r: wd.f, n: wd.work} }
+
 func (wd *winDigests) windows() int { return (wd.l.Chunks() + wd.per - 1) / wd.per }
 
 // digestWindowBytes bounds the digests a winDigests holds, for
@@ -191,7 +196,7 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 		}
 		return h
 	}
-	b, err := chunker.HashRange(ctx, wd.f, wd.l, first, end, wd.alg, wd.srv.cfg.Cache.Workers(), counted)
+	b, err := chunker.HashRange(ctx, wd.reader(), wd.l, first, end, wd.alg, wd.srv.cfg.Cache.Workers(), counted)
 	if err != nil {
 		return nil, fmt.Errorf("hashing %s: %w", wd.f.Name(), err)
 	}
@@ -358,7 +363,7 @@ func (wd *winDigests) fileDigest(ctx context.Context) []byte {
 // or stored for the chunk was wrong (or can't be told: none is held any
 // longer); then the file digest Close would send can't be vouched for.
 func (wd *winDigests) suspect(ctx context.Context, i int) (fresh []byte, stale bool, err error) {
-	fresh, err = chunker.HashRange(ctx, wd.f, wd.l, i, i+1, wd.alg, 1, nil)
+	fresh, err = chunker.HashRange(ctx, wd.reader(), wd.l, i, i+1, wd.alg, 1, nil)
 	if err != nil {
 		return nil, false, fmt.Errorf("hashing %s: %w", wd.f.Name(), err)
 	}

@@ -313,6 +313,7 @@ func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.
 				pf := out(p.idx)
 				data := buf[pf.Offset : pf.Offset+uint64(p.size)]
 				err := readFull(p.fd, data)
+				ss.work.Add(uint64(len(data)))
 				var st unix.Stat_t
 				serr := unix.Fstat(p.fd, &st)
 				switch {

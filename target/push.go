@@ -459,6 +459,7 @@ func (pw *pushWindow) land(ss *session, sl int) *protocol.Error {
 	if _, err := p.f.WriteAt(data, s.off); err != nil {
 		return writeError(p, "writing", err)
 	}
+	ss.work.Add(uint64(s.n)) // read from the initiator and written: progress.go
 	p.landed += int64(s.n)
 	pw.free = append(pw.free, sl)
 	pw.done++

@@ -67,7 +67,9 @@ type session struct {
 	frozen  bool
 	closing bool
 
-	hmu        sync.Mutex // held while a request is served, and to revoke
+	hmu sync.Mutex // held while a request is served, and to revoke
+	// work counts what the session's serving code has done (progress.go).
+	work       atomic.Uint64
 	handles    map[uint32]*handle
 	nextHandle uint32
 	nextWindow uint32
@@ -260,7 +262,7 @@ var replyHook atomic.Pointer[func(req, reply protocol.Message) protocol.Message]
 // answer serves one request and sends its reply, with Working meanwhile
 // (a request that waits for hmu is being served too).
 func (ss *session) answer(ctx context.Context, m protocol.Message) error {
-	stop := ss.keepAlive(ctx, m.ID())
+	stop := ss.keepAlive(ctx, m.ID(), ss.work.Load())
 	ss.hmu.Lock()
 	reply := ss.serve(ctx, m)
 	ss.noteReply(m, reply)
@@ -278,7 +280,9 @@ func (ss *session) answer(ctx context.Context, m protocol.Message) error {
 // initiator that understands it, until the returned stop is called. stop
 // returns once no Working is being sent, so that none follows the reply.
 // A Working that fails is not retried: the reply's send will fail too.
-func (ss *session) keepAlive(ctx context.Context, id uint32) (stop func()) {
+// Each carries the work done since the request began (the session's
+// work counter less base): progress.go.
+func (ss *session) keepAlive(ctx context.Context, id uint32, base uint64) (stop func()) {
 	if !ss.working {
 		return func() {}
 	}
@@ -290,7 +294,7 @@ func (ss *session) keepAlive(ctx context.Context, id uint32) (stop func()) {
 	t = time.AfterFunc(protocol.WorkingInterval, func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if !stopped && ss.ch.Send(ctx, &protocol.Working{RequestID: id}) == nil {
+		if !stopped && ss.ch.Send(ctx, &protocol.Working{RequestID: id, Progress: ss.work.Load() - base}) == nil {
 			t.Reset(protocol.WorkingInterval)
 		}
 	})

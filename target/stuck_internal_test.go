@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -568,16 +569,37 @@ func TestWorkingWhileServing(t *testing.T) {
 }
 
 // A Call whose timeout is shorter than the time the target takes
-// succeeds, kept alive by Working.
+// succeeds, kept going by Working whose Progress grows with the work
+// done meanwhile; with the same wait and no work done, Working keeps
+// coming but the call fails after its timeout: the target is stuck.
 func TestWorkingKeepsCallWithinTimeout(t *testing.T) {
 	tt := startTarget(t, Config{}, 4096)
 	p := dialPeer(t, tt.addr, protocol.ClientString("rdmacp", protocol.FeatureWorking), 1)
 	p.ch.SetTimeout(1500 * time.Millisecond)
 	ss := tt.session(t)
 	ss.hmu.Lock()
-	time.AfterFunc(3500*time.Millisecond, ss.hmu.Unlock)
+	tick := time.NewTicker(300 * time.Millisecond)
+	go func() {
+		for range tick.C {
+			ss.work.Add(4096) // the holder works: as a hash read would count
+		}
+	}()
+	time.AfterFunc(3500*time.Millisecond, func() { tick.Stop(); ss.hmu.Unlock() })
 	if _, ok := p.call(&protocol.Stat{Path: "data/f"}).(*protocol.StatReply); !ok {
 		t.Fatal("no StatReply")
+	}
+
+	ss.hmu.Lock()
+	time.AfterFunc(3500*time.Millisecond, ss.hmu.Unlock)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := p.ch.Call(ctx, &protocol.Stat{Path: "data/f"})
+	if !errors.Is(err, protocol.ErrNoProgress) {
+		t.Fatalf("a call to a stuck target: %v, want ErrNoProgress", err)
+	}
+	if took := time.Since(start); took < 1500*time.Millisecond || took > 3*time.Second {
+		t.Errorf("failed after %v, want about 1.5s", took)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -31,10 +32,11 @@ type walker struct {
 	packMax int64
 	shardI  uint32
 	shardN  uint32
-	dirs    uint32      // directory entries made so far
-	stack   []*walkDir  // the walk's path, from its root
-	held    []walkEntry // made but not yet sent
-	buf     []byte      // for getdents
+	dirs    uint32         // directory entries made so far
+	stack   []*walkDir     // the walk's path, from its root
+	held    []walkEntry    // made but not yet sent
+	buf     []byte         // for getdents
+	work    *atomic.Uint64 // the session's work counter: entries read (progress.go)
 	// meta sets an entry's Meta from name in directory dirfd, for an
 	// initiator that asked for it (nil: none did).
 	meta func(e *protocol.Entry, dirfd int, name string)
@@ -272,6 +274,9 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 		}
 		we := plain(d, statEntry(name, &st))
 		ents, err := readDir(fd, w.buf)
+		if w.work != nil {
+			w.work.Add(uint64(len(ents)) + 1)
+		}
 		if err != nil {
 			unix.Close(fd)
 			we.e.Code, we.e.Message = fsCode(path.Join(d.wrel, name), &fs.PathError{Op: "readdir", Path: name, Err: err})
@@ -461,6 +466,7 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 	if err != nil {
 		return fsError(m.Path, err)
 	}
+	w.work = &ss.work
 	if ss.want != 0 {
 		w.meta = func(e *protocol.Entry, dirfd int, name string) {
 			ss.withMeta(e, func() *protocol.Meta { return ss.metaAt(dirfd, name) })

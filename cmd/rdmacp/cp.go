@@ -79,6 +79,8 @@ type summaryLine struct {
 	Recoveries int `json:"recoveries"`
 	// Rails are the paths the data QPs took and the bytes each carried.
 	Rails []initiator.Rail `json:"rails,omitempty"`
+	// RailsSkipped are the target's rail addresses not dialled, and why.
+	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
 }
 
 type errorLine struct {
@@ -201,7 +203,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
 			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
-			Recoveries: recoveriesOf(c).Count(), Rails: s.Rails()})
+			Recoveries: recoveriesOf(c).Count(), Rails: s.Rails(), RailsSkipped: s.SkippedRails()})
 	}
 	if quiet {
 		return nil

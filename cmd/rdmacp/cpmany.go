@@ -129,6 +129,8 @@ type manySummary struct {
 	// Recoveries: data QPs replaced and sessions re-established.
 	Recoveries int              `json:"recoveries"`
 	Rails      []initiator.Rail `json:"rails,omitempty"` // see rails.go
+	// RailsSkipped are the target's rail addresses not dialled, and why.
+	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
 }
 
 // tally counts a many-file copy's outcomes and prints them.
@@ -296,7 +298,7 @@ func (t *tally) finish(s *initiator.Session, fatal error) error {
 	t.sum.MBps = float64(t.sum.Bytes) / 1e6 / max(secs, 1e-9)
 	t.sum.Transport, t.sum.QPs, t.sum.Depth = s.Transport(), s.DataQPs(), s.ReadsPerQP()
 	t.sum.Recoveries = recoveriesOf(t.c).Count()
-	t.sum.Rails = s.Rails()
+	t.sum.Rails, t.sum.RailsSkipped = s.Rails(), s.SkippedRails()
 	t.repeated()
 	var err error
 	switch {

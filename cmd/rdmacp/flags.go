@@ -20,6 +20,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: initiator.Defaults().Retries, Usage: "times a chunk that fails its digest is read again (0: never)"},
 		bindFlag(),
+		allowRailFlag(),
 		secretFlag(),
 		identityFlag(),
 	}, timeoutFlags()...)

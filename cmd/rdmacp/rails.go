@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -19,6 +21,13 @@ import (
 
 func bindFlag() cli.Flag {
 	return &cli.StringSliceFlag{Name: "bind", Usage: "local IP addresses to connect from, one rail each (comma-separated or repeated): the data QPs spread over them"}
+}
+
+// allowRailFlag is --allow-rail: networks whose addresses the initiator
+// dials when the target names them as rails, besides the target's host
+// and the local subnets (initiator/railcheck.go).
+func allowRailFlag() cli.Flag {
+	return &cli.StringSliceFlag{Name: "allow-rail", Usage: "a network (`CIDR`, repeatable) whose addresses may be dialled as the target's rails, besides the target's host and the local interfaces' subnets"}
 }
 
 // railsConfig reads --bind. (A -d list, the other way to rails, is
@@ -36,6 +45,18 @@ func railsConfig(c *cli.Context, cfg *initiator.Config) error {
 	}
 	if err := initiator.ValidateBind(cfg.Bind); err != nil {
 		return usageError{err}
+	}
+	for _, v := range c.StringSlice("allow-rail") {
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a == "" {
+				continue
+			}
+			p, err := netip.ParsePrefix(a)
+			if err != nil {
+				return usagef("--allow-rail %q: want a network as CIDR, such as 10.1.2.0/24 or 203.0.113.9/32", a)
+			}
+			cfg.AllowRails = append(cfg.AllowRails, p.Masked())
+		}
 	}
 	return nil
 }
@@ -129,6 +150,18 @@ func warnRails(w io.Writer, rails []initiator.Rail) {
 			fmt.Fprintf(w, "rdmacp: warning: rail %s down, its data QPs went to the others: %s\n", railName(r), r.Down)
 		}
 	}
+}
+
+// warnSkippedRails says once which of the target's rail addresses the
+// session did not dial, and how to allow them.
+func warnSkippedRails(w io.Writer, skipped []initiator.SkippedRail) {
+	for _, r := range skipped {
+		fmt.Fprintf(w, "rdmacp: warning: %s\n", skippedRailText(r))
+	}
+}
+
+func skippedRailText(r initiator.SkippedRail) string {
+	return fmt.Sprintf("rails: skipped %s: %s; allow it with --allow-rail CIDR", escape.String(r.Remote), r.Why)
 }
 
 func railName(r initiator.Rail) string { return initiator.RailName(r.Device, r.Local, r.Remote) }

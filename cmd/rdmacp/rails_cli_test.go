@@ -178,3 +178,20 @@ func TestCpRailDownWarns(t *testing.T) {
 		t.Errorf("cp with no rail that works: exit %d: %s", code, errb)
 	}
 }
+
+// A skipped rail is said once, with the flag that allows it, and a
+// name from the target is escaped; --allow-rail takes only CIDRs.
+func TestSkippedRailWarning(t *testing.T) {
+	var b bytes.Buffer
+	warnSkippedRails(&b, []initiator.SkippedRail{{Remote: "203.0.113.9:7362", Why: "not the target's host nor on a local subnet"}})
+	want := "rdmacp: warning: rails: skipped 203.0.113.9:7362: not the target's host nor on a local subnet; allow it with --allow-rail CIDR\n"
+	if b.String() != want {
+		t.Errorf("got %q, want %q", b.String(), want)
+	}
+	for _, bad := range []string{"203.0.113.9", "eth0", "10.0.0.0/33"} {
+		_, errb, code := run(t, "cp", "--allow-rail", bad, "127.0.0.1:1:/data/f", "/tmp/x")
+		if code != 2 || !strings.Contains(errb, "--allow-rail") {
+			t.Errorf("--allow-rail %s: exit %d, want 2 (usage): %s", bad, code, errb)
+		}
+	}
+}

@@ -140,7 +140,11 @@ type summary struct {
 		QPs                 int
 		Bytes               int64
 	} `json:"rails"`
-	Status string `json:"status"`
+	Status       string `json:"status"`
+	RailsSkipped []struct {
+		Remote, Why string
+	} `json:"rails_skipped"`
+	stderr string
 }
 
 // cp runs cp --json in namespace i; during, if set, is called once the
@@ -182,6 +186,7 @@ func (l *lab) cp(t *testing.T, timeout time.Duration, during func(), args ...str
 		t.Fatalf("cp %v: no summary: %s", args, stderr.String())
 	}
 	t.Logf("cp: %.1f MB/s, rails %+v; stderr: %s", sum.MBps, sum.Rails, strings.TrimSpace(stderr.String()))
+	sum.stderr = stderr.String()
 	return sum
 }
 
@@ -306,5 +311,46 @@ func TestRailDownMidCopy(t *testing.T) {
 	}
 	if sum.Rails[1].Bytes == 0 {
 		t.Errorf("rail 2 carried nothing before it went down: the fault came too late to test failover")
+	}
+}
+
+// TestForeignRailNotDialled: a target that names a rail on no subnet of
+// the initiator's (10.88.9.1, on an interface of the target's that the
+// initiator reaches only through a route via rail 1) has it skipped: cp
+// copies byte-exact over the control host's rail, the summary lists no
+// rail to it (not even one down: it was never dialled) and says it
+// skipped it; --allow-rail 10.88.9.0/24 lets cp use it, so it was
+// reachable, and the check alone kept cp off it.
+func TestForeignRailNotDialled(t *testing.T) {
+	l := newLab(t, "1gbit")
+	// A veth pair inside t stands in for a NIC of the target's (this
+	// kernel may have no dummy interfaces).
+	l.Must("ip", "-n", l.t, "link", "add", "rx9", "type", "veth", "peer", "name", "rx9b")
+	l.Must("ip", "-n", l.t, "addr", "add", "10.88.9.1/24", "dev", "rx9")
+	l.Must("ip", "-n", l.t, "link", "set", "rx9", "up")
+	l.Must("ip", "-n", l.t, "link", "set", "rx9b", "up")
+	l.Must("ip", "-n", l.i, "route", "add", "10.88.9.0/24", "via", l.tgt[0].IP())
+	dir := t.TempDir()
+	dense(t, filepath.Join(dir, "f"), 16<<20)
+	want, _ := os.ReadFile(filepath.Join(dir, "f"))
+	addr := l.serveArgs(t, dir, l.tgt[0].IP()+":7365", "10.88.9.1:7365")
+	dst := filepath.Join(t.TempDir(), "f")
+	sum := l.cp(t, time.Minute, nil, addr+":data/f", dst)
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+		t.Error("copy differs")
+	}
+	if len(sum.Rails) != 1 || sum.Rails[0].Remote != addr {
+		t.Errorf("rails %+v, want only %s", sum.Rails, addr)
+	}
+	if len(sum.RailsSkipped) != 1 || sum.RailsSkipped[0].Remote != "10.88.9.1:7365" {
+		t.Errorf("rails_skipped %+v, want 10.88.9.1:7365", sum.RailsSkipped)
+	}
+	msg := "rails: skipped 10.88.9.1:7365: not the target's host nor on a local subnet; allow it with --allow-rail CIDR"
+	if strings.Count(sum.stderr, msg) != 1 {
+		t.Errorf("stderr %q, want %q once", sum.stderr, msg)
+	}
+	sum = l.cp(t, time.Minute, nil, "--allow-rail", "10.88.9.0/24", addr+":data/f", dst+"2")
+	if len(sum.Rails) != 2 || sum.Rails[1].Remote != "10.88.9.1:7365" || sum.Rails[1].Bytes == 0 || len(sum.RailsSkipped) != 0 {
+		t.Errorf("allowed: rails %+v, skipped %+v, want both rails carrying", sum.Rails, sum.RailsSkipped)
 	}
 }
