@@ -31,7 +31,7 @@ go build -o "$work/linkemu" ./test/linkemu
 go build -o "$work/compete" ./test/longlink/compete
 mkdir -p "$work/src"
 { yes rdmacp || true; } | head -c "$size" >"$work/src/f" # data, not holes: a target sends no holes
-head -c 32 /dev/urandom | base64 >"$work/secret"
+(umask 077; head -c 32 /dev/urandom | base64 >"$work/secret")
 chmod 0600 "$work/secret"
 
 # one DELAY_MS: prints the copy's MB/s and its settled RTT / in-flight

@@ -54,7 +54,7 @@ KERNEL=${RXE_KERNEL:-$(uname -r)}
 W=$(mktemp -d /tmp/rdmacp-e2e.XXXXXX)
 SRC=$W/src DST=$W/dst
 mkdir -p "$SRC" "$DST"
-echo "e2e-secret-$$-$RANDOM" >"$W/secret"
+(umask 077; echo "e2e-secret-$$-$RANDOM-$RANDOM" >"$W/secret") # serve refuses a secret others can read
 T=(--transport ibverbs -d "$RXE_DEV" --secret-file "$W/secret")
 REMOTE=$RXE_ADDR:$PORT
 

@@ -48,7 +48,7 @@ head -c 0 /dev/zero >"$SRC/empty"
 printf 'x' >"$SRC/one"
 head -c 9441281 /dev/urandom >"$SRC/odd" # 9 MiB + 4097: 3 chunks of 4 MiB, the last partial
 head -c $((BIG_MIB << 20)) /dev/urandom >"$SRC/big"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$W/secret"
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$W/secret") # serve refuses a secret others can read
 
 # ------------------------------------------------------------ capture
 PCAP=$W/interop.pcapng CAP=

@@ -18,7 +18,7 @@ set -u
 RDMACP=${RDMACP:-/run/rxe-job/bin/rdmacp}
 fail=0
 W=$(mktemp -d /tmp/rdmacp-rails.XXXXXX)
-echo "rails-secret-$$" >"$W/secret"
+(umask 077; echo "rails-secret-$$-$RANDOM-$RANDOM" >"$W/secret") # serve refuses a secret others can read
 mkdir -p "$W/src" "$W/dst"
 head -c $((64 << 20)) /dev/urandom >"$W/src/f"
 ADDR2=198.51.100.2
