@@ -652,7 +652,21 @@ func waitPersistable(ctx context.Context, k Key) error {
 	if wait > k.racy()+100*time.Millisecond {
 		return ErrTooRecent // changed in the future, by its times
 	}
-	t := time.NewTimer(wait)
+	return sleep(ctx, wait)
+}
+
+// Settle waits SettleDelay(k, now), if waiting is worth it, or until ctx
+// ends: the target calls it before hashing a window.
+func Settle(ctx context.Context, k Key) error {
+	if d, ok := SettleDelay(k, time.Now()); ok && d > 0 {
+		return sleep(ctx, d)
+	}
+	return nil
+}
+
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

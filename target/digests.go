@@ -208,23 +208,12 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 }
 
 // settle waits out the racy window of a file changed a moment ago, so
-// that what compute hashes is saved (chunker.SettleDelay).
+// that what compute hashes is saved (chunker.Settle).
 func (wd *winDigests) settle(ctx context.Context) error {
 	if !wd.keyed || wd.srv.cfg.Digests == nil {
 		return nil
 	}
-	d, ok := chunker.SettleDelay(wd.key, time.Now())
-	if !ok || d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return chunker.Settle(ctx, wd.key)
 }
 
 // stored looks chunks [first, end) up in the in-memory cache (a whole
