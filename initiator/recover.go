@@ -73,13 +73,9 @@ func (s *Session) dialBusy(ctx context.Context) error {
 		}
 		s.cfg.Logger.Debug("target busy: dialing again", "attempt", attempt, "wait", wait, "err", err)
 		s.teardown()
-		t0 = time.Now()
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := s.pause(ctx, wait); err != nil {
+			return err
 		}
-		s.spent += time.Since(t0)
 		backoff = min(2*backoff, busyBackoffMax)
 	}
 }
@@ -186,14 +182,25 @@ func (s *Session) reconnect(ctx context.Context, cause error) error {
 		wait := min(backoff, s.cfg.RetryFor-s.spent)
 		backoff = min(2*backoff, reconnectBackoffMax)
 		if wait > 0 {
-			t0 = time.Now()
-			select {
-			case <-time.After(wait):
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := s.pause(ctx, wait); err != nil {
+				return err
 			}
-			s.spent += time.Since(t0)
 		}
+	}
+}
+
+// pause waits between tries (dialBusy's, reconnect's), counting the wait
+// against the retry budget, or until ctx ends.
+func (s *Session) pause(ctx context.Context, wait time.Duration) error {
+	t0 := time.Now()
+	defer func() { s.spent += time.Since(t0) }()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -138,7 +138,8 @@ func (s *Server) newSession(ctx context.Context, req verbs.ConnRequest, log *slo
 		srv: s, log: log, token: protocol.NewSession(), pd: pd, addr: peerAddr(req.RemoteAddr()), dev: dev,
 		mws:     dev.Caps().MemoryWindows,
 		handles: map[uint32]*handle{}, nextHandle: 1, nextWindow: 1,
-		stop: make(chan struct{}),
+		stop:     make(chan struct{}),
+		suspects: rateBudget{rate: float64(s.cfg.SuspectRate), burst: 2 * float64(s.cfg.SuspectRate)},
 	}
 	fail := func(err error) (*session, error) {
 		ss.release()

@@ -29,8 +29,6 @@ func (ss *session) suspect(ctx context.Context, m *protocol.Suspect) protocol.Me
 	if int64(m.Chunk) >= int64(h.layout.Chunks()) {
 		return errf(protocol.CodeBadRequest, "chunk %d of %d", m.Chunk, h.layout.Chunks())
 	}
-	rate := float64(ss.srv.cfg.SuspectRate)
-	ss.suspects.rate, ss.suspects.burst = rate, 2*rate
 	_, n := h.layout.Chunk(int(m.Chunk))
 	if !ss.suspects.take(time.Now(), float64(max(n, suspectMinCost))) {
 		ss.srv.met.suspects.WithLabelValues("refused").Inc()
