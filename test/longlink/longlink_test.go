@@ -261,15 +261,15 @@ func TestCompetingFlow(t *testing.T) {
 	l.serve(b, dir, secret, serveFlags...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var got bytes.Buffer
+	var got, recvErr, sendErr syncBuffer
 	recv := l.in(ctx, "a", b.compete, "recv", "-listen", "10.77.0.1:9100")
-	recv.Stdout = &got
+	recv.Stdout, recv.Stderr = &got, &recvErr
 	if err := recv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { waitFor(recv, 0) })
-	time.Sleep(200 * time.Millisecond)
 	send := l.in(ctx, "b", b.compete, "send", "-connect", "10.77.0.1:9100", "-rate", fmt.Sprint(competeMBps), "-duration", "10m")
+	send.Stderr = &sendErr
 	if err := send.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -282,14 +282,16 @@ func TestCompetingFlow(t *testing.T) {
 	waitFor(recv, 5*time.Second)
 	recv = nil
 	var r struct{ Bytes int64 }
-	json.Unmarshal(got.Bytes(), &r)
+	if err := json.Unmarshal(got.Bytes(), &r); err != nil {
+		t.Fatalf("the competitor's receiver printed %q (%v); its stderr: %q; the sender's: %q", got.String(), err, recvErr.String(), sendErr.String())
+	}
 	t.Logf("no delay, alone: %.1f MB/s; 200 ms RTT with a %.0f MB/s competitor: %.1f MB/s (ratio %.2f); the competitor moved %d bytes in %.1f s",
 		near, competeMBps, far, far/near, r.Bytes, secs+1)
 	// That the competitor ran, not that it got its share: at 200 ms RTT
 	// one TCP flow against the copy's 16 QPs got 1.1 to 2.4 of its 10
 	// MB/s in quiet-host runs (a fairness gap the closing note reports).
 	if float64(r.Bytes) < 0.02*competeMBps*1e6*secs {
-		t.Errorf("the competing flow moved only %d bytes in %.1f s: it was not competing", r.Bytes, secs)
+		t.Errorf("the competing flow moved only %d bytes in %.1f s: it was not competing (the sender's stderr: %q)", r.Bytes, secs, sendErr.String())
 	}
 	if far < ratioBound()*near {
 		t.Errorf("200 ms RTT with a competing flow: %.1f MB/s, %.2fx the %.1f MB/s alone with no delay; want at least %.2fx", far, far/near, near, ratioBound())
@@ -310,3 +312,24 @@ func waitFor(cmd *exec.Cmd, d time.Duration) {
 		<-done
 	}
 }
+
+// syncBuffer is a bytes.Buffer that a command's output copier and the
+// test may touch at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]byte(nil), s.b.Bytes()...)
+}
+
+func (s *syncBuffer) String() string { return string(s.Bytes()) }

@@ -48,6 +48,7 @@ func recv(addr string) error {
 	if err != nil {
 		return err
 	}
+	fmt.Fprintln(os.Stderr, "compete: listening on", addr)
 	c, err := l.Accept()
 	if err != nil {
 		return err
@@ -57,8 +58,22 @@ func recv(addr string) error {
 	return err
 }
 
+// dial connects to addr, trying again while it is refused: the receiver
+// is started just before the sender, and on a loaded host it may not be
+// listening yet (a CI run lost its competitor that way).
+func dial(addr string, bound time.Duration) (net.Conn, error) {
+	end := time.Now().Add(bound)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Until(end))
+		if err == nil || time.Now().After(end) {
+			return c, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func send(addr string, rate float64, dur time.Duration) error {
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	c, err := dial(addr, 10*time.Second)
 	if err != nil {
 		return err
 	}
