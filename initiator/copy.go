@@ -881,7 +881,7 @@ func (f *fetch) run() (err error) {
 	if err := f.setup(); err != nil {
 		return err
 	}
-	defer f.teardown()
+	defer func() { f.teardown(err == nil) }()
 	ctx, cancel := context.WithCancel(f.ctx)
 	eng, err := f.s.engine(ctx, reads.Config{
 		GroupDone: func(g *reads.Group) { f.completed(f.slots[g.Tag]) },

@@ -46,7 +46,15 @@ func (f *fetch) setupLanding(slots int, pins bool, reg func([]byte) (verbs.MR, e
 	return nil
 }
 
+// setupStaging takes n bytes of staging from the session's pool, or
+// maps and registers them.
 func (f *fetch) setupStaging(n int, reg func([]byte) (verbs.MR, error)) error {
+	if f.s != nil {
+		if st := f.s.staging.get(n); st != nil {
+			f.stage, f.mr = st.buf, st.mr
+			return nil
+		}
+	}
 	var err error
 	if f.stage, err = verbs.AllocBuffer(n); err != nil {
 		return err
@@ -59,12 +67,19 @@ func (f *fetch) setupStaging(n int, reg func([]byte) (verbs.MR, error)) error {
 	return nil
 }
 
-func (f *fetch) teardown() {
+// teardown gives back the landing memory: staging to the session's pool
+// when the fetch ended cleanly (every READ completed, none can land
+// later), else unregistered and unmapped.
+func (f *fetch) teardown(clean bool) {
 	// The engine has drained or failed the QPs of any READ still out;
 	// the MR's Close waits for a placement still under way.
 	if f.fmap != nil {
 		f.fmap.close()
 		f.fmap = nil
+	}
+	if f.stage != nil && clean && f.s != nil {
+		f.s.staging.put(&staging{buf: f.stage, mr: f.mr})
+		f.stage, f.mr = nil, nil
 	}
 	if f.mr != nil {
 		f.mr.Close()

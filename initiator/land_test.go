@@ -71,7 +71,7 @@ func newLandRigOn(tb testing.TB, dir string, src []byte, chunk int64, slots int,
 		tb.Fatalf("mapped landing %v, want %v", f.fmap != nil, mapped)
 	}
 	r := &landRig{f: f, file: file, src: src}
-	tb.Cleanup(func() { f.teardown(); file.Close() })
+	tb.Cleanup(func() { f.teardown(false); file.Close() })
 	return r
 }
 
@@ -238,7 +238,7 @@ func BenchmarkLandingPath(b *testing.B) {
 				c0 := procCPU()
 				r := newLandRig(b, dir, src, chunk, slots, mapped)
 				r.land(b, &w, nil)
-				r.f.teardown()
+				r.f.teardown(false)
 				if err := r.file.Sync(); err != nil {
 					b.Fatal(err)
 				}

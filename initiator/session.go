@@ -201,18 +201,19 @@ var (
 
 // Session is an open session to a target.
 type Session struct {
-	cfg    Config
-	addr   string
-	pd     verbs.PD
-	ch     *protocol.Channel
-	ch0    *protocol.Challenge
-	qps    *reads.Set // the data QPs, by slot
-	nqps   int        // slots
-	info   verbs.ConnInfo
-	dataCQ verbs.CQ
-	rcq    verbs.CQ
-	more   []devRes // the more devices' PDs and CQs: devices.go
-	reads  int      // READs in flight per data QP
+	cfg     Config
+	staging stagingPool // staging of finished pulls, for the next (staging.go)
+	addr    string
+	pd      verbs.PD
+	ch      *protocol.Channel
+	ch0     *protocol.Challenge
+	qps     *reads.Set // the data QPs, by slot
+	nqps    int        // slots
+	info    verbs.ConnInfo
+	dataCQ  verbs.CQ
+	rcq     verbs.CQ
+	more    []devRes // the more devices' PDs and CQs: devices.go
+	reads   int      // READs in flight per data QP
 	// rails are the paths the data QPs take, and slotRail each slot's
 	// rail (an index into rails): see rails.go.
 	rails        []*rail
@@ -682,6 +683,7 @@ func (s *Session) teardown() {
 		s.qps = nil
 	}
 	s.freePackSink()
+	s.staging.drain()
 	if s.ch != nil {
 		s.ch.Close()
 		s.ch = nil
