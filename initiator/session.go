@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -593,6 +594,22 @@ func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error)
 		return protocol.Entry{}, unexpected(m)
 	}
 	return r.Entry, nil
+}
+
+// Ls lists path as ls(1) does: a directory's entries, or a file's own
+// entry, named by the path's last element.
+func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
+	ents, err := s.List(ctx, p)
+	var pe *protocol.Error
+	if err == nil || !errors.As(err, &pe) || pe.Code != protocol.CodeNotDir {
+		return ents, err
+	}
+	e, serr := s.Stat(ctx, p)
+	if serr != nil || e.Type == protocol.FileDir {
+		return nil, err // a directory a moment ago, or gone: List's error says what
+	}
+	e.Name = path.Base(p)
+	return []protocol.Entry{e}, nil
 }
 
 // List returns a directory's entries; path "" lists the exports.

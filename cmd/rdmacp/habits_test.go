@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -318,5 +319,37 @@ func TestBundledArchiveDryRun(t *testing.T) {
 	}
 	if _, err := os.Lstat(dst); err == nil {
 		t.Error("-avn made the destination")
+	}
+}
+
+// TestLsLongLikeLs: ls -l's first column is ls(1)'s (one type character,
+// setuid/setgid/sticky in the execute places), and ls -l of a file lists
+// that file, as ls and rsync do.
+func TestLsLongLikeLs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for name, mode := range map[string]os.FileMode{"plain": 0o644, "suid": 0o755 | os.ModeSetuid, "sgid-noexec": 0o640 | os.ModeSetgid} {
+		writeFile(t, filepath.Join(dir, name), 10)
+		if err := os.Chmod(filepath.Join(dir, name), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sticky"), 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(dir, "sticky"), 0o777|os.ModeSticky)
+	s := serve(t, dir, nil)
+	out, errs, code := hrun(t, "ls", "-l", "-q", s.addr+":data")
+	if code != 0 {
+		t.Fatalf("ls -l: exit %d: %s", code, errs)
+	}
+	for name, want := range map[string]string{"plain": "-rw-r--r--", "suid": "-rwsr-xr-x", "sgid-noexec": "-rw-r-S---", "sticky": "drwxrwxrwt"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + ` .* ` + name + `$`).MatchString(out) {
+			t.Errorf("ls -l: no line %q ... %s in:\n%s", want, name, out)
+		}
+	}
+	out, errs, code = hrun(t, "ls", "-l", "-q", s.addr+":data/suid")
+	if code != 0 || !regexp.MustCompile(`^-rwsr-xr-x +10 \S+ suid\n$`).MatchString(out) {
+		t.Errorf("ls -l of a file: exit %d, %q, %s", code, out, errs)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"time"
 	"unicode/utf8"
 
@@ -65,14 +64,13 @@ func runLs(c *cli.Context) error {
 		return err
 	}
 	defer closeSession()
-	ents, err := s.List(c.Context, r.path)
+	ents, err := s.Ls(c.Context, r.path)
 	if err != nil {
 		return err
 	}
 	out := c.App.Writer
 	enc := json.NewEncoder(out)
 	for _, e := range ents {
-		mode := fs.FileMode(e.Mode & 0o777)
 		mt := time.Unix(0, e.MtimeNs).UTC().Format(time.RFC3339)
 		switch {
 		case c.Bool("json"):
@@ -83,7 +81,7 @@ func runLs(c *cli.Context) error {
 			if e.Type == protocol.FileSymlink {
 				name += " -> " + escape.String(e.Target)
 			}
-			fmt.Fprintf(out, "%c%s %12d %s %s\n", typeChar(e.Type), mode, e.Size, mt, name)
+			fmt.Fprintf(out, "%s %12d %s %s\n", modeString(e.Type, e.Mode), e.Size, mt, name)
 		default:
 			name := escape.String(e.Name)
 			if e.Type == protocol.FileDir {
@@ -95,18 +93,41 @@ func runLs(c *cli.Context) error {
 	return nil
 }
 
-func typeChar(t protocol.FileType) byte {
+// modeString is ls -l's first column: the type and the permission bits,
+// with setuid, setgid and sticky in the execute places (s, S, t, T).
+// Other files (FIFOs, sockets, character devices: protocol.FileOther)
+// show '?', as ls does for a type it can't name.
+func modeString(t protocol.FileType, mode uint32) string {
+	b := []byte("?rwxrwxrwx")
 	switch t {
 	case protocol.FileDir:
-		return 'd'
+		b[0] = 'd'
 	case protocol.FileSymlink:
-		return 'l'
+		b[0] = 'l'
 	case protocol.FileBlockDev:
-		return 'b'
+		b[0] = 'b'
 	case protocol.FileRegular:
-		return '-'
+		b[0] = '-'
 	}
-	return '?'
+	for i := range 9 {
+		if mode&(1<<(8-i)) == 0 {
+			b[1+i] = '-'
+		}
+	}
+	special := func(bit uint32, at int, set byte) {
+		if mode&bit == 0 {
+			return
+		}
+		if b[at] == 'x' {
+			b[at] = set
+		} else {
+			b[at] = set - 'a' + 'A'
+		}
+	}
+	special(0o4000, 3, 's')
+	special(0o2000, 6, 's')
+	special(0o1000, 9, 't')
+	return string(b)
 }
 
 // lossless is s as escape.String writes it when s is not valid UTF-8,
