@@ -102,6 +102,9 @@ func bashCompletion(app *cli.App) string {
 	fmt.Fprintf(&b, "  if [[ $COMP_CWORD -eq 1 ]]; then\n    COMPREPLY=($(compgen -W %q -- \"$cur\"))\n    return\n  fi\n", strings.Join(names, " "))
 	fmt.Fprintf(&b, "  local flags=\n  case $cmd in\n")
 	for _, c := range visibleCommands(app) {
+		if c.Name == "help" {
+			continue // its case below completes command names; bash takes the first match
+		}
 		fmt.Fprintf(&b, "    %s) flags=%q ;;\n", strings.Join(c.Names(), "|"), strings.Join(flagWords(c), " "))
 	}
 	fmt.Fprintf(&b, "    help) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", strings.Join(names, " "))

@@ -104,7 +104,7 @@ func runCp(c *cli.Context) error {
 		}
 		err = copyManifest(c, c.String("from"), c.App.Writer)
 	case c.NArg() != 2:
-		return usagef("cp wants SOURCE and DEST, got %d arguments", c.NArg())
+		return usagef("cp wants SOURCE and DEST, got %s", plural(c.NArg(), "argument"))
 	default:
 		err = copyOne(c, c.Args().Get(0), c.Args().Get(1), c.App.Writer)
 	}
@@ -303,7 +303,7 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 // recoveredText is ", N recoveries" when there were any.
 func recoveredText(c *cli.Context) string {
 	if n := recoveriesOf(c).Count(); n > 0 {
-		return fmt.Sprintf(", %d recoveries", n)
+		return ", " + plural(n, "recovery")
 	}
 	return ""
 }

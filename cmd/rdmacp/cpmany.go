@@ -359,9 +359,13 @@ func (t *tally) summary(secs float64) string {
 	return b.String()
 }
 
+// plural is "1 file", "2 files"; "1 recovery", "2 recoveries".
 func plural(n int, what string) string {
 	if n == 1 {
 		return "1 " + what
+	}
+	if w, ok := strings.CutSuffix(what, "y"); ok && !strings.HasSuffix(w, "a") && !strings.HasSuffix(w, "e") && !strings.HasSuffix(w, "o") {
+		return fmt.Sprintf("%d %sies", n, w)
 	}
 	return fmt.Sprintf("%d %ss", n, what)
 }

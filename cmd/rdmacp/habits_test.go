@@ -301,6 +301,14 @@ func TestCompletionAndMan(t *testing.T) {
 		if b, err := check.CombinedOutput(); err != nil {
 			t.Errorf("bash -n: %v: %s", err, b)
 		}
+		// rdmacp help s<TAB> completes command names, not files.
+		run := exec.Command("bash", "-c", script+`
+COMP_WORDS=(rdmacp help s); COMP_CWORD=2; _rdmacp; echo "${COMPREPLY[*]}"`)
+		run.Dir = t.TempDir()
+		os.WriteFile(filepath.Join(run.Dir, "somefile"), nil, 0o644)
+		if b, err := run.Output(); err != nil || strings.TrimSpace(string(b)) != "serve" {
+			t.Errorf("bash completion of 'rdmacp help s': %q (%v), want serve", b, err)
+		}
 	}
 }
 
@@ -351,5 +359,20 @@ func TestLsLongLikeLs(t *testing.T) {
 	out, errs, code = hrun(t, "ls", "-l", "-q", s.addr+":data/suid")
 	if code != 0 || !regexp.MustCompile(`^-rwsr-xr-x +10 \S+ suid\n$`).MatchString(out) {
 		t.Errorf("ls -l of a file: exit %d, %q, %s", code, out, errs)
+	}
+}
+
+func TestPlural(t *testing.T) {
+	for _, c := range []struct {
+		n          int
+		what, want string
+	}{{1, "recovery", "1 recovery"}, {2, "recovery", "2 recoveries"}, {0, "file", "0 files"}, {1, "argument", "1 argument"}, {3, "argument", "3 arguments"}, {2, "key", "2 keys"}} {
+		if got := plural(c.n, c.what); got != c.want {
+			t.Errorf("plural(%d, %q) = %q, want %q", c.n, c.what, got, c.want)
+		}
+	}
+	_, errs, code := hrun(t, "cp", "only-one")
+	if code != exitUsage || !strings.Contains(errs, "got 1 argument") || strings.Contains(errs, "1 arguments") {
+		t.Errorf("cp with one argument: exit %d, %q", code, errs)
 	}
 }
