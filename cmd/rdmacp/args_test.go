@@ -103,6 +103,19 @@ func TestParseRemoteRules(t *testing.T) {
 		{"host:data/a:b", "host:7362 data/a:b"},
 		{"10.0.0.1:", "10.0.0.1:7362 "},
 		{":data", "error empty host"},
+		// Old habits get a hint, not a puzzle.
+		{"host::module/f", "error rsync's daemon syntax; rdmacp's is HOST:EXPORT/PATH (host:module/f)"},
+		{"::1:data/f", "error in brackets: [::1]:data/f"},
+		{"fe80::1:data", "error in brackets: [fe80::1]:data"},
+		// The URL form.
+		{"rdmacp://host/data/dir/f", "host:7362 data/dir/f"},
+		{"rdmacp://host:9000/data/a%20b", "host:9000 data/a b"},
+		{"rdmacp://[::1]:99/data", "[::1]:99 data"},
+		{"rdmacp://host", "host:7362 "},
+		{"rdmacp://me@host/data", `error drop "me@"`},
+		{"rdmacp://host:0/data", "error bad port"},
+		{"rdmacp://host/data?x=1", "error a query"},
+		{"rdmacp:///data", "error empty host"},
 	} {
 		r, ok, err := parseRemote(tc.in)
 		got := "local"

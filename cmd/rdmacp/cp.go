@@ -104,7 +104,7 @@ func runCp(c *cli.Context) error {
 		}
 		err = copyManifest(c, c.String("from"), c.App.Writer)
 	case c.NArg() != 2:
-		return usagef("cp wants SOURCE and DEST, got %s", plural(c.NArg(), "argument"))
+		return usagef("cp wants SOURCE and DEST, got %s%s", plural(c.NArg(), "argument"), scpPortHint(c))
 	default:
 		err = copyOne(c, c.Args().Get(0), c.Args().Get(1), c.App.Writer)
 	}
@@ -298,6 +298,20 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), pushed: the target READ it over %d QPs, %s, %d chunk retries%s\n",
 		escape.String(srcArg), escape.String(dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), res.Digest, res.Retries, recoveredText(c))
 	return nil
+}
+
+// scpPortHint explains an extra all-digit operand after -P: scp's -P
+// PORT, which in rdmacp (as in rsync) is --partial --progress.
+func scpPortHint(c *cli.Context) string {
+	if !c.Bool("P") {
+		return ""
+	}
+	for _, a := range c.Args().Slice() {
+		if allDigits(a) {
+			return fmt.Sprintf(" (%s: -P is --partial --progress here, as in rsync; scp's -P PORT is HOST:%s:EXPORT/PATH)", a, a)
+		}
+	}
+	return ""
 }
 
 // recoveredText is ", N recoveries" when there were any.

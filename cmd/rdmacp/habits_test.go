@@ -376,3 +376,12 @@ func TestPlural(t *testing.T) {
 		t.Errorf("cp with one argument: exit %d, %q", code, errs)
 	}
 }
+
+// scp's -P PORT is rsync's -P (--progress) here: the stray port gets a hint.
+func TestScpPortHint(t *testing.T) {
+	t.Parallel()
+	_, errs, code := hrun(t, "cp", "-P", "21362", "host:data/f", t.TempDir())
+	if code != exitUsage || !strings.Contains(errs, "scp's -P PORT is HOST:21362:EXPORT/PATH") {
+		t.Errorf("cp -P 21362: exit %d, %q", code, errs)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -30,7 +31,15 @@ type remote struct {
 //     named 7362 is "host:7362/" or "host:PORT:7362".
 //  5. Otherwise the port is target.DefaultPort and the rest is the path,
 //     its leading and trailing slashes trimmed.
+//
+// An operand that starts with rdmacp:// is a URL (parseURL). Habits from
+// elsewhere get a hint instead of a puzzle: rsync's HOST::MODULE, an
+// IPv6 address without its brackets.
 func parseRemote(s string) (remote, bool, error) {
+	if strings.HasPrefix(s, urlScheme) {
+		r, err := parseURL(s)
+		return r, err == nil, err
+	}
 	host, rest, ok, err := splitHost(s)
 	if err != nil || !ok {
 		return remote{}, ok, err
@@ -38,8 +47,14 @@ func parseRemote(s string) (remote, bool, error) {
 	if err := noUser(s, host); err != nil {
 		return remote{}, false, err
 	}
+	if hint := bareIPv6(s); hint != "" {
+		return remote{}, false, fmt.Errorf("%q: an IPv6 address goes in brackets: %s", s, hint)
+	}
 	if host == "" {
 		return remote{}, false, fmt.Errorf("%q: empty host: want HOST[:PORT]:EXPORT/PATH", s)
+	}
+	if strings.HasPrefix(rest, ":") {
+		return remote{}, false, fmt.Errorf("%q: HOST::MODULE is rsync's daemon syntax; rdmacp's is HOST:EXPORT/PATH (%s:%s), or HOST:PORT:EXPORT/PATH", s, host, rest[1:])
 	}
 	port := target.DefaultPort
 	p, tail, hasPort := strings.Cut(rest, ":")
@@ -57,6 +72,51 @@ func parseRemote(s string) (remote, bool, error) {
 		port, rest = n, tail
 	}
 	return remote{addr: net.JoinHostPort(host, strconv.Itoa(port)), path: strings.Trim(rest, "/")}, true, nil
+}
+
+// urlScheme starts the URL form of an operand, for scripts:
+// rdmacp://HOST[:PORT]/EXPORT/PATH, with %XX escapes in the path.
+const urlScheme = "rdmacp://"
+
+func parseURL(s string) (remote, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return remote{}, fmt.Errorf("%q: %w", s, errors.Unwrap(err))
+	}
+	switch {
+	case u.User != nil:
+		return remote{}, fmt.Errorf("%q: drop %q: %w", s, u.User.String()+"@", errRemoteUser)
+	case u.Hostname() == "":
+		return remote{}, fmt.Errorf("%q: empty host: want rdmacp://HOST[:PORT]/EXPORT/PATH", s)
+	case u.RawQuery != "" || u.Fragment != "":
+		return remote{}, fmt.Errorf("%q: a query or fragment means nothing here: want rdmacp://HOST[:PORT]/EXPORT/PATH", s)
+	}
+	port := target.DefaultPort
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return remote{}, fmt.Errorf("%q: bad port %q: want 1..65535", s, p)
+		}
+		port = n
+	}
+	return remote{addr: net.JoinHostPort(u.Hostname(), strconv.Itoa(port)), path: strings.Trim(u.Path, "/")}, nil
+}
+
+// bareIPv6 is the bracketed spelling of s when s starts with an IPv6
+// address without brackets ("::1:data/f", "fe80::1:data"), else "".
+func bareIPv6(s string) string {
+	if strings.HasPrefix(s, "[") {
+		return ""
+	}
+	for i := len(s) - 1; i > 0; i-- {
+		if s[i] != ':' {
+			continue
+		}
+		if ip := net.ParseIP(s[:i]); ip != nil && strings.Contains(s[:i], ":") {
+			return "[" + s[:i] + "]:" + s[i+1:]
+		}
+	}
+	return ""
 }
 
 // errRemoteUser: an address named a user, which rdmacp has no use for.
