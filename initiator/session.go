@@ -225,6 +225,7 @@ type Session struct {
 	// its engines share (inflight.go).
 	plan               pathPlan
 	userQPs, userDepth int
+	capped             []Capped // noteGrant
 	win                *reads.Window
 	winOnce            sync.Once
 
@@ -491,6 +492,29 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	return nil
 }
 
+// Capped is a number the user gave that the target granted less of.
+type Capped struct {
+	Flag           string // "--qps", "--depth"
+	Asked, Granted int
+	Why            string // the target's limit, in words
+}
+
+// noteGrant records what the target granted below what the user asked
+// for by number (Capped): a --qps 64 that quietly ran on 16 looked like
+// a slow link.
+func (s *Session) noteGrant(qps, depth int) {
+	s.capped = s.capped[:0]
+	if s.userQPs > qps {
+		s.capped = append(s.capped, Capped{"--qps", s.userQPs, qps, fmt.Sprintf("the target grants at most %d data QPs a session", s.ch0.MaxDataQPs)})
+	}
+	if s.userDepth > depth {
+		s.capped = append(s.capped, Capped{"--depth", s.userDepth, depth, fmt.Sprintf("the target takes at most %d READs in flight a QP", s.ch0.MaxReadsPerQP)})
+	}
+}
+
+// Capped lists the user's numbers the target granted less of.
+func (s *Session) Capped() []Capped { return s.capped }
+
 // join connects the data QPs, each naming the session in its private data.
 func (s *Session) join(ctx context.Context) error {
 	dev := s.cfg.Device
@@ -502,6 +526,7 @@ func (s *Session) join(ctx context.Context) error {
 	if m := int(s.ch0.MaxReadsPerQP); m > 0 {
 		depth = min(depth, m)
 	}
+	s.noteGrant(n, depth)
 	var err error
 	// Room for a generation of flushed READs besides the live ones: a
 	// QP that fails flushes its READs while the others go on.

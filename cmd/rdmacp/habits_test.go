@@ -385,3 +385,20 @@ func TestScpPortHint(t *testing.T) {
 		t.Errorf("cp -P 21362: exit %d, %q", code, errs)
 	}
 }
+
+// --qps 64 is in range, but the target grants 16: the copy says so
+// instead of running on 16 quietly.
+func TestQPsOverGrantWarns(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1<<20)
+	s := serve(t, dir, nil)
+	_, errs, code := hrun(t, "cp", "--qps", "64", s.addr+":data/f", filepath.Join(t.TempDir(), "f"))
+	if code != 0 || !strings.Contains(errs, "warning: --qps 64: the target grants at most 16 data QPs a session; using 16") {
+		t.Errorf("cp --qps 64: exit %d, stderr %q", code, errs)
+	}
+	_, errs, code = hrun(t, "cp", "--qps", "8", s.addr+":data/f", filepath.Join(t.TempDir(), "f"))
+	if code != 0 || strings.Contains(errs, "grants at most") {
+		t.Errorf("cp --qps 8: exit %d, stderr %q", code, errs)
+	}
+}

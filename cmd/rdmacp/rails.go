@@ -152,6 +152,13 @@ func warnRails(w io.Writer, rails []initiator.Rail) {
 	}
 }
 
+// warnCapped says which of the user's numbers the target granted less of.
+func warnCapped(w io.Writer, capped []initiator.Capped) {
+	for _, c := range capped {
+		fmt.Fprintf(w, "rdmacp: warning: %s %d: %s; using %d\n", c.Flag, c.Asked, c.Why, c.Granted)
+	}
+}
+
 // warnSkippedRails says once which of the target's rail addresses the
 // session did not dial, and how to allow them.
 func warnSkippedRails(w io.Writer, skipped []initiator.SkippedRail) {

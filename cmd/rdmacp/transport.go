@@ -147,6 +147,7 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 		return nil, "", nil, err
 	}
 	warnSkippedRails(c.App.ErrWriter, s.SkippedRails()) // a warning: -q and --json keep it
+	warnCapped(c.App.ErrWriter, s.Capped())
 	return s, why, func() {
 		if !closedWithin(c.Context, s.Close, interruptedCloseWait) {
 			return // the process is exiting: the kernel closes what is left
