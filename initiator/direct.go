@@ -26,7 +26,7 @@ import (
 // page (chunks are page multiples, so the tail starts on a page), Linux
 // writes back and drops cached pages over a range before a direct write
 // to it (so a buffered read afterwards, as a resumed --partial copy's
-// check or --skip-same makes, sees what was written), and fsync is per
+// check or -c makes, sees what was written), and fsync is per
 // inode: it covers what either descriptor wrote, including the conversion
 // of fallocated extents the direct writes filled.
 //

@@ -402,3 +402,19 @@ func TestQPsOverGrantWarns(t *testing.T) {
 		t.Errorf("cp --qps 8: exit %d, stderr %q", code, errs)
 	}
 }
+
+// --checksum means rsync's -c and nothing else: serve and hash take the
+// chunk digest as --digest only, and a config file as "digest".
+func TestChecksumMeansOneThing(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"serve", "--checksum", "blake3", "--export", "x=" + t.TempDir()}, {"hash", "--checksum", "blake3", t.TempDir()}} {
+		if _, errs, code := hrun(t, args...); code != exitUsage {
+			t.Errorf("%v: exit %d, %q; want a usage error", args, code, errs)
+		}
+	}
+	conf := filepath.Join(t.TempDir(), "c.json")
+	os.WriteFile(conf, []byte(`{"checksum": "blake3", "exports": [{"name": "x", "path": "/tmp"}]}`), 0o600)
+	if _, errs, code := hrun(t, "serve", "--config", conf); code != exitUsage || !strings.Contains(errs, "checksum") {
+		t.Errorf("serve --config with \"checksum\": exit %d, %q; want a usage error naming the key", code, errs)
+	}
+}

@@ -37,7 +37,7 @@ func hashCommand() *cli.Command {
 			stateDirFlag(),
 			maxStateSizeFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "bytes per chunk: serve's --chunk-size (or the --chunk-size initiators ask for)"},
-			&cli.StringFlag{Name: "digest", Aliases: []string{"checksum"}, Value: "crc32c", Usage: "chunk digest: serve's --digest, crc32c or blake3"},
+			&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: serve's --digest, crc32c or blake3"},
 			&cli.BoolFlag{Name: "nice", Usage: "hash with one thread at the lowest CPU and I/O priority (what serve --prehash runs)"},
 			quietFlag(),
 		},
@@ -106,10 +106,10 @@ func runHash(c *cli.Context) error {
 	}
 	alg, err := chunker.ParseAlgorithm(c.String("digest"))
 	if err != nil {
-		return usagef("--checksum: %v", err)
+		return usagef("--digest: %v", err)
 	}
 	if alg == chunker.None {
-		return usagef("--checksum none: there is nothing to hash")
+		return usagef("--digest none: there is nothing to hash")
 	}
 	store, err := openStateDir(c)
 	if err != nil {

@@ -82,7 +82,7 @@ func TestHashCommand(t *testing.T) {
 	os.Symlink("a", filepath.Join(src, "link"))
 	oldFile(t, filepath.Join(src, "tiny"), 1000) // under 64 KiB: not stored, not hashed
 
-	_, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--checksum", "blake3", src)
+	_, errs, code := run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--digest", "blake3", src)
 	if code != 0 {
 		t.Fatalf("hash: exit %d: %s", code, errs)
 	}
@@ -102,7 +102,7 @@ func TestHashCommand(t *testing.T) {
 	if fi, err := os.Stat(state); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("state directory: %v, mode %v; want 0700", err, fi.Mode())
 	}
-	_, errs, code = run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--checksum", "blake3", src)
+	_, errs, code = run(t, "hash", "--state-dir", state, "--chunk-size", "64K", "--digest", "blake3", src)
 	if code != 0 || !strings.Contains(errs, "0 B hashed, 372.74 kB already stored") {
 		t.Errorf("second hash: exit %d: %q, want 0 B hashed", code, errs)
 	}
@@ -256,7 +256,7 @@ func TestServePrehash(t *testing.T) {
 	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
 	oldFile(t, filepath.Join(src, "a"), 1<<20)
 	oldFile(t, filepath.Join(src, "b"), 200<<10)
-	s := serve(t, src, nil, "--state-dir", state, "--prehash", "--checksum", "blake3")
+	s := serve(t, src, nil, "--state-dir", state, "--prehash", "--digest", "blake3")
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(s.logs.String(), "prehash: done") {
 		if time.Now().After(deadline) {

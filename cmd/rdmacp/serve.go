@@ -37,7 +37,7 @@ func serveCommand() *cli.Command {
 			secretFlag(),
 			keysFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "default bytes per verified chunk"},
-			&cli.StringFlag{Name: "digest", Aliases: []string{"checksum"}, Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
+			&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "default chunk digest: crc32c, blake3 or none"},
 			&cli.StringFlag{Name: "max-window", Value: "32MiB", Usage: "largest file range one window maps and registers"},
 			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered; each session's share is the budget over the sessions there are (at least --min-window-share)"},
 			&cli.StringFlag{Name: "min-window-share", Usage: "least share of --window-budget every session is entitled to, at most the budget over --max-sessions (default: 2 × --max-window, capped at that)"},
@@ -128,7 +128,7 @@ type serveFile struct {
 	SecretFile   string     `json:"secret_file"`
 	KeysFile     string     `json:"keys_file"` // --keys
 	ChunkSize    string     `json:"chunk_size"`
-	Checksum     string     `json:"checksum"`
+	Digest       string     `json:"digest"`
 	MaxWindow    string     `json:"max_window"`
 	WindowBudget string     `json:"window_budget"`
 	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
@@ -278,9 +278,9 @@ func runServe(c *cli.Context) error {
 	if digestMem < 1 {
 		return usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
 	}
-	alg, err := chunker.ParseAlgorithm(pick("digest", file.Checksum))
+	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
 	if err != nil {
-		return usagef("--checksum: %v", err)
+		return usagef("--digest: %v", err)
 	}
 	lim, err := limitsOf(c, file)
 	if err != nil {

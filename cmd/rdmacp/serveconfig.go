@@ -20,7 +20,7 @@ import (
 // fails for one without a key.
 
 // flagOfKey maps the keys whose name is not their flag's.
-var flagOfKey = map[string]string{"checksum": "digest", "keys_file": "keys"}
+var flagOfKey = map[string]string{"keys_file": "keys"}
 
 // notKeys are the serve flags without a key of their own: --config
 // names the file, and the exports are its "exports" list.

@@ -115,7 +115,7 @@ func readSecret(c *cli.Context) ([]byte, error) {
 }
 
 func secretFlag() cli.Flag {
-	return &cli.StringFlag{Name: "secret-file", Usage: "shared secret, the same on target and initiator (or set RDMACP_SECRET)"}
+	return &cli.StringFlag{Name: "secret-file", Usage: "FILE holding the shared secret, the same on target and initiator (or put the secret itself, not a file name, in $RDMACP_SECRET)"}
 }
 
 // dialSession opens the transport the flags ask for, says which (and
