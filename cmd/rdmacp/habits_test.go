@@ -418,3 +418,20 @@ func TestChecksumMeansOneThing(t *testing.T) {
 		t.Errorf("serve --config with \"checksum\": exit %d, %q; want a usage error naming the key", code, errs)
 	}
 }
+
+// The transport line is short by default (which transport, and that auto
+// chose it); -v gives why the others were passed over.
+func TestTransportLineShort(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1000)
+	s := serve(t, dir, nil)
+	_, errs, code := hrun(t, "cp", s.addr+":data/f", filepath.Join(t.TempDir(), "f"))
+	if code != 0 || !strings.Contains(errs, "transport: iwarp-soft (auto)\n") {
+		t.Errorf("cp: exit %d, stderr %q; want the short transport line", code, errs)
+	}
+	_, errs, code = hrun(t, "cp", "-v", s.addr+":data/f", filepath.Join(t.TempDir(), "f"))
+	if code != 0 || !strings.Contains(errs, "transport: iwarp-soft (auto; ibverbs") {
+		t.Errorf("cp -v: exit %d, stderr %q; want the whole reason", code, errs)
+	}
+}

@@ -118,6 +118,17 @@ func secretFlag() cli.Flag {
 	return &cli.StringFlag{Name: "secret-file", Usage: "FILE holding the shared secret, the same on target and initiator (or put the secret itself, not a file name, in $RDMACP_SECRET)"}
 }
 
+// shortWhy is the transport line without why the others were passed
+// over ("iwarp-soft (auto; ibverbs: no active device)" is "iwarp-soft
+// (auto)"): printed before every command, the whole reason was a line and
+// a half of noise. -v, doctor and --json's summary keep it whole.
+func shortWhy(why string) string {
+	if i := strings.Index(why, "; "); i >= 0 && strings.HasSuffix(why, ")") {
+		return why[:i] + ")"
+	}
+	return why
+}
+
 // dialSession opens the transport the flags ask for, says which (and
 // why) on stderr unless silent or -q, and opens a session to addr over
 // it. close ends both.
@@ -127,7 +138,11 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 		return nil, "", nil, err
 	}
 	if !silent && !quiet(c) {
-		fmt.Fprintln(c.App.ErrWriter, "transport:", why)
+		line := why
+		if !c.Bool("verbose") {
+			line = shortWhy(why)
+		}
+		fmt.Fprintln(c.App.ErrWriter, "transport:", line)
 	}
 	more, err := openMore(c, dev)
 	if err != nil {
