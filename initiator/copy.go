@@ -36,6 +36,8 @@ type GetOptions struct {
 	// Progress, if set, is called from the copying goroutine about every
 	// 100 ms and once at the end.
 	Progress func(Progress)
+	// MkPath makes the directories above DEST: rsync's --mkpath.
+	MkPath bool
 	// Force allows DEST to be a block device, which is overwritten in
 	// place. Mounted devices and ones smaller than the source are
 	// refused even so.
@@ -113,12 +115,23 @@ func DestPath(src, dst string) string {
 // nothing at dst (with Partial, it leaves its temporary file and a
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
+	// DEST/ is made when missing, as rsync makes it (place.go).
+	slash := strings.HasSuffix(dst, "/")
+	if slash {
+		if err := makeDestDir(dst, opt.MkPath, opt.DryRun); err != nil {
+			return &Result{Source: src, Dest: dst}, err
+		}
+	} else if err := makeParents(dst, opt.MkPath, opt.DryRun); err != nil {
+		return &Result{Source: src, Dest: dst}, err
+	}
 	top := DestPath(src, dst)
 	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, err
 	}
-	if !discard {
+	// A dry run made nothing that a real run would: DEST/, or MkPath's.
+	madeByRun := opt.DryRun && (opt.MkPath || slash)
+	if !discard && !madeByRun {
 		if err := destDirExists(dst); err != nil {
 			return &Result{Source: src, Dest: dst}, err
 		}

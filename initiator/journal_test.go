@@ -59,7 +59,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 	defer cancel()
 	reported := 0
 	s := e.dial(t, nil)
-	_, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Partial: true, QuickCheck: true,
+	_, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
 		File: func(fr initiator.FileResult) {
 			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusOK {
 				if reported++; reported == 60 {
@@ -77,7 +77,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 
 	s = e.dial(t, nil) // as a new command would
 	inPlace := 0       // regular files found in place
-	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Partial: true, QuickCheck: true,
+	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
 		File: func(fr initiator.FileResult) {
 			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusUnchanged {
 				inPlace++
@@ -156,7 +156,7 @@ func TestJournalTornTail(t *testing.T) {
 	s := e.dial(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	k := 0
-	s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Partial: true, File: func(fr initiator.FileResult) {
+	s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(fr initiator.FileResult) {
 		if fr.Type == protocol.FileRegular {
 			if k++; k == 20 {
 				cancel()
@@ -179,7 +179,7 @@ func TestJournalTornTail(t *testing.T) {
 	f.Close()
 	os.Chtimes(jp, time.Now(), time.Now())
 	s = e.dial(t, nil)
-	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Partial: true, File: func(initiator.FileResult) {}})
+	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(initiator.FileResult) {}})
 	if err != nil {
 		t.Fatal(err)
 	}

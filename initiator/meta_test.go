@@ -134,7 +134,7 @@ func TestTreeMeta(t *testing.T) {
 	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs),
 		Archive: Archive{Perms: true, Owner: true, Group: true, Times: true, Xattrs: true, NumericIDs: true}}}
 	dst := filepath.Join(base, "dest")
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{})
+	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
 	if err != nil || tr.Failed != 0 {
 		t.Fatalf("%v %+v", err, tr)
 	}
@@ -184,7 +184,7 @@ func TestTreeMetaOldTarget(t *testing.T) {
 	var logs bytes.Buffer
 	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs), Archive: Archive{Owner: true, Group: true, HardLinks: true, Xattrs: true}}}
 	dst := filepath.Join(t.TempDir(), "dest")
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{})
+	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
 	if err != nil || tr.Failed != 0 || tr.OK != 4 {
 		t.Fatalf("%v %+v", err, tr)
 	}

@@ -115,7 +115,9 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		return fr, nil
 	case lineTree:
 		fr.Type = e.Type
-		_, err := s.GetTree(ctx, src, dst, TreeOptions{SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck,
+		// A manifest line maps SRC to DEST: DEST is the copy, so the same
+		// manifest run twice leaves the same tree.
+		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck,
 			File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {

@@ -210,13 +210,14 @@ func (c *treeCopy) clean(rel string) {
 var ErrNoDir = errors.New("no such directory")
 
 // destDirExists checks that the directory dst is to be made in exists:
-// like cp and rsync, rdmacp makes DEST, not the directories above it.
+// like cp and rsync, rdmacp makes DEST, not the directories above it
+// (place.go).
 func destDirExists(dst string) error {
 	dir := filepath.Dir(dst)
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %s: %w (the directory of %s; make it first)", ErrDest, dir, ErrNoDir, dst)
+		return fmt.Errorf("%w: %s: %w (the directory of %s; make it, or add --mkpath)", ErrDest, dir, ErrNoDir, dst)
 	case err != nil:
 		return err
 	case !fi.IsDir():

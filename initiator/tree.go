@@ -109,6 +109,11 @@ type TreeOptions struct {
 	// not (but what Filter excludes), once everything else is in place,
 	// and only if no entry failed: rsync's --delete-after.
 	Delete bool
+	// Contents copies what src holds into dst, not src itself into
+	// dst/NAME: rsync's SRC/ with a trailing slash (place.go).
+	Contents bool
+	// MkPath makes the directories above DEST too: rsync's --mkpath.
+	MkPath bool
 	// DryRun reports what a copy would do (StatusWouldCopy,
 	// StatusWouldDelete, StatusUnchanged) and touches nothing.
 	DryRun bool
@@ -285,7 +290,8 @@ type pending struct {
 }
 
 // GetTree copies the remote directory src ("EXPORT/dir") to the local
-// directory DestPath(src, dst), over this one session: regular files,
+// directory dst/NAME (dst itself with opt.Contents: place.go), over this
+// one session: regular files,
 // directories and symlinks (as links, with their target's text; never
 // followed), with modes and mtimes (directories' set after their
 // contents). Special files are skipped. Everything is written through an
@@ -307,7 +313,7 @@ type pending struct {
 // directories the copy goes through are removed (TreeResult.Cleaned).
 func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions) (*TreeResult, error) {
 	start := time.Now()
-	top := treeDest(src, dst)
+	top := treeTop(src, dst, opt.Contents)
 	tr := &TreeResult{Dest: top}
 	if opt.Delete && opt.Shard.N > 1 {
 		// The other shards' files are not seen, so they would look gone.
@@ -324,8 +330,17 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if topEntry.Type != protocol.FileDir {
 		return tr, &protocol.Error{Code: protocol.CodeNotDir, Message: src + " is not a directory"}
 	}
-	// As cp -r and rsync: DEST itself is made, not the directories above.
-	if err := destDirExists(top); err != nil {
+	// As rsync: DEST itself is made, not the directories above (but
+	// with MkPath).
+	if opt.Contents {
+		err = makeParents(top, opt.MkPath, opt.DryRun)
+	} else {
+		err = makeDestDir(dst, opt.MkPath, opt.DryRun)
+	}
+	if err == nil && !opt.DryRun {
+		err = destDirExists(top)
+	}
+	if err != nil {
 		return tr, err
 	}
 	if opt.DryRun {
@@ -470,17 +485,6 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	return tr, nil
 }
 
-// treeDest is where GetTree copies src to: DestPath(src, dst), except
-// that a dst an earlier copy of src made and did not finish (its journal
-// says so) is that copy's destination again, not a directory to copy into:
-// the same command run twice means the same destination.
-func treeDest(src, dst string) string {
-	top := DestPath(src, dst)
-	if top != dst && !strings.HasSuffix(dst, "/") && journalSource(journalPath(filepath.Clean(dst))) == src {
-		return filepath.Clean(dst)
-	}
-	return top
-}
 
 // copyLarge copies the files the walk left for Open, one at a time.
 func (c *treeCopy) copyLarge() error {

@@ -93,7 +93,7 @@ func TestGetTreeNameAttack(t *testing.T) {
 	}
 	s := &Session{lister: evil, cfg: Config{Logger: slog.New(slog.DiscardHandler)}}
 	var results []FileResult
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{File: func(fr FileResult) { results = append(results, fr) }})
+	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true, File: func(fr FileResult) { results = append(results, fr) }})
 	if err != nil {
 		t.Fatal(err)
 	}

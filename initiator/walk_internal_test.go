@@ -429,7 +429,7 @@ func TestGetTreeWalkedFailures(t *testing.T) {
 	var tr *TreeResult
 	go func() {
 		var err error
-		tr, err = s.GetTree(context.Background(), "data/t", filepath.Join(base, "out"), TreeOptions{})
+		tr, err = s.GetTree(context.Background(), "data/t", filepath.Join(base, "out"), TreeOptions{Contents: true})
 		done <- err
 	}()
 	dir := func(d uint32, name string) protocol.WalkEntry {

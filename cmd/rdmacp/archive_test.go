@@ -66,7 +66,7 @@ func TestCpArchive(t *testing.T) {
 	s := serve(t, dir, nil)
 	base := t.TempDir()
 	dst := filepath.Join(base, "tree")
-	if _, errs, code := run(t, "cp", "-a", "-H", "-X", "-q", s.addr+":data/tree", dst); code != 0 {
+	if _, errs, code := run(t, "cp", "-a", "-H", "-X", "-q", s.addr+":data/tree/", dst); code != 0 {
 		t.Fatalf("cp -a: exit %d: %s", code, errs)
 	}
 	for name, want := range map[string]uint32{"suid": 0o4755, "sgid": 0o2755, "tmp": 0o1777, "plain": 0o640} {
@@ -128,7 +128,7 @@ func TestCpDefaultMeta(t *testing.T) {
 	dir, xattrs := archiveTree(t)
 	s := serve(t, dir, nil)
 	dst := filepath.Join(t.TempDir(), "out")
-	if _, errs, code := run(t, "cp", "-r", "-q", s.addr+":data/tree", dst); code != 0 {
+	if _, errs, code := run(t, "cp", "-r", "-q", s.addr+":data/tree/", dst); code != 0 {
 		t.Fatalf("cp -r: exit %d: %s", code, errs)
 	}
 	for name, want := range map[string]uint32{"suid": 0o755, "sgid": 0o755, "tmp": 0o777, "plain": 0o640} {
@@ -226,7 +226,7 @@ func TestCpACLs(t *testing.T) {
 	want = want[:n]
 	s := serve(t, dir, nil)
 	out := t.TempDir()
-	if _, errs, code := run(t, "cp", "-a", "-A", "-q", s.addr+":data/tree", filepath.Join(out, "a")); code != 0 {
+	if _, errs, code := run(t, "cp", "-a", "-A", "-q", s.addr+":data/tree/", filepath.Join(out, "a")); code != 0 {
 		t.Fatalf("cp -aA: exit %d: %s", code, errs)
 	}
 	got := make([]byte, 256)
@@ -234,7 +234,7 @@ func TestCpACLs(t *testing.T) {
 	if err != nil || !bytes.Equal(got[:n], want) {
 		t.Errorf("ACL % x, %v; want % x", got[:max(n, 0)], err, want)
 	}
-	if _, errs, code := run(t, "cp", "-a", "-X", "-q", s.addr+":data/tree", filepath.Join(out, "x")); code != 0 {
+	if _, errs, code := run(t, "cp", "-a", "-X", "-q", s.addr+":data/tree/", filepath.Join(out, "x")); code != 0 {
 		t.Fatalf("cp -aX: exit %d: %s", code, errs)
 	}
 	if _, err := unix.Getxattr(filepath.Join(out, "x", "plain"), "system.posix_acl_access", got); err != unix.ENODATA {

@@ -75,7 +75,7 @@ func partial(c *cli.Context) bool { return c.Bool("partial") || c.Bool("P") }
 
 func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.GetOptions {
 	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
-		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run")}
+		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run"), MkPath: c.Bool("mkpath")}
 }
 
 // fileLine is the --json line for one file of a tree or manifest.
@@ -387,6 +387,7 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, fil
 	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
 		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: partial(c), NoDirect: c.Bool("no-direct"),
 		QuickCheck: !c.Bool("ignore-times"), Filter: filter, Delete: c.Bool("delete"), DryRun: c.Bool("dry-run"), Counts: counts,
+		Contents: strings.HasSuffix(srcArg, "/"), MkPath: c.Bool("mkpath"),
 		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
 	})
 	if bar != nil {

@@ -72,7 +72,7 @@ func TestFlagsAnywhere(t *testing.T) {
 	// TestNormalizeArgs's, in-process: this is the path through the
 	// binary once.
 	for i, args := range [][]string{
-		{"cp", s.addr + ":data/tree", "--qps", "2", filepath.Join(out, "t1"), "-r"}, // between and after the operands
+		{"cp", s.addr + ":data/tree/", "--qps", "2", filepath.Join(out, "t1"), "-r"}, // between and after the operands
 	} {
 		_, errs, code := hrun(t, args...)
 		if code != 0 {

@@ -44,9 +44,10 @@ func summaryOf(t *testing.T, stdout string) map[string]any {
 
 // The user's story: cp -r --partial into a DEST that does not exist,
 // SIGKILLed halfway, then the same command again (or, second, the same
-// command without --partial). The second run copies into DEST, not
-// DEST/s; skips the 300 files the first finished, unread, and says so;
-// reads only the big file; leaves no .part file and no journal; exits 0.
+// command without --partial). Both runs copy into DEST/s (rsync's rule),
+// not the second into DEST/s/s; the second skips the 300 files the first
+// finished, unread, and says so; reads only the big file; leaves no .part
+// file and no journal; exits 0.
 func TestTreeKilledThenSameCommand(t *testing.T) {
 	t.Parallel()
 	for _, again := range []string{"--partial", "--no-partial"} {
@@ -55,6 +56,7 @@ func TestTreeKilledThenSameCommand(t *testing.T) {
 			s := serve(t, dir, nil)
 			out := t.TempDir()
 			dest := filepath.Join(out, "D")
+			top := filepath.Join(dest, "s")
 			args := append(append([]string{"cp", "-r", "--json", "--partial"}, slowCopy...), s.addr+":data/s", dest)
 			cp := rdmacp(args...)
 			killed, err := runUntil(t, cp, isStatus, func() { cp.Process.Kill() })
@@ -62,7 +64,7 @@ func TestTreeKilledThenSameCommand(t *testing.T) {
 			if !killed || !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 				t.Fatalf("first run: killed %v, %v", killed, err)
 			}
-			if _, err := os.Stat(filepath.Join(out, ".D.rdmacp-tree")); err != nil {
+			if _, err := os.Stat(filepath.Join(dest, ".s.rdmacp-tree")); err != nil {
 				t.Fatalf("no journal: %v", err)
 			}
 			if again == "--partial" {
@@ -75,22 +77,22 @@ func TestTreeKilledThenSameCommand(t *testing.T) {
 				t.Fatalf("second run: exit %d: %s", code, errs)
 			}
 			sum := summaryOf(t, stdout)
-			if sum["dest"] != dest || sum["files_skipped_done"] != 300.0 || sum["bytes_read"].(float64) > 48<<20 {
+			if sum["dest"] != top || sum["files_skipped_done"] != 300.0 || sum["bytes_read"].(float64) > 48<<20 {
 				b, _ := json.Marshal(sum)
 				t.Fatalf("second run: %s", b)
 			}
-			if _, err := os.Stat(filepath.Join(dest, "s")); err == nil {
-				t.Error("copied into DEST/s")
+			if _, err := os.Stat(filepath.Join(top, "s")); err == nil {
+				t.Error("copied into DEST/s/s")
 			}
-			if _, err := os.Stat(filepath.Join(out, ".D.rdmacp-tree")); err == nil {
+			if _, err := os.Stat(filepath.Join(dest, ".s.rdmacp-tree")); err == nil {
 				t.Error("journal left after the tree completed")
 			}
-			left, _ := filepath.Glob(filepath.Join(dest, "*", ".*"))
-			top, _ := filepath.Glob(filepath.Join(dest, ".*"))
-			if len(left)+len(top) > 0 {
-				t.Errorf("left behind: %v %v", left, top)
+			left, _ := filepath.Glob(filepath.Join(top, "*", ".*"))
+			hidden, _ := filepath.Glob(filepath.Join(dest, ".*"))
+			if len(left)+len(hidden) > 0 {
+				t.Errorf("left behind: %v %v", left, hidden)
 			}
-			if out, err := exec.Command("diff", "-r", filepath.Join(dir, "s"), dest).CombinedOutput(); err != nil {
+			if out, err := exec.Command("diff", "-r", filepath.Join(dir, "s"), top).CombinedOutput(); err != nil {
 				t.Errorf("diff -r: %v\n%s", err, out)
 			}
 		})

@@ -167,7 +167,7 @@ func TestProcfsFileRefused(t *testing.T) {
 	}
 	// cp -r of the directory: the hostname file is failed or skipped.
 	tree := filepath.Join(dst, "tree")
-	r := runCp(t, bin, cpLimit, "-r", "--json", d.addr+":dir", tree)
+	r := runCp(t, bin, cpLimit, "-r", "--json", d.addr+":dir/", tree)
 	var frows [][]string
 	var hostLine map[string]any
 	for _, l := range r.ofType("file") {

@@ -117,13 +117,13 @@ func (e *env) cpRaw(args ...string) *cpProc {
 	return startCp(e.t, e.ctx, nil, append([]string{"cp", "--json"}, args...)...)
 }
 
-// cpTree starts `rdmacp cp --json -r ARGS PROXY:data/tree DST/tree`: the
+// cpTree starts `rdmacp cp --json -r ARGS PROXY:data/tree/ DST/tree`: the
 // destination does not exist, so the tree is staged beside it in
 // .tree.rdmacp-*.part and renamed into place whole.
 func (e *env) cpTree(args ...string) *cpProc {
 	e.t.Helper()
 	all := append([]string{"-r"}, args...)
-	return e.cpRaw(append(all, e.p.Addr()+":data/tree", filepath.Join(e.dst, "tree"))...)
+	return e.cpRaw(append(all, e.p.Addr()+":data/tree/", filepath.Join(e.dst, "tree"))...)
 }
 
 // push starts `rdmacp cp --json ARGS SRC/f.bin PROXY:data/f.bin`: the

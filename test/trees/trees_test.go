@@ -186,11 +186,11 @@ func lastSummary(t *testing.T, out []byte) summary {
 	return summary{}
 }
 
-// cpCmd is `rdmacp cp -r --json ARGS... addr:data/s dest`, with --json's
+// cpCmd is `rdmacp cp -r --json ARGS... addr:data/s/ dest` (the tree is dest), with --json's
 // per-file lines thrown away but the summary (the last line) kept.
 func cpCmd(ctx context.Context, addr, dest string, args ...string) (*exec.Cmd, *tailBuffer) {
 	a := append([]string{"cp", "-r", "--json", "--transport", "iwarp-soft"}, args...)
-	cmd := exec.CommandContext(ctx, bin, append(a, addr+":data/s", dest)...)
+	cmd := exec.CommandContext(ctx, bin, append(a, addr+":data/s/", dest)...)
 	tb := &tailBuffer{}
 	cmd.Stdout, cmd.Stderr = tb, os.Stderr
 	return cmd, tb

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// TestPlacementLikeRsync runs the same cases through rsync -a and
+// rdmacp cp -r (trees) or cp (files), once and then again, and compares
+// the trees they leave: where a copy lands (trailing slashes, DEST
+// missing, a directory, ending in /, with and without --mkpath) and that
+// the second run of the same command leaves what the first left.
+func TestPlacementLikeRsync(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("rsync"); err != nil {
+		t.Skip("SKIP: no rsync to compare with (apt-get install rsync)")
+	}
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "d", "sub"), 0o755)
+	writeFile(t, filepath.Join(src, "d", "a"), 100)
+	writeFile(t, filepath.Join(src, "d", "sub", "b"), 200)
+	writeFile(t, filepath.Join(src, "f"), 300)
+	s := serve(t, src, nil)
+	for _, tc := range []struct {
+		name  string
+		setup string // made in DEST's base first: "dir DST", "file DST"
+		src   string // relative to the export
+		dst   string // relative to the base; a trailing / is kept
+		flags []string
+	}{
+		{"tree into missing DEST", "", "d", "dst", nil},
+		{"tree/ into missing DEST", "", "d/", "dst", nil},
+		{"tree into existing DEST", "dir dst", "d", "dst", nil},
+		{"tree/ into existing DEST", "dir dst", "d/", "dst", nil},
+		{"tree into DEST/", "", "d", "dst/", nil},
+		{"tree, DEST's parent missing", "", "d", "dst/x/y", nil},
+		{"tree, DEST's parent missing, --mkpath", "", "d", "dst/x/y", []string{"--mkpath"}},
+		{"tree onto a file", "file dst", "d", "dst", nil},
+		{"tree into missing DEST, dry run", "", "d", "dst", []string{"-n"}},
+		{"file to missing DEST/, dry run", "", "f", "dst/", []string{"-n"}},
+		{"file to missing DEST", "", "f", "dst", nil},
+		{"file to DEST/", "", "f", "dst/", nil},
+		{"file into existing DEST", "dir dst", "f", "dst", nil},
+		{"file, DEST's parent missing", "", "f", "dst/x/y", nil},
+		{"file, DEST's parent missing, --mkpath", "", "f", "dst/x/y", []string{"--mkpath"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rsBase, rdBase := t.TempDir(), t.TempDir()
+			for _, base := range []string{rsBase, rdBase} {
+				kind, name, _ := strings.Cut(tc.setup, " ")
+				switch kind {
+				case "dir":
+					os.MkdirAll(filepath.Join(base, name), 0o755)
+				case "file":
+					os.WriteFile(filepath.Join(base, name), []byte("x"), 0o644)
+				}
+			}
+			recursive := strings.HasPrefix(tc.src, "d")
+			for run := 1; run <= 2; run++ {
+				args := append([]string{"-a"}, tc.flags...)
+				rs := exec.Command("rsync", append(args, filepath.Join(src, tc.src)+slash(tc.src), filepath.Join(rsBase, tc.dst)+slash(tc.dst))...)
+				rsOut, rsErr := rs.CombinedOutput()
+				cp := []string{"cp", "-q"}
+				if recursive {
+					cp = append(cp, "-r")
+				}
+				_, errs, code := hrun(t, append(append(cp, tc.flags...), s.addr+":data/"+tc.src, filepath.Join(rdBase, tc.dst)+slash(tc.dst))...)
+				if (rsErr == nil) != (code == 0) {
+					t.Fatalf("run %d: rsync: %v %s; rdmacp: exit %d %s", run, rsErr, rsOut, code, errs)
+				}
+				if rsErr != nil && code != exitLocalIO {
+					t.Errorf("run %d: rsync refused (%s); rdmacp exit %d, want %d (DEST): %s", run, rsOut, code, exitLocalIO, errs)
+				}
+				if got, want := listing(t, rdBase), listing(t, rsBase); got != want {
+					t.Errorf("run %d: rdmacp left\n%s\nrsync left\n%s", run, got, want)
+				}
+			}
+		})
+	}
+}
+
+// slash is "/" when p ends in one (filepath.Join drops it).
+func slash(p string) string {
+	if strings.HasSuffix(p, "/") {
+		return "/"
+	}
+	return ""
+}
+
+// listing is every name under base with its type and, for files, size.
+func listing(t *testing.T, base string) string {
+	t.Helper()
+	var lines []string
+	filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == base {
+			return err
+		}
+		rel, _ := filepath.Rel(base, p)
+		if d.IsDir() {
+			lines = append(lines, rel+"/")
+			return nil
+		}
+		fi, _ := d.Info()
+		lines = append(lines, fmt.Sprintf("%s %d", rel, fi.Size()))
+		return nil
+	})
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
