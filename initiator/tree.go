@@ -485,7 +485,6 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	return tr, nil
 }
 
-
 // copyLarge copies the files the walk left for Open, one at a time.
 func (c *treeCopy) copyLarge() error {
 	return c.large.each(func(it item) error {
