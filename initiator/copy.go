@@ -146,7 +146,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		e, err := s.Stat(ctx, src)
 		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), entry: e}, err
 	}
-	cleaned := cleanLeftovers(filepath.Dir(dst), filepath.Base(dst))
+	cleaned := cleanLeftovers(filepath.Dir(dst))
 	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
 	var rs *resumer
 	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {

@@ -262,7 +262,7 @@ func TestDirectPartialResume(t *testing.T) {
 			t.Fatalf("first run: %v, want EIO", err)
 		}
 	}()
-	if _, err := os.Stat(dst + initiator.PartialSuffix); err != nil {
+	if _, err := os.Stat(initiator.SidecarPath(dst)); err != nil {
 		t.Fatalf("no sidecar: %v", err)
 	}
 	// A rerun, as of the command: a new session.
@@ -281,7 +281,7 @@ func TestDirectPartialResume(t *testing.T) {
 	if sha256.Sum256(got) != sha256.Sum256(want) {
 		t.Fatal("resumed copy differs")
 	}
-	if _, err := os.Stat(dst + initiator.PartialSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(initiator.SidecarPath(dst)); !os.IsNotExist(err) {
 		t.Errorf("sidecar left: %v", err)
 	}
 	res, err = s.Get(context.Background(), "data/f", dst, initiator.GetOptions{SkipSame: true})

@@ -84,14 +84,16 @@ func isLeftover(name string) bool {
 }
 
 // cleanLeftovers removes, from directory dir, the leftovers of killed
-// runs (see cleanIn); it returns their paths.
-func cleanLeftovers(dir, base string) []string {
+// runs (see cleanIn), whatever file they were for: a 1 GiB .part in
+// /dev/shm is RAM, and waiting for a copy to the same name to clear it
+// could wait for ever. It returns their paths.
+func cleanLeftovers(dir string) []string {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil
 	}
 	defer root.Close()
-	gone := cleanIn(root, ".", base)
+	gone := cleanIn(root, ".")
 	for i, g := range gone {
 		gone[i] = filepath.Join(dir, filepath.FromSlash(g))
 	}
@@ -99,10 +101,9 @@ func cleanLeftovers(dir, base string) []string {
 }
 
 // cleanIn removes, from directory dir of root, the leftovers of killed
-// runs whose names are for a file named base (any name, for ""):
-// temporary files, and staged trees (directories). It returns the paths
-// it removed, relative to root.
-func cleanIn(root *os.Root, dir, base string) []string {
+// runs: temporary files, and staged trees (directories). It returns the
+// paths it removed, relative to root.
+func cleanIn(root *os.Root, dir string) []string {
 	f, err := root.Open(dir)
 	if err != nil {
 		return nil
@@ -111,7 +112,7 @@ func cleanIn(root *os.Root, dir, base string) []string {
 	f.Close()
 	var gone []string
 	for _, n := range names {
-		if !isLeftover(n) || base != "" && tempRE.FindStringSubmatch(n)[1] != base {
+		if !isLeftover(n) {
 			continue
 		}
 		p := path.Join(dir, n)

@@ -195,7 +195,7 @@ func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) erro
 // clean removes the leftovers of killed runs from directory rel of the
 // destination.
 func (c *treeCopy) clean(rel string) {
-	gone := cleanIn(c.root, rel, "")
+	gone := cleanIn(c.root, rel)
 	if len(gone) == 0 {
 		return
 	}

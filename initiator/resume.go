@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -15,10 +16,18 @@ import (
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
-// PartialSuffix names the sidecar a --partial copy keeps beside DEST.
+// PartialSuffix names the sidecar a --partial copy keeps beside DEST,
+// hidden as its temporary file is: .NAME.rdmacp-partial (SidecarPath).
 const PartialSuffix = ".rdmacp-partial"
 
-// Sidecar is the JSON a --partial copy keeps in DEST.rdmacp-partial: what
+// SidecarPath is the sidecar of a --partial copy to dst.
+func SidecarPath(dst string) string {
+	return filepath.Join(filepath.Dir(dst), sidecarName(filepath.Base(dst)))
+}
+
+func sidecarName(base string) string { return "." + base + PartialSuffix }
+
+// Sidecar is the JSON a --partial copy keeps in .NAME.rdmacp-partial: what
 // the temporary file holds, so that the same copy run again reads only
 // what is missing. Bitmap has bit i%8 of byte i/8 set for every chunk i
 // that was verified against the target's digest and written.
@@ -69,7 +78,7 @@ func partialTemp(base string) string { return "." + base + PartialSuffix + ".par
 // they are trusted.
 func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protocol.OpenReply, layout chunker.Layout, log *slog.Logger) (*resumer, error) {
 	alg := chunker.Algorithm(or.Algorithm)
-	r := &resumer{dir: dir, path: base + PartialSuffix, tmpName: partialTemp(base), log: log, saved: time.Now()}
+	r := &resumer{dir: dir, path: sidecarName(base), tmpName: partialTemp(base), log: log, saved: time.Now()}
 	r.sc = Sidecar{Source: src, Size: layout.Size, MtimeNs: or.Entry.MtimeNs, ChunkSize: layout.ChunkSize,
 		Algorithm: alg.String(), Temp: r.tmpName, Bitmap: make([]byte, (layout.Chunks()+7)/8)}
 	if old, ok := readSidecar(dir, r.path); ok && old.Source == src && old.Size == layout.Size && old.MtimeNs == or.Entry.MtimeNs &&

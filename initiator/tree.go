@@ -346,7 +346,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if opt.DryRun {
 		return s.dryTree(ctx, l, src, top, opt, tr)
 	}
-	tr.Cleaned = cleanLeftovers(filepath.Dir(top), filepath.Base(top)) // staged trees
+	tr.Cleaned = cleanLeftovers(filepath.Dir(top)) // staged trees, and any other
 	// A tree whose destination does not exist yet is staged in a
 	// directory of its own and renamed into place at the end: its files
 	// need no temporary names, and it appears whole or not at all.

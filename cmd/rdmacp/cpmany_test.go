@@ -249,7 +249,7 @@ func TestCpPartialResumeAfterKill(t *testing.T) {
 	want := writeFile(t, filepath.Join(dir, "big"), size)
 	s := serve(t, dir, nil) // 64 KiB chunks
 	dst := filepath.Join(t.TempDir(), "big")
-	sidecar := dst + initiator.PartialSuffix
+	sidecar := initiator.SidecarPath(dst)
 	cp := rdmacp("cp", "--json", "--partial", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
 	killed, _ := runUntil(t, cp, func(line []byte) bool {
 		var st map[string]any
@@ -319,7 +319,7 @@ func TestCpPartialRechecksMarkedChunks(t *testing.T) {
 	os.WriteFile(filepath.Join(filepath.Dir(dst), ".f"+initiator.PartialSuffix+".part"), bad, 0o600)
 	side, _ := json.Marshal(initiator.Sidecar{Source: "data/f", Size: size, MtimeNs: fi.ModTime().UnixNano(), ChunkSize: 64 << 10,
 		Algorithm: "crc32c", Temp: ".f" + initiator.PartialSuffix + ".part", Bitmap: []byte{0xff, 0xff}})
-	os.WriteFile(dst+initiator.PartialSuffix, side, 0o600)
+	os.WriteFile(initiator.SidecarPath(dst), side, 0o600)
 	out, errs, code := run(t, "cp", "--json", "--partial", s.addr+":data/f", dst)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -371,7 +371,7 @@ func TestCpPartialKeptOnSIGINT(t *testing.T) {
 	if code := cp.ProcessState.ExitCode(); code != exitInterrupts {
 		t.Skipf("exit %d: finished before the interrupt?", code)
 	}
-	b, err := os.ReadFile(dst + initiator.PartialSuffix)
+	b, err := os.ReadFile(initiator.SidecarPath(dst))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
 		if p, _ := st["path"].(string); st["message_type"] != "status" || !strings.HasSuffix(p, "/b") {
 			return false
 		}
-		_, err := os.Stat(filepath.Join(out, "tree", "b"+initiator.PartialSuffix))
+		_, err := os.Stat(initiator.SidecarPath(filepath.Join(out, "tree", "b")))
 		return err == nil
 	}, func() { cp.Process.Kill() })
 	if !killed {
@@ -415,7 +415,7 @@ func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
 	}
 	marked := 0
 	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(out, "tree", n+initiator.PartialSuffix))
+		b, err := os.ReadFile(initiator.SidecarPath(filepath.Join(out, "tree", n)))
 		if err != nil {
 			continue
 		}

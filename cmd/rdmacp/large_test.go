@@ -149,7 +149,7 @@ func TestSparseSkipSameAndPartial(t *testing.T) {
 	bitmap[0] = 1 | 1<<5
 	sc, _ := json.Marshal(map[string]any{"source": "data/sparse", "size": size, "mtime_ns": fi.ModTime().UnixNano(),
 		"chunk_size": chunk, "algorithm": "crc32c", "temp": ".again.rdmacp-partial.part", "bitmap": bitmap})
-	if err := os.WriteFile(dst2+".rdmacp-partial", sc, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(filepath.Dir(dst2), ".again.rdmacp-partial"), sc, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sum = cp1(t, "--partial", s.addr+":data/sparse", dst2)

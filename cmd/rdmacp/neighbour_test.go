@@ -167,10 +167,10 @@ func TestNeighbour(t *testing.T) {
 			check: func(t *testing.T, dest string) { mustTree(t, filepath.Join(dest, "t")) }},
 		{name: "journal hardlink", plant: linkAt(".t.rdmacp-tree"),
 			args: []string{"-r", "--partial", tree}, exit: -1, say: ".t.rdmacp-tree: has 2 links"},
-		{name: "sidecar fifo", plant: fifoAt("f.bin.rdmacp-partial"), args: []string{"--partial", file}},
-		{name: "sidecar symlink", plant: symlinkAt("f.bin.rdmacp-partial", vfile), args: []string{"--partial", file}},
-		{name: "sidecar tmp symlink", plant: symlinkAt("f.bin.rdmacp-partial.tmp", vfile), args: []string{"--partial", file}},
-		{name: "sidecar tmp hardlink", plant: linkAt("f.bin.rdmacp-partial.tmp"), args: []string{"--partial", file}},
+		{name: "sidecar fifo", plant: fifoAt(".f.bin.rdmacp-partial"), args: []string{"--partial", file}},
+		{name: "sidecar symlink", plant: symlinkAt(".f.bin.rdmacp-partial", vfile), args: []string{"--partial", file}},
+		{name: "sidecar tmp symlink", plant: symlinkAt(".f.bin.rdmacp-partial.tmp", vfile), args: []string{"--partial", file}},
+		{name: "sidecar tmp hardlink", plant: linkAt(".f.bin.rdmacp-partial.tmp"), args: []string{"--partial", file}},
 		// A kept temporary file with a sidecar that matches the source
 		// is written into by the next run: one linked to another file is
 		// not (it is replaced by a fresh one).
@@ -188,7 +188,7 @@ func TestNeighbour(t *testing.T) {
 			}
 			sc := fmt.Sprintf(`{"source":"data/f.bin","size":%d,"mtime_ns":%d,"chunk_size":65536,"algorithm":"crc32c","temp":".f.bin.rdmacp-partial.part","bitmap":"AAA="}`,
 				fi.Size(), fi.ModTime().UnixNano())
-			if err := os.WriteFile(filepath.Join(dest, "f.bin.rdmacp-partial"), []byte(sc), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(dest, ".f.bin.rdmacp-partial"), []byte(sc), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}, args: []string{"--partial", file}},

@@ -422,7 +422,7 @@ func TestSparsePartialKeptFile(t *testing.T) {
 	bitmap[100] = 0xff   // hole chunks, garbage
 	sc, _ := json.Marshal(map[string]any{"source": "data/sparse", "size": size, "mtime_ns": fi.ModTime().UnixNano(),
 		"chunk_size": chunk, "algorithm": "crc32c", "temp": ".sparse.rdmacp-partial.part", "bitmap": bitmap})
-	if err := os.WriteFile(dst+".rdmacp-partial", sc, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(out, ".sparse.rdmacp-partial"), sc, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	sum := cp1(t, "--partial", s.addr+":data/sparse", dst)
