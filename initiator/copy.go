@@ -2,10 +2,10 @@ package initiator
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"github.com/rdmacp/rdmacp/blockdev"
+	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"os"
 	"path"
@@ -735,7 +735,7 @@ func (l *landing) commit(e protocol.Entry) error {
 // (reserve), so that a full disk shows up before any byte moves while
 // the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
-	name := filepath.Join(filepath.Dir(dst), tempBase(filepath.Base(dst)))
+	name := filepath.Join(filepath.Dir(dst), leftover.Name(filepath.Base(dst)))
 	f, err := openRegular(name, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
 	if err != nil {
 		return nil, err
@@ -758,8 +758,6 @@ func allocate(f *os.File, size int64) error {
 	}
 	return f.Truncate(size)
 }
-
-func randRead(b []byte) { rand.Read(b) }
 
 // finish gives the temporary file the source's mode and mtime, syncs it,
 // renames it to dst and syncs the directory.

@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"strings"
 
@@ -71,7 +72,7 @@ func (c *treeCopy) deleteExtra() ([]FileResult, error) {
 // ours reports whether name is one of rdmacp's own: a temporary file or
 // staged tree, or a --partial copy's sidecar or temporary file.
 func ours(name string) bool {
-	return tempRE.MatchString(name) || strings.HasSuffix(name, PartialSuffix) || strings.HasSuffix(name, PartialSuffix+".part")
+	return leftover.Is(name) || strings.HasSuffix(name, PartialSuffix) || strings.HasSuffix(name, PartialSuffix+".part")
 }
 
 // underIn reports whether a directory above rel is in set.

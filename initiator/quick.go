@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"os"
 	"path"
@@ -195,7 +196,7 @@ func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) erro
 // clean removes the leftovers of killed runs from directory rel of the
 // destination.
 func (c *treeCopy) clean(rel string) {
-	gone := cleanIn(c.root, rel)
+	gone := leftover.Clean(c.root, rel)
 	if len(gone) == 0 {
 		return
 	}

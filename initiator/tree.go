@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/leftover"
 	"hash/fnv"
 	"io"
 	"io/fs"
@@ -1227,7 +1228,7 @@ func removeStage(stage string) {
 		return
 	}
 	defer root.Close()
-	removeIn(root, filepath.Base(stage))
+	leftover.Remove(root, filepath.Base(stage))
 }
 
 // syncRoot makes everything written on root's file system durable.

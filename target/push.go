@@ -2,10 +2,9 @@ package target
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"math"
 	"os"
@@ -150,12 +149,6 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 // pushSetup creates p's temporary file and its staging slots.
 func (ss *session) pushSetup(p *push) *protocol.Error {
 	cfg := &ss.srv.cfg
-	var r [6]byte
-	rand.Read(r[:])
-	base := path.Base(p.dst)
-	if len(base) > 200 {
-		base = base[:200] // leave room for the rest within NAME_MAX
-	}
 	// The temporary file lives in the destination's directory as it is
 	// now, held open: a rename or a symlink swapped in for the directory
 	// later can't send its removal or its rename anywhere else.
@@ -164,7 +157,12 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 		return fsError(p.x.Name+"/"+p.dst, err)
 	}
 	p.dir = dir
-	name := "." + base + ".rdmacp-" + hex.EncodeToString(r[:]) + ".part"
+	// What a daemon that was killed mid-push left here goes now: its
+	// name says its pid is gone (leftover.Dead).
+	for _, g := range leftover.Clean(dir, ".") {
+		ss.log.Info("push: removed a temporary file a killed daemon left", "path", path.Join(p.x.Name, path.Dir(p.dst), g))
+	}
+	name := leftover.Name(path.Base(p.dst))
 	f, err := dir.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fsError(p.x.Name+"/"+p.dst, err)

@@ -212,3 +212,41 @@ func TestPushSourceCheckedFirst(t *testing.T) {
 		}
 	}
 }
+
+// A daemon SIGKILLed mid-push leaves its temporary file; the next push
+// into that directory, to any name, removes it (its pid is gone).
+func TestKilledDaemonPushLeftover(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "big")
+	writeFile(t, src, 128<<20)
+	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Wait()
+	defer cp.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
+		if len(n) > 0 || time.Now().After(deadline) {
+			t.Fatalf("no temporary file to catch: %v", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.cmd.Process.Kill() // the daemon: no cleanup
+	s.cmd.Wait()
+	left := names(dir)
+	if len(left) != 1 {
+		t.Fatalf("after SIGKILL of the daemon: %v, want its temporary file", left)
+	}
+	s = serve(t, dir, nil, "--writable", "data")
+	small := filepath.Join(t.TempDir(), "small")
+	writeFile(t, small, 1000)
+	if _, errs, code := run(t, "cp", small, s.addr+":data/small"); code != 0 {
+		t.Fatalf("push after the restart: exit %d: %s", code, errs)
+	}
+	if n := names(dir); len(n) != 1 || n[0] != "small" {
+		t.Errorf("after a push into the directory: %v, want only small (%s gone)\n%s", n, left[0], s.logs)
+	}
+}

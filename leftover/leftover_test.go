@@ -1,4 +1,4 @@
-package initiator
+package leftover
 
 import (
 	"os"
@@ -11,15 +11,15 @@ import (
 )
 
 func TestTempNameCarriesPidAndHost(t *testing.T) {
-	n := tempBase("data.bin")
-	m := tempRE.FindStringSubmatch(n)
+	n := Name("data.bin")
+	m := nameRE.FindStringSubmatch(n)
 	if m == nil || m[1] != "data.bin" || m[2] != strconv.Itoa(os.Getpid()) || m[3] != hostTag() {
 		t.Fatalf("temporary name %q: %q", n, m)
 	}
-	if long := tempBase(strings.Repeat("x", 255)); len(long) > 255 || !tempRE.MatchString(long) {
+	if long := Name(strings.Repeat("x", 255)); len(long) > 255 || !nameRE.MatchString(long) {
 		t.Fatalf("long name %d bytes: %q", len(long), long)
 	}
-	if tempBase("a") == tempBase("a") {
+	if Name("a") == Name("a") {
 		t.Fatal("two temporary names of one run are the same")
 	}
 }
@@ -52,8 +52,8 @@ func TestLeftoverLiveness(t *testing.T) {
 		{".f.rdmacp-0abc84dac5da.part", false}, // an older run's: no pid
 		{"f", false},
 	} {
-		if got := isLeftover(tc.name); got != tc.want {
-			t.Errorf("isLeftover(%q) = %v, want %v", tc.name, got, tc.want)
+		if got := Dead(tc.name); got != tc.want {
+			t.Errorf("Dead(%q) = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
@@ -75,7 +75,15 @@ func TestCleanLeftovers(t *testing.T) {
 	stage := filepath.Join(dir, ".a.rdmacp-999999-"+host+"-00000004.part")
 	os.MkdirAll(filepath.Join(stage, "ro", "x"), 0o755)
 	os.Chmod(filepath.Join(stage, "ro"), 0o500)
-	gone := cleanLeftovers(dir)
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	gone := Clean(root, ".")
+	for i := range gone {
+		gone[i] = filepath.Join(dir, gone[i])
+	}
 	slices.Sort(gone)
 	want := []string{filepath.Join(dir, ".a.rdmacp-999999-"+host+"-00000001.part"), stage, filepath.Join(dir, ".b.rdmacp-999999-"+host+"-00000002.part")}
 	slices.Sort(want)
