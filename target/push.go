@@ -154,7 +154,12 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	// later can't send its removal or its rename anywhere else.
 	dir, err := p.x.root.OpenRoot(path.Dir(p.dst))
 	if err != nil {
-		return fsError(p.x.Name+"/"+p.dst, err)
+		d := path.Join(p.x.Name, path.Dir(p.dst))
+		if errors.Is(err, fs.ErrNotExist) {
+			// The directory is missing, not the file (which is to be made).
+			return errf(protocol.CodeNotFound, "%s: no such directory (the directory of %s/%s; a push makes files, not directories)", d, p.x.Name, p.dst)
+		}
+		return fsError(d, err)
 	}
 	p.dir = dir
 	// What a daemon that was killed mid-push left here goes now: its

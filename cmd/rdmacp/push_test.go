@@ -96,6 +96,7 @@ func TestPushRefused(t *testing.T) {
 		{"directory", []string{"cp", t.TempDir(), s.addr + ":rw/x"}, exitUsage, "is a directory"},
 		{"partial", []string{"cp", "--partial", src, s.addr + ":rw/x"}, exitUsage, "pulls only"},
 		{"missing source", []string{"cp", src + ".nope", s.addr + ":rw/x"}, exitLocalIO, "no such file"},
+		{"missing directory", []string{"cp", src, s.addr + ":rw/nosuch/x"}, exitRemote, "rw/nosuch: no such directory (the directory of rw/nosuch/x"},
 		{"both local", []string{"cp", src, src + ".2"}, exitUsage, "not a remote path"},
 	} {
 		_, errs, code := run(t, tc.args...)
