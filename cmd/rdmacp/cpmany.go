@@ -149,7 +149,7 @@ type tally struct {
 	// and once more with its count at the end, not once a file.
 	causes map[string]int
 	// bar, if set, is the progress line that other output must clear.
-	bar *statusLine
+	bar *progressLine
 }
 
 func newTally(c *cli.Context, stdout io.Writer) *tally {

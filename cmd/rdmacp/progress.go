@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
 	"github.com/rdmacp/rdmacp/escape"
@@ -56,7 +57,7 @@ func newRenderer(jsonOut, quiet bool, stdout io.Writer) renderer {
 	case !showBar(quiet):
 		return nopRenderer{}
 	}
-	return &barRenderer{line: newStatusLine(os.Stderr)}
+	return &barRenderer{line: newProgressLine(os.Stderr)}
 }
 
 type nopRenderer struct{}
@@ -96,39 +97,62 @@ func (m *rateMeter) add(t time.Time, n int64) (float64, bool) {
 	return float64(n-first.n) / span.Seconds(), true
 }
 
-// statusLine redraws one line on a terminal.
-type statusLine struct {
+// progressLine is the one progress line on a terminal, drawn by
+// schollz/progressbar (the design's choice): the bar and the percentage
+// are its, the text after them ours (decimal units, files, the file in
+// flight, a rate only once it has half a second of history). Every call
+// goes through mu: the bar's Clear takes no lock of its own, and tree
+// copies draw from a ticker while other goroutines print above the line.
+type progressLine struct {
 	mu    sync.Mutex
-	w     io.Writer
+	bar   *progressbar.ProgressBar
 	shown bool
 }
 
-func newStatusLine(w io.Writer) *statusLine { return &statusLine{w: w} }
+func newProgressLine(w io.Writer) *progressLine {
+	return &progressLine{bar: progressbar.NewOptions64(1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetWidth(20),
+		progressbar.OptionSetPredictTime(false), // the ETA is ours: none while a walk still grows the total
+		progressbar.OptionSetElapsedTime(false),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetRenderBlankState(false),
+	)}
+}
 
-func (l *statusLine) draw(s string) {
+// draw shows done bytes of total (which grows while a walk goes on) and
+// text after the bar.
+func (l *progressLine) draw(done, total int64, text string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "\r%s\x1b[K", s)
+	// Each call renders when what it changes shows; in this order the
+	// last render has everything new. One more than the total: the bar
+	// must not call itself finished (and stop drawing) while a walk may
+	// still find more.
+	l.bar.Describe(text)
+	l.bar.ChangeMax64(max(total, done) + 1)
+	l.bar.Set64(done)
 	l.shown = true
 }
 
 // clear removes the line, for other output to take its place.
-func (l *statusLine) clear() {
+func (l *progressLine) clear() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.clearLocked()
 }
 
-func (l *statusLine) clearLocked() {
+func (l *progressLine) clearLocked() {
 	if l.shown {
-		fmt.Fprint(l.w, "\r\x1b[K")
+		l.bar.Clear()
 		l.shown = false
 	}
 }
 
 // above prints with fn while the line is cleared; the next draw brings it
 // back.
-func (l *statusLine) above(fn func()) {
+func (l *progressLine) above(fn func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.clearLocked()
@@ -137,7 +161,7 @@ func (l *statusLine) above(fn func()) {
 
 // barRenderer is one file's progress line.
 type barRenderer struct {
-	line  *statusLine
+	line  *progressLine
 	start time.Time
 	last  time.Time
 	rate  rateMeter
@@ -154,13 +178,13 @@ func (r *barRenderer) update(p initiator.Progress) {
 		return
 	}
 	r.last = now
-	r.line.draw(fileStatus(p, bps, ok))
+	r.line.draw(p.Bytes, p.Total, fileStatus(p, bps, ok))
 }
 
-// fileStatus is one file's progress: name, percentage, bytes, rate, ETA.
+// fileStatus is one file's progress after its bar: name, bytes, rate, ETA.
 func fileStatus(p initiator.Progress, bps float64, rateOK bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %3d%% %s / %s", escape.String(path.Base(p.Path)), percent(p.Bytes, p.Total), formatSI(p.Bytes), formatSI(p.Total))
+	fmt.Fprintf(&b, "%s %s / %s", escape.String(path.Base(p.Path)), formatSI(p.Bytes), formatSI(p.Total))
 	if rateOK {
 		fmt.Fprintf(&b, "  %s", formatRate(bps))
 		if bps > 0 {
@@ -193,7 +217,7 @@ func (r *barRenderer) finish() { r.line.clear() }
 // ("+" while it goes on), the rate, and an ETA once the walk is done.
 // With perFile (--progress), the file in flight and its share too.
 type treeBar struct {
-	line    *statusLine
+	line    *progressLine
 	counts  *initiator.TreeCounts
 	perFile bool
 	start   time.Time
@@ -207,7 +231,7 @@ type treeBar struct {
 }
 
 func newTreeBar(counts *initiator.TreeCounts, perFile bool) *treeBar {
-	b := &treeBar{line: newStatusLine(os.Stderr), counts: counts, perFile: perFile, start: time.Now(),
+	b := &treeBar{line: newProgressLine(os.Stderr), counts: counts, perFile: perFile, start: time.Now(),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
@@ -243,9 +267,10 @@ func (b *treeBar) draw(now time.Time) {
 		done += cur.Bytes // landed as a whole only at its end
 	}
 	bps, ok := b.rate.add(now, done)
-	b.line.draw(treeStatus(treeSnapshot{
+	total := b.counts.Bytes.Load()
+	b.line.draw(done, total, treeStatus(treeSnapshot{
 		files: b.counts.Files.Load(), doneFiles: b.counts.DoneFiles.Load(),
-		bytes: b.counts.Bytes.Load(), doneBytes: done, walked: b.counts.Walked.Load(),
+		bytes: total, doneBytes: done, walked: b.counts.Walked.Load(),
 		bps: bps, rateOK: ok, elapsed: now.Sub(b.start),
 	}, cur, b.perFile && !curDone && cur.Total > 0))
 }
@@ -265,9 +290,6 @@ func treeStatus(s treeSnapshot, cur initiator.Progress, withFile bool) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d/%d%s files  %s / %s%s", s.doneFiles, s.files, more, formatSI(s.doneBytes), formatSI(s.bytes), more)
-	if s.walked {
-		fmt.Fprintf(&b, " %3d%%", percent(s.doneBytes, s.bytes))
-	}
 	if s.rateOK {
 		fmt.Fprintf(&b, "  %s", formatRate(s.bps))
 		if s.walked && s.bps > 0 {

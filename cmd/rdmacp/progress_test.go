@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestTreeStatus(t *testing.T) {
 	walked := walking
 	walked.walked = true
 	s = treeStatus(walked, initiator.Progress{Path: "a/big.bin", Bytes: 50, Total: 200}, true)
-	if s != "300/1200 files  1.00 MB / 5.00 MB  20%  2.00 MB/s  ETA 0:02  0:00  [big.bin 25%]" {
+	if s != "300/1200 files  1.00 MB / 5.00 MB  2.00 MB/s  ETA 0:02  0:00  [big.bin 25%]" {
 		t.Errorf("walked: %q", s)
 	}
 }
@@ -68,7 +69,40 @@ func TestFileStatus(t *testing.T) {
 	if s := fileStatus(p, 0, false); strings.Contains(s, "/s") {
 		t.Errorf("a rate without history: %q", s)
 	}
-	if s := fileStatus(p, 1e9, true); s != "small.bin  41% 4.19 MB / 10.00 MB  1.00 GB/s  ETA 0:00" {
+	if s := fileStatus(p, 1e9, true); s != "small.bin 4.19 MB / 10.00 MB  1.00 GB/s  ETA 0:00" {
 		t.Errorf("%q", s)
+	}
+}
+
+// The line progressbar draws: its bar and percentage, then our text; a
+// total that grows redraws against the new total; a line printed above
+// clears the bar first; clear leaves nothing of it.
+func TestProgressLineRenders(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := newProgressLine(&buf)
+	l.draw(50, 200, "1/4+ files")
+	if out := buf.String(); !strings.Contains(out, "24%") || !strings.Contains(out, "1/4+ files") || !strings.Contains(out, "|") {
+		t.Errorf("first draw: %q", out)
+	}
+	buf.Reset()
+	l.draw(50, 1000, "1/9 files")
+	if out := buf.String(); !strings.Contains(out, " 4%") || !strings.Contains(out, "1/9 files") {
+		t.Errorf("after the total grew: %q", out)
+	}
+	buf.Reset()
+	l.above(func() { buf.WriteString("a line\n") })
+	if out := buf.String(); !strings.HasPrefix(out, "\r") || !strings.HasSuffix(out, "a line\n") {
+		t.Errorf("above: %q, want the bar cleared first", out)
+	}
+	buf.Reset()
+	l.draw(1000, 1000, "9/9 files")
+	if out := buf.String(); !strings.Contains(out, "9/9 files") {
+		t.Errorf("at the end, the bar must still draw (not call itself finished early): %q", out)
+	}
+	buf.Reset()
+	l.clear()
+	if out := buf.String(); strings.Trim(out, "\r ") != "" {
+		t.Errorf("clear wrote %q", out)
 	}
 }
