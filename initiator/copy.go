@@ -38,6 +38,10 @@ type GetOptions struct {
 	Progress func(Progress)
 	// MkPath makes the directories above DEST: rsync's --mkpath.
 	MkPath bool
+	// ModifyWindow is how far apart two mtimes may be and still count
+	// as the same in the quick check: rsync's --modify-window (0: equal
+	// to the nanosecond).
+	ModifyWindow time.Duration
 	// Force allows DEST to be a block device, which is overwritten in
 	// place. Mounted devices and ones smaller than the source are
 	// refused even so.
@@ -219,7 +223,7 @@ func (s *Session) quickSkip(ctx context.Context, src, dst string, opt GetOptions
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, false, err
 	}
-	if e.Type != protocol.FileRegular || !sameMeta(fi, e) {
+	if e.Type != protocol.FileRegular || !sameMeta(fi, e, opt.ModifyWindow) {
 		return nil, false, nil
 	}
 	return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Skipped: true, Unchanged: true, entry: e}, true, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -20,6 +21,8 @@ type ManifestOptions struct {
 	// QuickCheck: see GetOptions.QuickCheck; for lines copied as files
 	// one by one or as trees (packed lines are always copied).
 	QuickCheck bool
+	// ModifyWindow: see GetOptions.ModifyWindow.
+	ModifyWindow time.Duration
 	// NoPack copies every line on its own (and a tree's small files one
 	// by one), instead of runs of small files many to a request.
 	NoPack bool
@@ -117,7 +120,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		fr.Type = e.Type
 		// A manifest line maps SRC to DEST: DEST is the copy, so the same
 		// manifest run twice leaves the same tree.
-		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck,
+		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow,
 			File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {
@@ -132,7 +135,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 	if opt.Progress != nil {
 		progress = opt.Progress(i)
 	}
-	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck})
+	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow})
 	if res != nil {
 		fr.BytesRead = res.BytesRead
 		if res.Dest != "" {

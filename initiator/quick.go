@@ -29,14 +29,26 @@ func (c *treeCopy) quick() bool {
 func (c *treeCopy) resuming() bool { return c.jn != nil && len(c.jn.done) > 0 }
 
 // sameMeta is rsync's quick check: fi, at the destination, is a regular
-// file with e's size and mtime.
-func sameMeta(fi fs.FileInfo, e protocol.Entry) bool {
-	return fi.Mode().IsRegular() && fi.Size() == int64(e.Size) && fi.ModTime().UnixNano() == e.MtimeNs
+// file with e's size and mtime, within window (rsync's --modify-window:
+// a destination whose file system keeps coarser times, FAT's 2 s or an
+// SMB share's, would otherwise be copied again on every run).
+func sameMeta(fi fs.FileInfo, e protocol.Entry, window time.Duration) bool {
+	return fi.Mode().IsRegular() && fi.Size() == int64(e.Size) && sameTime(fi.ModTime().UnixNano(), e.MtimeNs, window)
 }
 
 // sameStat is sameMeta for a stat(2) answer.
-func sameStat(st *unix.Stat_t, e protocol.Entry) bool {
-	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && st.Mtim.Nano() == e.MtimeNs
+func sameStat(st *unix.Stat_t, e protocol.Entry, window time.Duration) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && sameTime(st.Mtim.Nano(), e.MtimeNs, window)
+}
+
+// sameTime reports whether two mtimes in ns are at most window apart
+// (equal, for 0).
+func sameTime(a, b int64, window time.Duration) bool {
+	d := a - b
+	if d < 0 {
+		d = -d
+	}
+	return d <= int64(window)
 }
 
 // lstat is lstat(2) of rel in the destination, through its directory,
@@ -85,7 +97,7 @@ func (c *treeCopy) unchanged(it item) bool {
 		return false
 	}
 	st, err := c.lstat(it.rel)
-	if err != nil || !sameStat(st, it.entry) {
+	if err != nil || !sameStat(st, it.entry, c.opt.ModifyWindow) {
 		return false
 	}
 	// With --ignore-times, only what the journal says an interrupted run
@@ -292,7 +304,7 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 	case t == protocol.FileRegular:
 		fr.Bytes = int64(it.entry.Size)
 		c.found(it)
-		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry) {
+		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry, opt.ModifyWindow) {
 			fr.Status = StatusUnchanged
 		}
 	case t == protocol.FileSymlink:

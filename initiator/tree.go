@@ -115,6 +115,8 @@ type TreeOptions struct {
 	Contents bool
 	// MkPath makes the directories above DEST too: rsync's --mkpath.
 	MkPath bool
+	// ModifyWindow: see GetOptions.ModifyWindow.
+	ModifyWindow time.Duration
 	// DryRun reports what a copy would do (StatusWouldCopy,
 	// StatusWouldDelete, StatusUnchanged) and touches nothing.
 	DryRun bool

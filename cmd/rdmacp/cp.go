@@ -37,6 +37,7 @@ func cpCommand() *cli.Command {
 			&cli.StringFlag{Name: "from", Usage: "copy the SRC DEST pairs of a manifest (`FILE`, or - for stdin), one per line or as JSON lines {\"src\":..,\"dest\":..}"},
 			&cli.StringFlag{Name: "shard", Usage: "`I/N`: copy only the files (of a tree) or lines (of a manifest) whose source path hashes to I mod N"},
 			&cli.BoolFlag{Name: "partial", Usage: "keep an interrupted copy's temporary file and a hidden .NAME.rdmacp-partial sidecar beside DEST; a rerun reads only what is missing"},
+			&cli.StringFlag{Name: "modify-window", Value: "0", Usage: "mtimes at most `SECONDS` apart count as the same in the quick check, as rsync's (for a DEST that keeps coarse times: 2 for FAT)"},
 			&cli.BoolFlag{Name: "mkpath", Usage: "make the directories above DEST too (rsync's --mkpath); DEST itself is made without it"},
 			&cli.BoolFlag{Name: "no-pack", Usage: "with -r or --from, copy small files one by one instead of many per round trip"},
 			&cli.BoolFlag{Name: "checksum", Aliases: []string{"c"}, Usage: "skip files whose size and whole-file digest already match (computed locally), as rsync -c"},

@@ -57,6 +57,9 @@ func checkCpFlags(c *cli.Context) error {
 	if _, err := parseShard(c.String("shard")); err != nil {
 		return usageError{err}
 	}
+	if _, err := parseModifyWindow(c.String("modify-window")); err != nil {
+		return usagef("--modify-window %v", err)
+	}
 	switch {
 	case c.Bool("delete") && c.String("from") != "":
 		return usagef("--delete applies to cp -r SRC DEST, not to --from")
@@ -70,12 +73,27 @@ func checkCpFlags(c *cli.Context) error {
 	return nil
 }
 
+// modifyWindow is --modify-window, checked by checkCpFlags.
+func modifyWindow(c *cli.Context) time.Duration {
+	d, _ := parseModifyWindow(c.String("modify-window"))
+	return d
+}
+
+// parseModifyWindow reads seconds as rsync's --modify-window does
+// (fractions and Go durations too); 0 is mtimes equal to the nanosecond.
+func parseModifyWindow(s string) (time.Duration, error) {
+	if s == "" || s == "0" {
+		return 0, nil
+	}
+	return parseDuration(s)
+}
+
 // partial is --partial, or -P.
 func partial(c *cli.Context) bool { return c.Bool("partial") || c.Bool("P") }
 
 func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.GetOptions {
 	return initiator.GetOptions{Progress: progress, Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
-		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run"), MkPath: c.Bool("mkpath")}
+		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run"), MkPath: c.Bool("mkpath"), ModifyWindow: modifyWindow(c)}
 }
 
 // fileLine is the --json line for one file of a tree or manifest.
@@ -387,7 +405,7 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, fil
 	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
 		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: partial(c), NoDirect: c.Bool("no-direct"),
 		QuickCheck: !c.Bool("ignore-times"), Filter: filter, Delete: c.Bool("delete"), DryRun: c.Bool("dry-run"), Counts: counts,
-		Contents: strings.HasSuffix(srcArg, "/"), MkPath: c.Bool("mkpath"),
+		Contents: strings.HasSuffix(srcArg, "/"), MkPath: c.Bool("mkpath"), ModifyWindow: modifyWindow(c),
 		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
 	})
 	if bar != nil {
@@ -512,7 +530,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 	}
 	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
 		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
-		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"), QuickCheck: !c.Bool("ignore-times"),
+		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"), QuickCheck: !c.Bool("ignore-times"), ModifyWindow: modifyWindow(c),
 		Progress: func(int) func(initiator.Progress) {
 			done()
 			r = newRenderer(t.jsonOut, c.Bool("quiet"), stdout)

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPlacementLikeRsync runs the same cases through rsync -a and
@@ -113,4 +114,53 @@ func listing(t *testing.T, base string) string {
 	})
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
+}
+
+// --modify-window: a DEST whose mtimes are a second off (a file system
+// with coarse times) is unchanged within a 2 s window, and copied again
+// without one; a file copied alone too.
+func TestModifyWindow(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "d"), 0o755)
+	writeFile(t, filepath.Join(src, "d", "a"), 5000)
+	writeFile(t, filepath.Join(src, "d", "b"), 7000)
+	s := serve(t, src, nil)
+	out := t.TempDir()
+	if _, errs, code := hrun(t, "cp", "-r", "-q", s.addr+":data/d", out); code != 0 {
+		t.Fatalf("first copy: exit %d: %s", code, errs)
+	}
+	for _, n := range []string{"a", "b"} {
+		p := filepath.Join(out, "d", n)
+		fi, _ := os.Stat(p)
+		os.Chtimes(p, fi.ModTime(), fi.ModTime().Add(time.Second))
+	}
+	for _, tc := range []struct {
+		window    string
+		unchanged float64
+	}{{"2", 3}, {"0", 1}} { // the directory d is unchanged either way
+		stdout, errs, code := hrun(t, "cp", "-r", "--json", "--modify-window", tc.window, s.addr+":data/d", out)
+		if code != 0 {
+			t.Fatalf("--modify-window %s: exit %d: %s", tc.window, code, errs)
+		}
+		if sum := summaryOf(t, stdout); sum["files_unchanged"] != tc.unchanged {
+			t.Errorf("--modify-window %s: %v files unchanged, want %v", tc.window, sum["files_unchanged"], tc.unchanged)
+		}
+		if tc.window == "2" {
+			continue
+		}
+		for _, n := range []string{"a", "b"} { // the copy put the source's mtimes back
+			p := filepath.Join(out, "d", n)
+			fi, _ := os.Stat(p)
+			os.Chtimes(p, fi.ModTime(), fi.ModTime().Add(time.Second))
+		}
+	}
+	f := filepath.Join(out, "d", "a")
+	stdout, errs, code := hrun(t, "cp", "--json", "--modify-window", "1.5", s.addr+":data/d/a", f)
+	if sum := summaryOf(t, stdout); code != 0 || sum["unchanged"] != true {
+		t.Errorf("one file, --modify-window 1.5: exit %d, %v: %s", code, sum, errs)
+	}
+	if _, errs, code := hrun(t, "cp", "--modify-window", "-1", s.addr+":data/d/a", f); code != exitUsage {
+		t.Errorf("--modify-window -1: exit %d, %s; want a usage error", code, errs)
+	}
 }
