@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,17 +91,23 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 	}
 }
 
-// A failed entry holds --delete back: nothing is deleted.
+// A failed entry holds --delete back: nothing is deleted. The failure
+// is the source's: "blocker" goes from it while "a" is being copied
+// (both too large to pack, so copied one after the other, after the walk).
 func TestGetTreeDeleteHeldOnFailure(t *testing.T) {
 	e := startTarget(t, nil)
 	os.Mkdir(filepath.Join(e.dir, "t"), 0o755)
-	randomFile(t, filepath.Join(e.dir, "t", "a"), 1000)
-	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 1000)
+	randomFile(t, filepath.Join(e.dir, "t", "a"), 2<<20)
+	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 2<<20)
 	out := t.TempDir()
-	os.MkdirAll(filepath.Join(out, "t", "blocker", "x"), 0o755) // the file "blocker" cannot land
+	os.MkdirAll(filepath.Join(out, "t"), 0o755)
 	os.WriteFile(filepath.Join(out, "t", "extra"), nil, 0o644)
 	s := e.dial(t, nil)
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{QuickCheck: true, Delete: true})
+	var once sync.Once
+	gone := func(p initiator.Progress) {
+		once.Do(func() { os.Remove(filepath.Join(e.dir, "t", "blocker")) })
+	}
+	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{QuickCheck: true, Delete: true, Progress: gone})
 	if err != nil {
 		t.Fatal(err)
 	}

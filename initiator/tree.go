@@ -572,7 +572,16 @@ func (c *treeCopy) settle(final bool) error {
 		// A temporary file is in the directory of its destination.
 		err := fmt.Errorf("%s: no directory", p.rel)
 		if d, base, derr := dr.in(p.rel); derr == nil {
-			if err = d.Rename(path.Base(p.tmp), base); err != nil {
+			err = d.Rename(path.Base(p.tmp), base)
+			if err != nil {
+				switch werr := makeWay(d, base, c.opt.Delete); {
+				case werr == nil:
+					err = d.Rename(path.Base(p.tmp), base)
+				case errors.Is(werr, errInTheWay):
+					err = werr
+				}
+			}
+			if err != nil {
 				d.Remove(path.Base(p.tmp))
 			}
 			if p.rs != nil {
@@ -1140,17 +1149,39 @@ func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
 		if serr == nil && fi.IsDir() {
 			return true, nil
 		}
-		if serr == nil && fi.Mode()&fs.ModeSymlink != 0 {
-			// As rsync (without --keep-dirlinks): a symlink where the
-			// source has a directory is replaced, not followed.
+		if serr == nil {
+			// As rsync (without --keep-dirlinks): a symlink or a file
+			// where the source has a directory is replaced, a symlink
+			// never followed.
 			if err := root.Remove(rel); err != nil {
 				return false, err
 			}
 			return false, root.Mkdir(rel, 0o700)
 		}
-		return false, fmt.Errorf("%s exists and is not a directory", rel)
+		return false, serr
 	}
 	return false, err
+}
+
+// errInTheWay: a non-empty directory is where the source has a file.
+var errInTheWay = errors.New("a non-empty directory is in the way: not replaced without --delete (rsync needs --delete or --force too)")
+
+// makeWay removes a directory at base, where a file is to go: an empty
+// one always, a non-empty one (all of it, through d) with del, as rsync
+// does with --delete. Anything else at base is left for the rename's own
+// error to say.
+func makeWay(d *os.Root, base string, del bool) error {
+	fi, err := d.Lstat(base)
+	if err != nil || !fi.IsDir() {
+		return fs.ErrExist
+	}
+	if d.Remove(base) == nil {
+		return nil
+	}
+	if !del {
+		return errInTheWay
+	}
+	return leftover.Remove(d, base)
 }
 
 // landFailed reports whether a file's failure was the destination's (a
