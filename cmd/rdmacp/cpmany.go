@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,10 +28,11 @@ import (
 type partialError struct {
 	ok, failed int
 	first      error
+	what       string // what ok and failed count: "entry" (files, directories, links) unless set
 }
 
 func (e *partialError) Error() string {
-	return fmt.Sprintf("%d of %d files failed (first: %v)", e.failed, e.ok+e.failed, e.first)
+	return fmt.Sprintf("%d of %s failed (first: %v)", e.failed, plural(e.ok+e.failed, cmp.Or(e.what, "entry")), e.first)
 }
 
 // parseShard reads --shard I/N.

@@ -435,3 +435,21 @@ func TestTransportLineShort(t *testing.T) {
 		t.Errorf("cp -v: exit %d, stderr %q; want the whole reason", code, errs)
 	}
 }
+
+// The partial-failure line counts entries (a tree's directories too), and
+// says so, in the right number.
+func TestPartialErrorWords(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		e    partialError
+		want string
+	}{
+		{partialError{ok: 2, failed: 1, first: errors.New("x")}, "1 of 3 entries failed (first: x)"},
+		{partialError{ok: 0, failed: 1, first: errors.New("x")}, "1 of 1 entry failed (first: x)"},
+		{partialError{ok: 4, failed: 2, first: errors.New("x"), what: "file"}, "2 of 6 files failed (first: x)"},
+	} {
+		if got := c.e.Error(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.e, got, c.want)
+		}
+	}
+}

@@ -179,7 +179,7 @@ func (h *hasher) run(paths []string) error {
 			formatSI(max(0, h.counts.DoneBytes.Load()-h.hashed)), h.alg, formatBytes(h.cs), time.Since(start).Round(time.Millisecond))
 	}
 	if first != nil {
-		return &partialError{ok: int(h.counts.DoneFiles.Load()), first: first}
+		return &partialError{ok: int(h.counts.DoneFiles.Load()), failed: h.failed, first: first, what: "file"}
 	}
 	return nil
 }
