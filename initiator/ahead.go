@@ -18,14 +18,6 @@ import (
 // hashing on, so nothing is hashed twice. An Unmap frees its token once
 // sent: the target serves it before the Map that token pays for.
 
-// pipelined reports whether the session's control calls may overlap.
-func (s *Session) pipelined() bool { return s.ch != nil && s.ch.Pipelined() }
-
-// Pipelined reports whether the target serves requests in order
-// (protocol.FeaturePipeline), so that the session's control calls
-// overlap: windows are mapped ahead without waiting.
-func (s *Session) Pipelined() bool { return s.pipelined() }
-
 // start sends m without waiting for its reply (protocol.Channel.Start).
 func (s *Session) start(ctx context.Context, m protocol.Message) (*protocol.Pending, error) {
 	if s.dead() {
@@ -42,15 +34,10 @@ func (s *Session) wait(ctx context.Context, p *protocol.Pending, t protocol.Type
 }
 
 // unmap unmaps window w, whose chunks are all in, and gives its token
-// back: once the Unmap is sent where calls are pipelined (the target
-// serves it before any Map sent after), else once it is answered.
+// back once the Unmap is sent: the target serves it before any Map sent
+// after.
 func (f *fetch) unmap(w *win) {
 	m := &protocol.Unmap{Handle: f.handle, WindowID: w.w.ID}
-	if !f.s.pipelined() {
-		f.s.call(f.ctx, m)
-		<-f.windows
-		return
-	}
 	p, err := f.s.start(f.ctx, m)
 	<-f.windows
 	if err == nil {
@@ -67,7 +54,8 @@ type ask struct {
 	m, d       *protocol.Pending
 }
 
-// mapAhead is mapWindows on a pipelined session.
+// mapAhead maps windows ahead of the reader, their Map and Digests sent
+// without waiting: the target serves requests in order.
 func (f *fetch) mapAhead(ctx context.Context, out chan<- winOrErr) {
 	want := f.s.windowWant(f.layout.ChunkSize)
 	per := int(want / uint64(f.layout.ChunkSize))

@@ -255,11 +255,10 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 // errSame is pull's way of saying the destination already holds the file.
 var errSame = errors.New("destination already matches")
 
-// sameFile reports whether the file open opens is a regular file with src's whole-file
-// digest, computed locally over the target's layout. Against a target
-// that hashes by window (no file digest at Open), it compares window by
-// window (sameByWindows) and says so with a *sameDigest error carrying
-// the local file digest, for Close's to confirm.
+// sameFile reports whether the file open opens is a regular file with
+// src's digests, compared window by window (sameByWindows): it says so
+// with a *sameDigest error carrying the local file digest, for Close's to
+// confirm.
 func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
 	alg := chunker.Algorithm(or.Algorithm)
 	if alg == chunker.None {
@@ -274,22 +273,11 @@ func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), o
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != layout.Size {
 		return false, nil
 	}
-	if len(or.FileDigest) == 0 && s.winDigests() {
-		fd, same, err := s.sameByWindows(ctx, f, or.Handle, alg, layout)
-		if err != nil || !same {
-			return false, err
-		}
-		return false, &sameDigest{fd}
-	}
-	d, err := chunker.HashFile(ctx, f, layout, alg, 2)
-	if err != nil {
+	fd, same, err := s.sameByWindows(ctx, f, or.Handle, alg, layout)
+	if err != nil || !same {
 		return false, err
 	}
-	fd, err := chunker.FileDigest(alg, layout, d)
-	if err != nil {
-		return false, err
-	}
-	return chunker.Equal(fd, or.FileDigest), nil
+	return false, &sameDigest{fd}
 }
 
 // sameDigest is errSame from sameByWindows: the destination's file
@@ -420,7 +408,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
-	if s.winDigests() && or.Entry.Type == protocol.FileRegular {
+	if or.Entry.Type == protocol.FileRegular {
 		if f.ext, err = s.listExtents(ctx, or.Handle, layout.Size); err != nil {
 			return err
 		}
@@ -1091,7 +1079,7 @@ func (f *fetch) judge(v verdict) error {
 	if !v.ok {
 		f.retries++
 		err := f.eng.Retry(&c.g, f.s.cfg.Retries)
-		if err != nil && !c.suspected && f.s.winDigests() {
+		if err != nil && !c.suspected {
 			err = f.resuspect(c, err)
 		}
 		if err != nil {
@@ -1186,54 +1174,8 @@ type winOrErr struct {
 }
 
 // mapWindows maps the file's windows in order, ahead of the reader,
-// with the digests of the chunks each covers: pipelined (mapAhead,
-// ahead.go) where the target serves requests in order, else one call at
-// a time.
-func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) {
-	if f.s.pipelined() {
-		f.mapAhead(ctx, out)
-		return
-	}
-	s := f.s
-	cs := f.layout.ChunkSize
-	want := s.windowWant(cs)
-	n := f.layout.Chunks()
-	send := func(we winOrErr) bool {
-		select {
-		case out <- we:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	per := int(want / uint64(cs))
-	for first := 0; first < n; {
-		// A token per window in flight, holes too: what waits to be
-		// combined into the file digest (orderedSums) is a few windows.
-		select {
-		case f.windows <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		if end := f.holesTo(first, per); end > first {
-			// Holes up to the next data: no Map, no digests asked.
-			if !send(winOrErr{w: &win{first: first, end: end, left: end - first, hole: true}}) {
-				return
-			}
-			first = end
-			continue
-		}
-		w, err := f.mapOne(ctx, first, want)
-		if err != nil {
-			send(winOrErr{err: err})
-			return
-		}
-		if !send(winOrErr{w: w}) {
-			return
-		}
-		first = w.end
-	}
-}
+// with the digests of the chunks each covers (mapAhead, ahead.go).
+func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) { f.mapAhead(ctx, out) }
 
 // holesTo is where the run of whole hole chunks from first ends, at most
 // per chunks on: first if chunk first holds data.

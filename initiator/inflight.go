@@ -231,31 +231,23 @@ func memlock() int64 {
 	return int64(min(rl.Cur, math.MaxInt64))
 }
 
-// joinAll dials the data QPs of slots 0..n-1: all at once where the
-// target takes them so (protocol.FeatureJoins), else in order, as older
-// targets need. On a failure the ones that connected are closed.
-func joinAll(ctx context.Context, n int, together bool, dial func(context.Context, int) (verbs.QP, error)) ([]verbs.QP, error) {
+// joinAll dials the data QPs of slots 0..n-1 all at once (the target
+// connects them in any order: 16 joins one after another took 6 s at
+// 200 ms RTT). On a failure the ones that connected are closed.
+func joinAll(ctx context.Context, n int, dial func(context.Context, int) (verbs.QP, error)) ([]verbs.QP, error) {
 	qps := make([]verbs.QP, n)
 	errs := make([]error, n)
-	if together {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				if qps[i], errs[i] = dial(ctx, i); errs[i] != nil {
-					cancel() // the rest would only be closed
-				}
-			})
-		}
-		wg.Wait()
-	} else {
-		for i := range n {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
 			if qps[i], errs[i] = dial(ctx, i); errs[i] != nil {
-				break
+				cancel() // the rest would only be closed
 			}
-		}
+		})
 	}
+	wg.Wait()
 	if err := firstErr(errs); err != nil {
 		for _, qp := range qps {
 			if qp != nil {

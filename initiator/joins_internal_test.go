@@ -45,26 +45,12 @@ func TestJoinAllTogether(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	qps, err := joinAll(ctx, n, true, dial)
+	qps, err := joinAll(ctx, n, dial)
 	if err != nil || len(qps) != n {
 		t.Fatalf("together: %d QPs, %v", len(qps), err)
 	}
 	if most.Load() != n {
 		t.Errorf("at most %d dials at once, want %d", most.Load(), n)
-	}
-
-	// In order: the dials never overlap.
-	var at, over atomic.Int32
-	serial := func(ctx context.Context, i int) (verbs.QP, error) {
-		if at.Add(1) > 1 {
-			over.Add(1)
-		}
-		time.Sleep(time.Millisecond)
-		at.Add(-1)
-		return stubQP{closed: &closed}, nil
-	}
-	if qps, err := joinAll(ctx, n, false, serial); err != nil || len(qps) != n || over.Load() != 0 {
-		t.Errorf("in order: %d QPs, %v, %d overlapping dials", len(qps), err, over.Load())
 	}
 }
 
@@ -88,7 +74,7 @@ func TestJoinAllFailureClosesTheRest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	qps, err := joinAll(ctx, n, true, dial)
+	qps, err := joinAll(ctx, n, dial)
 	if !errors.Is(err, refused) || qps != nil {
 		t.Fatalf("got %d QPs, %v; want none and the refusal", len(qps), err)
 	}

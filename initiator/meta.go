@@ -34,9 +34,9 @@ type Archive struct {
 // needsMeta reports whether a needs what only a target's Meta tells.
 func (a Archive) needsMeta() bool { return a.Owner || a.Group || a.HardLinks || a.Xattrs || a.ACLs }
 
-// features are the protocol features to announce in Hello for a.
+// features are what to ask for in Hello for a.
 func (a Archive) features() []string {
-	f := []string{protocol.FeatureWorking}
+	var f []string
 	if a.needsMeta() {
 		f = append(f, protocol.FeatureMeta)
 	}

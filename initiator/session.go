@@ -443,7 +443,7 @@ func (s *Session) hello(ctx context.Context) error {
 // transport's own estimate, to est.
 func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
-		Client: protocol.ClientString("rdmacp", append(s.cfg.Archive.features(), protocol.FeatureWinDigests)...)}
+		Client: protocol.ClientString("rdmacp", s.cfg.Archive.features()...)}
 	t0 := time.Now()
 	m, err := s.call(ctx, h)
 	est.add(time.Since(t0))
@@ -459,7 +459,6 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
 	}
 	s.ch0 = ch
-	s.ch.SetPipelined(protocol.HasFeature(ch.Server, protocol.FeaturePipeline))
 	est.addQP(s.ch.QP())
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {
@@ -544,7 +543,7 @@ func (s *Session) join(ctx context.Context) error {
 	for i := range s.slotRail {
 		s.slotRail[i].Store(int32(i % len(s.rails)))
 	}
-	qps, err := joinAll(ctx, n, protocol.HasFeature(s.ch0.Server, protocol.FeatureJoins), s.dialSlot)
+	qps, err := joinAll(ctx, n, s.dialSlot)
 	if err != nil {
 		return err
 	}

@@ -11,13 +11,6 @@ import (
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
-// winDigests reports whether the target takes digests window by window
-// (protocol.FeatureWinDigests): Open carries no file digest, Close does
-// (Closed), and a file's data extents can be asked for.
-func (s *Session) winDigests() bool {
-	return s.ch0 != nil && protocol.HasFeature(s.ch0.Server, protocol.FeatureWinDigests)
-}
-
 // maxExtents bounds the extents a copy holds (16 bytes each): a file
 // with more is treated as data past them, which costs READs of zeros,
 // never a wrong byte.

@@ -46,19 +46,17 @@ type Channel struct {
 	posted Type
 	stuck  error
 	recvMu sync.Mutex
-	closed bool       // the buffers are freed (under sendMu and recvMu)
-	callMu sync.Mutex // serializes Calls on a channel that is not pipelined
+	closed bool // the buffers are freed (under sendMu and recvMu)
 	comp   []verbs.Completion
 	ready  []verbs.Completion // receive completions not yet consumed
 
-	// Calls in flight (pipeline.go): pipelined lets Calls overlap;
-	// slots bounds the requests sent and not yet answered by the peer's
+	// Calls in flight (pipeline.go), which overlap on the wire: slots
+	// bounds the requests sent and not yet answered by the peer's
 	// posted receives (MaxOutstanding); rx is held by the one caller
 	// that reads replies for all; lastRx is when the last message came.
-	pipelined atomic.Bool
-	slots     chan struct{}
-	rx        chan struct{}
-	lastRx    atomic.Int64
+	slots  chan struct{}
+	rx     chan struct{}
+	lastRx atomic.Int64
 	// progress: when the peer last moved a request on (a reply, or a
 	// Working whose Progress grew), and the request and Progress of the
 	// last Working, and when one came for a request unanswered (under rx).

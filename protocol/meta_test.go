@@ -124,8 +124,8 @@ func TestMetaRefused(t *testing.T) {
 }
 
 func TestMetaFeatures(t *testing.T) {
-	c := ClientString("rdmacp", FeatureWorking, FeatureMeta, FeatureXattrs)
-	if !HasFeature(c, FeatureMeta) || !HasFeature(c, FeatureXattrs) || HasFeature("rdmacp +working", FeatureMeta) {
+	c := ClientString("rdmacp", FeatureMeta, FeatureXattrs)
+	if !HasFeature(c, FeatureMeta) || !HasFeature(c, FeatureXattrs) || HasFeature("rdmacp +xattrs", FeatureMeta) {
 		t.Errorf("features of %q", c)
 	}
 }

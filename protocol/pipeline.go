@@ -17,15 +17,6 @@ import (
 // the reply to a request given up on is dropped when it comes, and its
 // slot freed only then, since the peer still holds a receive for it.
 
-// SetPipelined lets Calls overlap on the wire (Start does regardless).
-// Without it, as for a peer that has not said it serves requests in
-// order (FeaturePipeline), Call sends a request only once the one before
-// is answered or given up on.
-func (c *Channel) SetPipelined(on bool) { c.pipelined.Store(on) }
-
-// Pipelined reports SetPipelined's setting.
-func (c *Channel) Pipelined() bool { return c.pipelined.Load() }
-
 // Pending is a request sent by Start whose reply is not yet taken.
 type Pending struct {
 	c       *Channel
@@ -50,10 +41,6 @@ func (p *Pending) ID() uint32 { return p.id }
 // grew that it moves the request on; the I/O timeout (SetTimeout)
 // bounds both.
 func (c *Channel) Call(ctx context.Context, req Message) (Message, error) {
-	if !c.pipelined.Load() {
-		c.callMu.Lock()
-		defer c.callMu.Unlock()
-	}
 	p, err := c.Start(ctx, req)
 	if err != nil {
 		return nil, err

@@ -122,10 +122,9 @@ func TestStartBoundedByOutstanding(t *testing.T) {
 
 func TestGivenUpReplyGoesToNoOther(t *testing.T) {
 	// A call given up on is answered late; the next call must get its
-	// own reply, not that one, pipelined or not.
-	for _, pipelined := range []bool{false, true} {
+	// own reply, not that one.
+	for range 1 {
 		dial, accept := pair(t)
-		dial.SetPipelined(pipelined)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		if _, err := dial.Call(cctx, stat(0)); !errors.Is(err, context.DeadlineExceeded) {
@@ -143,52 +142,43 @@ func TestGivenUpReplyGoesToNoOther(t *testing.T) {
 		}()
 		m, err := dial.Call(ctx, stat(1))
 		if s := got(t, m, err); s != stat(1).Path {
-			t.Fatalf("pipelined %v: the second call got the reply to %q", pipelined, s)
+			t.Fatalf("the second call got the reply to %q", s)
 		}
 		cancel()
 	}
 }
 
-func TestCallSerialUnlessPipelined(t *testing.T) {
-	// Without SetPipelined (a peer that has not said it serves requests
-	// in order), concurrent Calls go one at a time: the peer sees the
-	// second request only after it answered the first. With it, both
-	// arrive before either is answered.
-	for _, pipelined := range []bool{false, true} {
-		dial, accept := pair(t)
-		dial.SetPipelined(pipelined)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		errc := make(chan error, 2)
-		for i := range 2 {
-			go func() {
-				_, err := dial.Call(ctx, stat(i))
-				errc <- err
-			}()
-		}
-		first, err := accept.Recv(ctx)
+func TestCallsOverlap(t *testing.T) {
+	// Concurrent Calls overlap on the wire: both requests arrive before
+	// either is answered (the target serves them in order).
+	dial, accept := pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			_, err := dial.Call(ctx, stat(i))
+			errc <- err
+		}()
+	}
+	var reqs []protocol.Message
+	for range 2 {
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := accept.Recv(rctx)
+		rcancel()
 		if err != nil {
+			t.Fatalf("request %d before any reply: %v", len(reqs)+1, err)
+		}
+		reqs = append(reqs, m)
+	}
+	for _, m := range reqs {
+		accept.Send(ctx, answer(m))
+	}
+	for range 2 {
+		var pe *protocol.Error
+		if err := <-errc; !errors.As(err, &pe) {
 			t.Fatal(err)
 		}
-		rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		second, err := accept.Recv(rctx)
-		rcancel()
-		if pipelined != (err == nil) {
-			t.Fatalf("pipelined %v: second request before the first reply: %v", pipelined, err)
-		}
-		accept.Send(ctx, answer(first))
-		if second == nil {
-			if second, err = accept.Recv(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		accept.Send(ctx, answer(second))
-		for range 2 {
-			var pe *protocol.Error
-			if err := <-errc; !errors.As(err, &pe) {
-				t.Fatalf("pipelined %v: %v", pipelined, err)
-			}
-		}
-		cancel()
 	}
 }
 

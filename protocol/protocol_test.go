@@ -577,25 +577,25 @@ func TestPackSizes(t *testing.T) {
 }
 
 func TestFeatures(t *testing.T) {
-	if c := ClientString("rdmacp", FeatureWorking); c != "rdmacp +working" {
+	if c := ClientString("rdmacp", FeatureMeta); c != "rdmacp +meta" {
 		t.Errorf("ClientString = %q", c)
 	}
 	if c := ClientString("rdmacp/0.1"); c != "rdmacp/0.1" {
 		t.Errorf("ClientString without features = %q", c)
 	}
 	for client, want := range map[string]bool{
-		"rdmacp +working":          true,
-		"rdmacp +x +working":       true,
-		"rdmacp  +working\t":       true,
-		"rdmacp":                   false, // an initiator from before Working
-		"rdmacp/0.1":               false,
-		"rdmacp working":           false, // a token is +NAME
-		"rdmacp +workingx":         false,
-		"+working":                 false, // the software's name, not a feature
-		"":                         false,
-		"rdmacp +working-extended": false,
+		"rdmacp +meta":          true,
+		"rdmacp +x +meta":       true,
+		"rdmacp  +meta\t":       true,
+		"rdmacp":                false, // no wishes
+		"rdmacp/0.1":            false,
+		"rdmacp meta":           false, // a token is +NAME
+		"rdmacp +metax":         false,
+		"+meta":                 false, // the software's name, not a feature
+		"":                      false,
+		"rdmacp +meta-extended": false,
 	} {
-		if got := HasFeature(client, FeatureWorking); got != want {
+		if got := HasFeature(client, FeatureMeta); got != want {
 			t.Errorf("HasFeature(%q) = %v, want %v", client, got, want)
 		}
 	}

@@ -94,7 +94,7 @@ func hostileRun(t *testing.T, mk func(t *testing.T, dir string), noWalk bool, rw
 	o := &outcome{dest: dest}
 	var mu sync.Mutex
 	start := time.Now()
-	_, o.err = s.GetTree(ctx, "data/t", dest, initiator.TreeOptions{File: func(fr initiator.FileResult) {
+	_, o.err = s.GetTree(ctx, "data/t", dest, initiator.TreeOptions{Contents: true, File: func(fr initiator.FileResult) {
 		mu.Lock()
 		o.files = append(o.files, fr)
 		mu.Unlock()

@@ -31,15 +31,9 @@ type session struct {
 	pd    verbs.PD
 	ch    *protocol.Channel
 	mws   bool // bind a memory window per data QP
-	// working: the initiator understands Working (set by hello, before
-	// any request is served)
-	working bool
 	// want: the metadata the initiator asked for in Hello (wantOf)
-	want metaWant
-	// winDigests: the initiator takes digests window by window
-	// (protocol.FeatureWinDigests)
-	winDigests bool
-	names      idNames
+	want  metaWant
+	names idNames
 	// client is the identity the session authenticated as (nil before,
 	// or on a target without a secret), under srv.kmu; addr its peer's
 	// address, which exports' hosts rules judge.
@@ -277,16 +271,13 @@ func (ss *session) answer(ctx context.Context, m protocol.Message) error {
 	return ss.ch.Send(ctx, reply)
 }
 
-// keepAlive sends Working for request id every WorkingInterval, to an
-// initiator that understands it, until the returned stop is called. stop
+// keepAlive sends Working for request id every WorkingInterval until the
+// returned stop is called. stop
 // returns once no Working is being sent, so that none follows the reply.
 // A Working that fails is not retried: the reply's send will fail too.
 // Each carries the work done since the request began (the session's
 // work counter less base): progress.go.
 func (ss *session) keepAlive(ctx context.Context, id uint32, base uint64) (stop func()) {
-	if !ss.working {
-		return func() {}
-	}
 	var mu sync.Mutex
 	stopped := false
 	mu.Lock()
@@ -336,18 +327,7 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxWindow:     cfg.MaxWindow,
 	}
 	ch.Server = ss.srv.withRails(ss.srv.serverString(ch.AuthRequired))
-	if !cfg.NoWinDigests {
-		ch.Server += " +" + protocol.FeatureWinDigests
-	}
-	ch.Server += " +" + protocol.FeatureJoins
-	// run serves one request at a time, in order (answer), and the
-	// channel reposts each request's receive before the reply.
-	if !cfg.NoPipeline {
-		ch.Server += " +" + protocol.FeaturePipeline
-	}
 	ch.SetID(h.ID())
-	ss.working = protocol.HasFeature(h.Client, protocol.FeatureWorking)
-	ss.winDigests = !cfg.NoWinDigests && protocol.HasFeature(h.Client, protocol.FeatureWinDigests)
 	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
 		if err := ss.setAuthed(); err != nil {
@@ -553,9 +533,6 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 	case *protocol.Digests:
 		return ss.digestsReply(ctx, m)
 	case *protocol.Extents:
-		if !ss.winDigests {
-			break
-		}
 		return ss.extentsReply(m)
 	case *protocol.Suspect:
 		return ss.suspect(ctx, m)
@@ -813,12 +790,11 @@ func (h *handle) changed() bool {
 	return fi.Size() != h.size || fi.ModTime().UnixNano() != h.mtime
 }
 
-// openDigests gives h its digests: for an initiator with
-// FeatureWinDigests a winDigests, which hashes nothing yet beyond the
-// first window, and no file digest (it comes at Close); for any other,
-// the whole file's, hashed now (or cached), and the file digest.
+// openDigests gives h its digests: a winDigests, which hashes nothing yet
+// beyond the first window, and no file digest (it comes at Close). With
+// no digest algorithm, the empty list of the whole file.
 func (ss *session) openDigests(ctx context.Context, h *handle, alg chunker.Algorithm) (fd []byte, cached bool, perr *protocol.Error) {
-	if ss.winDigests && alg.Size() > 0 {
+	if alg.Size() > 0 {
 		if perr := ss.digestRoomFor(h.path, digestWindowBytes(h.layout, alg, ss.srv.cfg.MaxWindow), h.layout, alg); perr != nil {
 			return nil, false, perr
 		}

@@ -531,7 +531,7 @@ func TestFrozenClientHelper(t *testing.T) {
 // and none after its reply.
 func TestWorkingWhileServing(t *testing.T) {
 	tt := startTarget(t, Config{}, 4096)
-	p := dialPeer(t, tt.addr, protocol.ClientString("rdmacp", protocol.FeatureWorking), 1)
+	p := dialPeer(t, tt.addr, protocol.ClientString("rdmacp"), 1)
 	ss := tt.session(t)
 	ss.hmu.Lock() // as SetExports does: the request waits
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -574,7 +574,7 @@ func TestWorkingWhileServing(t *testing.T) {
 // coming but the call fails after its timeout: the target is stuck.
 func TestWorkingKeepsCallWithinTimeout(t *testing.T) {
 	tt := startTarget(t, Config{}, 4096)
-	p := dialPeer(t, tt.addr, protocol.ClientString("rdmacp", protocol.FeatureWorking), 1)
+	p := dialPeer(t, tt.addr, protocol.ClientString("rdmacp"), 1)
 	p.ch.SetTimeout(1500 * time.Millisecond)
 	ss := tt.session(t)
 	ss.hmu.Lock()
@@ -600,26 +600,5 @@ func TestWorkingKeepsCallWithinTimeout(t *testing.T) {
 	}
 	if took := time.Since(start); took < 1500*time.Millisecond || took > 3*time.Second {
 		t.Errorf("failed after %v, want about 1.5s", took)
-	}
-}
-
-// An initiator that does not announce Working never gets one.
-func TestNoWorkingForOlderInitiators(t *testing.T) {
-	tt := startTarget(t, Config{}, 4096)
-	p := dialPeer(t, tt.addr, "rdmacp", 1)
-	ss := tt.session(t)
-	ss.hmu.Lock()
-	time.AfterFunc(1500*time.Millisecond, ss.hmu.Unlock)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := p.ch.Send(ctx, &protocol.Stat{RequestID: 5, Path: "data/f"}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := p.ch.Recv(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := m.(*protocol.StatReply); !ok {
-		t.Fatalf("got %T, want the StatReply and nothing before it", m)
 	}
 }

@@ -129,14 +129,6 @@ type Config struct {
 	// NoPush answers Push with Unsupported, as a target from before Push
 	// would.
 	NoPush bool
-	// NoWinDigests hashes whole files at Open for every initiator, as a
-	// target from before digests by window would (it announces no
-	// protocol.FeatureWinDigests and answers none of its requests).
-	NoWinDigests bool
-	// NoPipeline leaves protocol.FeaturePipeline out of Challenge.Server,
-	// as a target from before it would: the initiator then makes one
-	// call at a time (it serves them in order all the same).
-	NoPipeline bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int

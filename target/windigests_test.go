@@ -2,6 +2,7 @@ package target_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"math/rand/v2"
@@ -16,7 +17,7 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
-const winClient = "rdmacp +windigests"
+const winClient = "rdmacp"
 
 // sparseFile makes a file of size bytes holding random data at each of
 // islands (n bytes each), holes elsewhere.
@@ -142,8 +143,8 @@ func TestFirstByteBeforeHashingPastFirstWindow(t *testing.T) {
 
 func TestWindowDigestsMatchTheWholeFile(t *testing.T) {
 	// Digests by window, with holes computed and a tail of holes never
-	// asked for, give the same chunk digests and file digest as an old
-	// initiator's Open; and the old initiator gets today's replies.
+	// asked for, are the file's chunk digests (hashed here, whole), and
+	// Close's file digest is the file's.
 	for _, alg := range []chunker.Algorithm{chunker.CRC32C, chunker.BLAKE3} {
 		dir := t.TempDir()
 		const size, window = 200<<20 + 12345, 8 << 20
@@ -152,22 +153,27 @@ func TestWindowDigestsMatchTheWholeFile(t *testing.T) {
 		cfg.ChunkSize = 1 << 20
 		_, addr := serveSrv(t, cfg)
 
-		old := newPeerAs(t, addr, "rdmacp +working")
-		m, err := old.call(&protocol.Open{Path: "data/f", Algorithm: uint8(alg)})
+		layout := chunker.Layout{Size: size, ChunkSize: cfg.ChunkSize}
+		f, err := os.Open(filepath.Join(dir, "f"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		oor := m.(*protocol.OpenReply)
-		if len(oor.FileDigest) != alg.Size() {
-			t.Fatalf("%v: an old initiator's Open has file digest %x", alg, oor.FileDigest)
+		whole, err := chunker.HashFile(context.Background(), f, layout, alg, 2)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
 		}
-		all := digestsOf(t, old, oor.Handle, 0, int(oor.Chunks), alg.Size())
-		if m, err := old.call(&protocol.Close{Handle: oor.Handle}); err != nil || m.Type() != protocol.TypeCloseReply {
-			t.Fatalf("%v: an old initiator's Close: %v, %v", alg, m, err)
+		var all []byte
+		for i := range whole.Len() {
+			all = append(all, whole.At(i)...)
+		}
+		fd, err := chunker.FileDigest(alg, layout, whole)
+		if err != nil {
+			t.Fatal(err)
 		}
 
 		p := newPeerAs(t, addr, winClient)
-		m, err = p.call(&protocol.Open{Path: "data/f", Algorithm: uint8(alg)})
+		m, err := p.call(&protocol.Open{Path: "data/f", Algorithm: uint8(alg)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,8 +188,8 @@ func TestWindowDigestsMatchTheWholeFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		c, ok := m.(*protocol.Closed)
-		if !ok || c.Changed || !bytes.Equal(c.FileDigest, oor.FileDigest) {
-			t.Fatalf("%v: Close answered %+v, want Closed with file digest %x", alg, m, oor.FileDigest)
+		if !ok || c.Changed || !bytes.Equal(c.FileDigest, fd) {
+			t.Fatalf("%v: Close answered %+v, want Closed with file digest %x", alg, m, fd)
 		}
 	}
 }
