@@ -1,0 +1,16 @@
+package roce_test
+
+import (
+	"testing"
+
+	"github.com/rdmacp/rdmacp/verbs/roce"
+	"github.com/rdmacp/rdmacp/verbs/verbstest"
+)
+
+func config() verbstest.Config {
+	return verbstest.Config{Provider: roce.New(roce.Config{Port: -1}), ListenAddr: "127.0.0.1:0"}
+}
+
+func TestConformance(t *testing.T) { verbstest.Run(t, config()) }
+
+func BenchmarkConformance(b *testing.B) { verbstest.RunBench(b, config()) }
