@@ -63,9 +63,11 @@ type Config struct {
 	// deadline; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
 
-	// testDrop, set by tests, drops an outgoing datagram when it
-	// returns true (loss on the wire).
-	testDrop func(b []byte) bool
+	// testWire, set by tests, stands for the wire: it gets each
+	// outgoing datagram (a copy it may keep) and calls put for each copy
+	// that is to arrive, now or later, so that tests can drop, duplicate
+	// and reorder packets.
+	testWire func(b []byte, put func([]byte))
 }
 
 const (
@@ -306,9 +308,15 @@ func pktinfoDst(oob []byte) (netip.Addr, bool) {
 
 // send writes one datagram from src to dst.
 func (d *device) send(b []byte, src netip.Addr, dst netip.AddrPort) error {
-	if d.cfg.testDrop != nil && d.cfg.testDrop(b) {
-		return nil
+	if w := d.cfg.testWire; w != nil {
+		var err error
+		w(append([]byte(nil), b...), func(b []byte) { err = d.sendNow(b, src, dst) })
+		return err
 	}
+	return d.sendNow(b, src, dst)
+}
+
+func (d *device) sendNow(b []byte, src netip.Addr, dst netip.AddrPort) error {
 	d.sendMu.Lock()
 	defer d.sendMu.Unlock()
 	if d.oob == nil {

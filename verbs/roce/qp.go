@@ -513,19 +513,15 @@ func (q *qp) onReadResponse(p *packet) {
 	n := uint64(w.wr.Local.Length)
 	off := uint64(w.got) * uint64(q.mtu)
 	chunk := min(uint64(q.mtu), n-off)
-	var op uint8
-	switch {
-	case w.npsn == 1:
-		op = opReadRespOnly
-	case w.got == 0:
-		op = opReadRespFirst
-	case w.got == w.npsn-1:
-		op = opReadRespLast
-	default:
-		op = opReadRespMiddle
-	}
-	if p.opcode != op || uint64(len(p.payload)) != chunk {
-		q.die(verbs.StatusBadResponse, fmt.Errorf("READ response PSN %#x: opcode %#x with %d bytes, want %#x with %d", p.psn, p.opcode, len(p.payload), op, chunk))
+	// The opcode must fit the position: the last response ends a READ
+	// (LAST or ONLY), any other goes on (FIRST or MIDDLE). Which of the
+	// two depends on the request it answers: a request for the rest
+	// after a loss is a READ of its own, and a late duplicate of the
+	// first request's burst carries the same bytes at the same PSN.
+	final := w.got == w.npsn-1
+	endsRead := p.opcode == opReadRespLast || p.opcode == opReadRespOnly
+	if final != endsRead || uint64(len(p.payload)) != chunk {
+		q.die(verbs.StatusBadResponse, fmt.Errorf("READ response PSN %#x: opcode %#x with %d bytes, want %d bytes and final=%v", p.psn, p.opcode, len(p.payload), chunk, final))
 		return
 	}
 	if chunk > 0 {

@@ -1,0 +1,167 @@
+package roce
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/verbstest"
+)
+
+// badWire drops, duplicates and reorders datagrams at the given rates
+// (per mille), with a fixed seed so that a failure repeats.
+type badWire struct {
+	mu                 sync.Mutex
+	rng                *rand.Rand
+	drop, dup, reorder int
+	held               [][]byte
+	heldPut            []func([]byte)
+	counts             struct{ sent, dropped, duped, reordered int }
+}
+
+func (w *badWire) send(b []byte, put func([]byte)) {
+	w.mu.Lock()
+	w.counts.sent++
+	r := w.rng.IntN(1000)
+	var now, later [][]byte
+	switch {
+	case r < w.drop:
+		w.counts.dropped++
+	case r < w.drop+w.dup:
+		w.counts.duped++
+		now = [][]byte{b, b}
+	case r < w.drop+w.dup+w.reorder && len(w.held) < 4:
+		w.counts.reordered++
+		w.held = append(w.held, b)
+		w.heldPut = append(w.heldPut, put)
+	default:
+		now = [][]byte{b}
+		// what was held goes out behind this one: reordered
+		later, w.held = w.held, nil
+		w.heldPut = nil
+	}
+	w.mu.Unlock()
+	for _, p := range now {
+		put(p)
+	}
+	for _, p := range later {
+		put(p)
+	}
+}
+
+// TestLossyWire moves data both ways through a wire that drops,
+// duplicates and reorders 3% of datagrams each: every READ and SEND must
+// complete with the right bytes, repaired by NAKs, go-back-N and the
+// retransmit timer.
+func TestLossyWire(t *testing.T) {
+	w := &badWire{rng: rand.New(rand.NewPCG(1, 2)), drop: 30, dup: 30, reorder: 30}
+	cfg := Config{Port: -1, RetransmitTimeout: 20 * time.Millisecond, RetryCount: 7, testWire: w.send}
+	e := verbstest.Open(t, verbstest.Config{Provider: New(cfg), Timeout: 60 * time.Second})
+	p := e.NewPair(t)
+	const size = 256 << 10
+	src := e.Region(t, p.Accept.PD, size, verbs.AccessRemoteRead|verbs.AccessLocalWrite)
+	sink := e.Region(t, p.Dial.PD, size, verbs.AccessLocalWrite)
+	verbstest.FillRandom(src.B, 3)
+
+	// READs of sizes around the MTU and past it, all outstanding at once.
+	sizes := []int{1, 1023, 1024, 1025, 4096, 7000, 65536, 100000}
+	off, id := 0, uint64(1)
+	var wrs []verbs.SendWR
+	for _, n := range sizes {
+		wrs = append(wrs, sink.Read(id, off, src, off, n))
+		off += n
+		id++
+	}
+	verbstest.PostSend(t, p.DialQP, wrs...)
+	cs := e.Wait(t, p.Dial.SendCQ, len(wrs))
+	for i, c := range cs {
+		if c.Status != verbs.StatusSuccess || c.WRID != uint64(i+1) {
+			t.Fatalf("READ completion %d: wr %#x %v", i, c.WRID, c.Status)
+		}
+	}
+	if !bytes.Equal(sink.B[:off], src.B[:off]) {
+		t.Fatalf("READ data differs after the lossy wire")
+	}
+
+	// SENDs both ways, several packets each.
+	for _, dir := range []struct {
+		from, to *verbstest.Side
+		fq, tq   verbs.QP
+	}{{p.Dial, p.Accept, p.DialQP, p.AcceptQP}, {p.Accept, p.Dial, p.AcceptQP, p.DialQP}} {
+		sbuf := e.Region(t, dir.from.PD, 64<<10, verbs.AccessLocalWrite)
+		rbuf := e.Region(t, dir.to.PD, 64<<10, verbs.AccessLocalWrite)
+		verbstest.FillRandom(sbuf.B, 4)
+		const k = 8
+		var recvs []verbs.RecvWR
+		var sends []verbs.SendWR
+		for i := range k {
+			recvs = append(recvs, verbs.RecvWR{ID: uint64(i), Local: rbuf.SGE(i*8192, 8192)})
+			sends = append(sends, verbs.SendWR{ID: uint64(i), Op: verbs.OpSend, Local: sbuf.SGE(i*8192, 5000+i*300)})
+		}
+		verbstest.PostRecv(t, dir.tq, recvs...)
+		verbstest.PostSend(t, dir.fq, sends...)
+		for i, c := range e.Wait(t, dir.to.RecvCQ, k) {
+			if c.Status != verbs.StatusSuccess || c.WRID != uint64(i) || int(c.Bytes) != 5000+i*300 {
+				t.Fatalf("receive %d: wr %#x %v %d bytes", i, c.WRID, c.Status, c.Bytes)
+			}
+			if !bytes.Equal(rbuf.B[i*8192:i*8192+int(c.Bytes)], sbuf.B[i*8192:i*8192+int(c.Bytes)]) {
+				t.Fatalf("receive %d: data differs", i)
+			}
+		}
+		for i, c := range e.Wait(t, dir.from.SendCQ, k) {
+			if c.Status != verbs.StatusSuccess || c.WRID != uint64(i) {
+				t.Fatalf("send %d: wr %#x %v", i, c.WRID, c.Status)
+			}
+		}
+	}
+	w.mu.Lock()
+	t.Logf("wire: %+v", w.counts)
+	if w.counts.dropped == 0 || w.counts.duped == 0 || w.counts.reordered == 0 {
+		t.Errorf("the wire did not misbehave: %+v", w.counts)
+	}
+	w.mu.Unlock()
+}
+
+// TestDeadPeer: once nothing gets through, the requester gives up after
+// RetryCount retransmissions, with StatusRetryExceeded, in bounded time.
+func TestDeadPeer(t *testing.T) {
+	var mu sync.Mutex
+	dead := false
+	wire := func(b []byte, put func([]byte)) {
+		mu.Lock()
+		d := dead
+		mu.Unlock()
+		if !d {
+			put(b)
+		}
+	}
+	cfg := Config{Port: -1, RetransmitTimeout: 20 * time.Millisecond, RetryCount: 3, testWire: wire}
+	e := verbstest.Open(t, verbstest.Config{Provider: New(cfg)})
+	p := e.NewPair(t)
+	src := e.Region(t, p.Accept.PD, 4096, verbs.AccessRemoteRead)
+	sink := e.Region(t, p.Dial.PD, 4096, verbs.AccessLocalWrite)
+	mu.Lock()
+	dead = true
+	mu.Unlock()
+	start := time.Now()
+	verbstest.PostSend(t, p.DialQP, sink.Read(1, 0, src, 0, 4096), sink.Read(2, 0, src, 0, 4096))
+	cs := e.Wait(t, p.Dial.SendCQ, 2)
+	if cs[0].Status != verbs.StatusRetryExceeded || cs[1].Status != verbs.StatusWRFlush {
+		t.Fatalf("completions %v %v, want retry exceeded then flushed", cs[0].Status, cs[1].Status)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("gave up after %v, want about 4 x 20 ms", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	select {
+	case <-p.DialQP.Done():
+	case <-ctx.Done():
+		t.Fatal("QP not done after retry exceeded")
+	}
+	t.Logf("gave up after %v: %v", time.Since(start), p.DialQP.Err())
+}
