@@ -576,3 +576,23 @@ func (c *cq) Close() error {
 }
 
 func unsafePointer(b *byte) unsafe.Pointer { return unsafe.Pointer(b) }
+
+// Describe says, for doctor, where dev receives RoCEv2 packets, its path
+// MTU, and the GIDs it presents: RoCEv2 GIDs are IPv4-mapped IPv6
+// addresses, one per local IPv4 address. ok is false for a device of
+// another provider.
+func Describe(dev verbs.Device) (detail string, ok bool) {
+	d, ok := dev.(*device)
+	if !ok {
+		return "", false
+	}
+	var gids []string
+	if as, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range as {
+			if n, isIP := a.(*net.IPNet); isIP && n.IP.To4() != nil {
+				gids = append(gids, "::ffff:"+n.IP.String())
+			}
+		}
+	}
+	return fmt.Sprintf("UDP port %d bound; path MTU %d; GIDs %v", d.port, d.cfg.MTU, gids), true
+}
