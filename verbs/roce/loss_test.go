@@ -118,6 +118,9 @@ func TestLossyWire(t *testing.T) {
 			}
 		}
 	}
+	if n := e.Dev.(*device).readOut.Load(); n != 0 {
+		t.Errorf("device READ budget: %d bytes still counted as owed with every READ done", n)
+	}
 	w.mu.Lock()
 	t.Logf("wire: %+v", w.counts)
 	if w.counts.dropped == 0 || w.counts.duped == 0 || w.counts.reordered == 0 {

@@ -57,7 +57,7 @@ type qp struct {
 	readsOut    int    // negotiated ORD
 	readsIn     int    // negotiated IRD
 	readsActive int    // READ requests out and not finished
-	readBytes   uint64 // bytes those READs still owe
+	readBytes   int64  // bytes those READs still owe
 	retries     int
 	rnrRetries  int
 	progress    time.Time // when the requester last moved forward
@@ -96,6 +96,12 @@ type swqe struct {
 }
 
 func (w *swqe) last() uint32 { return psnAdd(w.first, w.npsn-1) }
+
+// rest is how many bytes of a READ have not arrived.
+func (w *swqe) rest(mtu int) uint64 {
+	n, got := uint64(w.wr.Local.Length), uint64(w.got)*uint64(mtu)
+	return n - min(n, got)
+}
 
 func packets(n uint64, mtu int) int {
 	if n == 0 {
@@ -342,14 +348,14 @@ func (q *qp) transmit() {
 			if w.asked {
 				continue
 			}
-			rest := uint64(w.wr.Local.Length) - uint64(w.got)*uint64(q.mtu)
-			if q.readsActive >= q.readsOut || (q.readsActive > 0 && q.readBytes+rest > maxReadBytesOut) {
+			rest := w.rest(q.mtu)
+			if q.readsActive >= q.readsOut || !q.dev.readBudget(rest, q.readsActive == 0) {
 				return
 			}
 			q.sendReadRequest(w, rest)
 			w.asked = true
 			q.readsActive++
-			q.readBytes += rest
+			q.owe(int64(rest))
 		}
 	}
 }
@@ -387,6 +393,13 @@ func (q *qp) sendSegment(w *swqe, i int) bool {
 
 var errDeregistered = errors.New("registered memory was deregistered (MR.Close) while in use")
 
+// owe counts READ response bytes asked for (n > 0) or received or given
+// up on (n < 0), for the QP and its device.
+func (q *qp) owe(n int64) {
+	q.readBytes += n
+	q.dev.readOut.Add(n)
+}
+
 func (q *qp) sendReadRequest(w *swqe, rest uint64) {
 	off := uint64(w.got) * uint64(q.mtu)
 	q.put(&packet{opcode: opReadRequest, pkey: defaultPKey, destQP: q.rqpn, ackReq: true,
@@ -407,7 +420,7 @@ func (q *qp) completeFront(s verbs.Status) {
 	q.inflight = q.inflight[1:]
 	if w.wr.Op == verbs.OpRead && w.asked {
 		q.readsActive--
-		q.readBytes -= uint64(w.wr.Local.Length) - uint64(w.got)*uint64(q.mtu)
+		q.owe(-int64(w.rest(q.mtu)))
 	}
 	q.mu.Lock()
 	q.sqUsed--
@@ -534,7 +547,7 @@ func (q *qp) onReadResponse(p *packet) {
 		m.release()
 	}
 	w.got++
-	q.readBytes -= chunk
+	q.owe(-int64(chunk))
 	q.una = psnAdd(p.psn, 1)
 	q.moved()
 	if w.got == w.npsn {
@@ -552,7 +565,7 @@ func (q *qp) goBack() {
 		case verbs.OpRead:
 			if w.asked {
 				q.readsActive--
-				q.readBytes -= uint64(w.wr.Local.Length) - uint64(w.got)*uint64(q.mtu)
+				q.owe(-int64(w.rest(q.mtu)))
 				w.asked = false
 			}
 		}
@@ -561,7 +574,11 @@ func (q *qp) goBack() {
 }
 
 func (q *qp) onTimer(rto time.Duration) {
-	if len(q.inflight) == 0 || time.Since(q.progress) < rto || time.Now().Before(q.rnrUntil) {
+	if !q.onWire() {
+		q.progress = time.Now() // waiting for the window or the READ budget is no loss
+		return
+	}
+	if time.Since(q.progress) < rto || time.Now().Before(q.rnrUntil) {
 		return
 	}
 	q.retries++
@@ -570,6 +587,17 @@ func (q *qp) onTimer(rto time.Duration) {
 		return
 	}
 	q.goBack()
+}
+
+// onWire says whether a packet of ours awaits an answer: a SEND packet
+// or a READ request sent and not yet acknowledged.
+func (q *qp) onWire() bool {
+	for _, w := range q.inflight {
+		if w.asked || w.next > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // rnrDelay decodes the IB RNR NAK timer field (IBTA table 45), in µs.
@@ -787,6 +815,7 @@ func (q *qp) dieWith(sendStatus, recvStatus verbs.Status, err error) {
 		sc = append(sc, verbs.Completion{WRID: w.wr.ID, Status: s, Op: w.wr.Op, QPN: q.qpn})
 	}
 	q.inflight = nil
+	q.owe(-q.readBytes)
 	q.sendCQ.push(sc...)
 	var rc []verbs.Completion
 	if q.cur != nil {
