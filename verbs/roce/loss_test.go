@@ -168,3 +168,35 @@ func TestDeadPeer(t *testing.T) {
 	}
 	t.Logf("gave up after %v: %v", time.Since(start), p.DialQP.Err())
 }
+
+// TestRNR: a SEND that finds no receive posted is NAKed receiver-not-
+// ready and sent again after the delay, so a receive posted late still
+// gets it; with none ever posted the sender gives up after RNRRetry.
+func TestRNR(t *testing.T) {
+	cfg := Config{Port: -1, RNRDelay: 5 * time.Millisecond, RNRRetry: 20}
+	e := verbstest.Open(t, verbstest.Config{Provider: New(cfg)})
+	p := e.NewPair(t)
+	sbuf := e.Region(t, p.Dial.PD, 8192, verbs.AccessLocalWrite)
+	rbuf := e.Region(t, p.Accept.PD, 8192, verbs.AccessLocalWrite)
+	verbstest.FillRandom(sbuf.B, 5)
+	verbstest.PostSend(t, p.DialQP, verbs.SendWR{ID: 1, Op: verbs.OpSend, Local: sbuf.SGE(0, 3000)})
+	time.Sleep(30 * time.Millisecond) // several RNR NAKs go by
+	verbstest.PostRecv(t, p.AcceptQP, verbs.RecvWR{ID: 7, Local: rbuf.SGE(0, 8192)})
+	rc := e.Wait(t, p.Accept.RecvCQ, 1)
+	if rc[0].Status != verbs.StatusSuccess || rc[0].Bytes != 3000 || !bytes.Equal(rbuf.B[:3000], sbuf.B[:3000]) {
+		t.Fatalf("late receive: %v, %d bytes", rc[0].Status, rc[0].Bytes)
+	}
+	if sc := e.Wait(t, p.Dial.SendCQ, 1); sc[0].Status != verbs.StatusSuccess {
+		t.Fatalf("send after RNR: %v", sc[0].Status)
+	}
+
+	start := time.Now()
+	verbstest.PostSend(t, p.DialQP, verbs.SendWR{ID: 2, Op: verbs.OpSend, Local: sbuf.SGE(0, 10)})
+	sc := e.Wait(t, p.Dial.SendCQ, 1)
+	if sc[0].Status != verbs.StatusRNRRetry {
+		t.Fatalf("send that no receive ever takes: %v, want %v", sc[0].Status, verbs.StatusRNRRetry)
+	}
+	if d := time.Since(start); d < 20*5*time.Millisecond || d > 5*time.Second {
+		t.Errorf("gave up after %v, want about 20 x 5 ms", d)
+	}
+}

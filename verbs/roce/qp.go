@@ -432,6 +432,7 @@ func (q *qp) completeFront(s verbs.Status) {
 func (q *qp) moved() {
 	q.progress = time.Now()
 	q.retries = 0
+	q.rnrRetries = 0
 	q.gapSeen = false
 }
 
@@ -675,16 +676,15 @@ func (q *qp) onSend(p *packet) {
 		q.mu.Lock()
 		if len(q.rq) == 0 {
 			q.mu.Unlock()
-			if !q.rnrNaked || q.rnrPSN != p.psn {
-				q.rnrNaked, q.rnrPSN = true, p.psn
-				q.sendAck(synRNR|rnrTimerCode, p.psn)
-			}
+			// Every try gets its NAK: the requester counts them
+			// (RNRRetry), and a try unanswered would cost it a
+			// retransmit timeout instead.
+			q.sendAck(synRNR|rnrTimerCode, p.psn)
 			return
 		}
 		wr := q.rq[0]
 		q.rq = q.rq[1:]
 		q.mu.Unlock()
-		q.rnrNaked = false
 		q.cur, q.curOff = &wr, 0
 	}
 	if n := len(p.payload); n > 0 {
@@ -721,6 +721,10 @@ func (q *qp) refuse(code uint8, psn uint32, s verbs.Status, why string) {
 
 func (q *qp) serveRead(p *packet) {
 	n := uint64(p.dmaLen)
+	if n > q.dev.Caps().MaxMsgSize {
+		q.refuse(nakInvalidReq, p.psn, verbs.StatusRemoteInvalid, fmt.Sprintf("peer READ of %d bytes, past the %d-byte message limit", n, q.dev.Caps().MaxMsgSize))
+		return
+	}
 	var m *mr
 	var b []byte
 	if n > 0 {
