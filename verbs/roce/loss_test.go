@@ -200,3 +200,46 @@ func TestRNR(t *testing.T) {
 		t.Errorf("gave up after %v, want about 20 x 5 ms", d)
 	}
 }
+
+// TestORDBound: the requester never has more READ requests outstanding
+// than the ORD it negotiated (the peer's IRD), as the wire shows.
+func TestORDBound(t *testing.T) {
+	var mu sync.Mutex
+	out, most := 0, 0
+	wire := func(b []byte, put func([]byte)) {
+		mu.Lock()
+		switch b[0] {
+		case opReadRequest:
+			out++
+			most = max(most, out)
+		case opReadRespLast, opReadRespOnly:
+			out--
+		}
+		mu.Unlock()
+		put(b)
+	}
+	e := verbstest.Open(t, verbstest.Config{Provider: New(Config{Port: -1, testWire: wire})})
+	d, a := e.NewSide(t), e.NewSide(t)
+	p := e.Connect(t, d, a, verbstest.Options{AcceptQP: verbs.QPConfig{MaxReadsIn: 2}})
+	if got := p.DialQP.Info().ReadsOut; got != 2 {
+		t.Fatalf("negotiated ORD %d, want 2", got)
+	}
+	src := e.Region(t, a.PD, 1<<20, verbs.AccessRemoteRead)
+	sink := e.Region(t, d.PD, 1<<20, verbs.AccessLocalWrite)
+	var wrs []verbs.SendWR
+	for i := range 16 {
+		wrs = append(wrs, sink.Read(uint64(i), i<<16, src, i<<16, 1<<16))
+	}
+	verbstest.PostSend(t, p.DialQP, wrs...)
+	for _, c := range e.Wait(t, d.SendCQ, len(wrs)) {
+		if c.Status != verbs.StatusSuccess {
+			t.Fatalf("READ %#x: %v", c.WRID, c.Status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("at most %d READ requests outstanding", most)
+	if most > 2 || most < 1 {
+		t.Errorf("%d READ requests outstanding at once with ORD 2", most)
+	}
+}
