@@ -97,6 +97,11 @@ type swqe struct {
 
 func (w *swqe) last() uint32 { return psnAdd(w.first, w.npsn-1) }
 
+// psnWindow bounds the PSNs in flight: PSN comparisons (psnDiff) hold
+// only within half the 24-bit space, 2^23; this keeps well inside it. It
+// refuses one message of 2^22 packets or more (1 GiB at MTU 256).
+const psnWindow = 1 << 22
+
 // rest is how many bytes of a READ have not arrived.
 func (w *swqe) rest(mtu int) uint64 {
 	n, got := uint64(w.wr.Local.Length), uint64(w.got)*uint64(mtu)
@@ -288,11 +293,15 @@ func (q *qp) take() {
 			q.die(w.bad, fmt.Errorf("work request %#x: %v", w.wr.ID, w.bad))
 			return
 		}
+		np := packets(uint64(w.wr.Local.Length), q.mtu)
+		if len(q.inflight) > 0 && psnDiff(q.nextPSN, q.una)+np >= psnWindow {
+			return // the PSNs in flight would pass half the PSN space
+		}
 		q.mu.Lock()
 		q.posted = q.posted[1:]
 		q.mu.Unlock()
 		w.first = q.nextPSN
-		w.npsn = packets(uint64(w.wr.Local.Length), q.mtu)
+		w.npsn = np
 		q.nextPSN = psnAdd(q.nextPSN, w.npsn)
 		if len(q.inflight) == 0 {
 			q.progress = time.Now()
@@ -303,7 +312,7 @@ func (q *qp) take() {
 
 func (q *qp) checkLocal(w *swqe) verbs.Status {
 	s := w.wr.Local
-	if uint64(s.Length) > q.dev.Caps().MaxMsgSize {
+	if uint64(s.Length) > q.dev.Caps().MaxMsgSize || packets(uint64(s.Length), q.mtu) >= psnWindow {
 		return verbs.StatusLocalLength
 	}
 	need := verbs.Access(0)
