@@ -23,6 +23,7 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/ibverbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
+	"github.com/rdmacp/rdmacp/verbs/roce"
 )
 
 func doctorCommand() *cli.Command {
@@ -183,6 +184,9 @@ func runDoctor(c *cli.Context) error {
 		transport = dev.Provider()
 		d.report("transport", checkOK, why, "")
 		capsCheck(d, "caps", dev)
+		if detail, ok := roce.Describe(dev); ok {
+			d.report("roce-udp", checkOK, detail, "")
+		}
 		var err error
 		if more, err = openMore(c, dev); err != nil {
 			d.report("devices", checkFail, err.Error(), "list devices that are up (ibv_devices), each once")
@@ -335,7 +339,7 @@ func memlockCheck(d *doctor, transport string, devs, qps, depth int, readSize, c
 		pull, init, tgt = pull*n, init*n, min(tgt, math.MaxInt64/n)*n
 	}
 	detail := "ulimit -l " + limit + "; " + need
-	status, why, hint := memlockVerdict(rl.Cur, pull, init, tgt, hasCapIPCLock(), transport == iwarp.Name)
+	status, why, hint := memlockVerdict(rl.Cur, pull, init, tgt, hasCapIPCLock(), transport == iwarp.Name || transport == roce.Name)
 	d.report("memlock", status, detail+why, hint)
 }
 

@@ -13,16 +13,22 @@ import (
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
+	"github.com/rdmacp/rdmacp/verbs/roce"
 )
 
 var errTransport = errors.New("transport unavailable")
 
 // registry lists the transports in order of preference for auto.
-func registry() *verbs.Registry { return registryWith(iwarp.Config{}) }
+func registry() *verbs.Registry { return registryWith(iwarp.Config{}, roce.Config{}) }
 
-func registryWith(soft iwarp.Config) *verbs.Registry {
-	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(soft))...)
+func registryWith(soft iwarp.Config, rs roce.Config) *verbs.Registry {
+	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(soft), roce.New(rs))...)
 }
+
+// explicitOnly are transports auto never picks: roce-soft takes UDP 4791,
+// which a RoCE NIC's kernel driver may own, and talks only to peers that
+// speak its connection setup, so it is used only when asked for by name.
+var explicitOnly = map[string]bool{roce.Name: true}
 
 // transportFlags are the flags every command that moves data takes.
 func transportFlags() []cli.Flag {
@@ -31,6 +37,7 @@ func transportFlags() []cli.Flag {
 		&cli.StringFlag{Name: "device", Aliases: []string{"d"}, Usage: "RDMA device, as in perftest (e.g. mlx5_0); default: the first active one. cp: a comma-separated list spreads a session's data QPs over the devices, one rail each (serve: each --listen address goes to the listed device that owns it)"},
 		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
+		&cli.IntFlag{Name: "roce-port", Value: roce.UDPPort, Usage: "roce-soft: the UDP port this end receives RoCEv2 packets on (peers learn it at connection setup); 0 lets the kernel pick one"},
 		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
 	}
 }
@@ -49,7 +56,11 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	default:
 		return nil, "", usagef("--mpa-crc %q: want auto, on or off", c.String("mpa-crc"))
 	}
-	reg := registryWith(soft)
+	rs := roce.Config{Port: c.Int("roce-port")}
+	if rs.Port == 0 {
+		rs.Port = -1
+	}
+	reg := registryWith(soft, rs)
 	dc := verbs.DeviceConfig{Name: deviceNames(c)[0], Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
 	name := c.String("transport")
 	if name != "auto" {
@@ -65,6 +76,9 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	}
 	var skipped []string
 	for _, p := range reg.Providers() {
+		if explicitOnly[p.Name()] {
+			continue
+		}
 		devs, err := p.Devices(ctx)
 		active := ""
 		for _, d := range devs {

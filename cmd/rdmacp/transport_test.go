@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,5 +38,32 @@ func TestMPACRCNegotiation(t *testing.T) {
 	}
 	if _, _, code := run(t, "cp", "--mpa-crc", "maybe", "h:x/y", t.TempDir()); code != exitUsage {
 		t.Errorf("--mpa-crc maybe: exit %d", code)
+	}
+}
+
+// TestRoceSoftExplicit: --transport roce-soft pulls a file byte-exact
+// and says so on the transport line; auto never picks it.
+func TestRoceSoftExplicit(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	want := writeFile(t, filepath.Join(dir, "f"), 3<<20+7)
+	s := serve(t, dir, nil, "--transport", "roce-soft", "--roce-port", "0")
+	dst := filepath.Join(t.TempDir(), "f")
+	_, errs, code := run(t, "cp", "--transport", "roce-soft", "--roce-port", "0", s.addr+":data/f", dst)
+	if code != 0 {
+		t.Fatalf("cp over roce-soft: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "transport: roce-soft (asked for with --transport)") {
+		t.Errorf("transport line: %q", errs)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("roce-soft copy differs (%d of %d bytes, %v)", len(got), len(want), err)
+	}
+	// auto goes to iwarp-soft, which a roce-soft target does not speak:
+	// an error, never a silent switch to roce-soft.
+	_, errs, code = run(t, "cp", "--contimeout", "2s", s.addr+":data/f", filepath.Join(t.TempDir(), "g"))
+	if code == 0 || strings.Contains(errs, "transport: roce-soft") {
+		t.Errorf("auto against a roce-soft target: exit %d, %q", code, errs)
 	}
 }

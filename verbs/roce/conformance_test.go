@@ -1,0 +1,22 @@
+package roce_test
+
+import (
+	"testing"
+
+	"github.com/rdmacp/rdmacp/verbs/roce"
+	"github.com/rdmacp/rdmacp/verbs/verbstest"
+)
+
+func config() verbstest.Config {
+	return verbstest.Config{Provider: roce.New(roce.Config{Port: -1}), ListenAddr: "127.0.0.1:0"}
+}
+
+func TestConformance(t *testing.T) { verbstest.Run(t, config()) }
+
+func BenchmarkConformance(b *testing.B) { verbstest.RunBench(b, config()) }
+
+// BenchmarkMTU4096: the same with 4 KiB packets, what RoCE NICs use on a
+// jumbo-frame network (loopback's MTU is 64 KiB).
+func BenchmarkMTU4096(b *testing.B) {
+	verbstest.RunBench(b, verbstest.Config{Provider: roce.New(roce.Config{Port: -1, MTU: 4096}), ListenAddr: "127.0.0.1:0"})
+}
