@@ -273,6 +273,9 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 	if err != nil {
 		return err
 	}
+	if cfg.BwLimit > 0 { // the target READs a push: its serve --bwlimit caps it
+		return usagef("--bwlimit caps what this side READs, and the target READs a push: cap it with the target's serve --bwlimit")
+	}
 	jsonOut := c.Bool("json")
 	s, _, closeSession, err := dialSession(c, to.addr, cfg, jsonOut || c.Bool("quiet"))
 	if err != nil {
