@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -25,7 +26,8 @@ func (ps *paceState) bucket(user int64) *reads.Pace {
 
 // targetCap takes the cap the target stated (0: none) and sets the
 // bucket to the lower of it and the user's.
-func (ps *paceState) targetCap(user, target int64) {
+func (ps *paceState) targetCap(user int64, stated uint64) {
+	target := int64(min(stated, math.MaxInt64))
 	ps.target.Store(target)
 	ps.bucket(user).Set(lowerCap(user, target))
 }

@@ -466,6 +466,7 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
 	}
 	s.ch0 = ch
+	s.pace.targetCap(s.cfg.BwLimit, ch.RateCap) // the target's cap binds us: pace.go
 	s.ch.SetPipelined(protocol.HasFeature(ch.Server, protocol.FeaturePipeline))
 	est.addQP(s.ch.QP())
 	if !ch.AuthRequired {

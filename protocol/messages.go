@@ -29,6 +29,10 @@ type Challenge struct {
 	MaxReadsPerQP uint16 // RDMA READs in flight per data QP the target allows
 	MaxWindow     uint64 // largest window the target maps, in bytes
 	Server        string // software and version, e.g. "rdmacp/0.1"
+	// RateCap is the bytes per second the target caps the session's
+	// READs at, over all its data QPs together (serve --bwlimit); 0:
+	// none. The initiator must post its READs within it.
+	RateCap uint64
 }
 
 // Auth proves the initiator knows the shared secret. MAC is ClientMAC.
@@ -692,6 +696,7 @@ func (m *Challenge) encode(e *encoder) {
 	e.u16(m.MaxReadsPerQP)
 	e.u64(m.MaxWindow)
 	e.str(m.Server)
+	e.u64(m.RateCap)
 }
 
 func (m *Challenge) decode(d *decoder) {
@@ -703,6 +708,7 @@ func (m *Challenge) decode(d *decoder) {
 	m.MaxReadsPerQP = d.u16()
 	m.MaxWindow = d.u64()
 	m.Server = d.str()
+	m.RateCap = d.u64()
 }
 
 func (m *Auth) encode(e *encoder)   { e.raw(m.MAC[:]) }
