@@ -333,3 +333,33 @@ func (s *syncBuffer) Bytes() []byte {
 }
 
 func (s *syncBuffer) String() string { return string(s.Bytes()) }
+
+// bwlimit is the cap TestBwLimit sets, in rsync's units (50 MiB/s), and
+// bwlimitMBps the same in the summary's MB/s.
+const (
+	bwlimit     = "50M"
+	bwlimitMBps = 50 << 20 / 1e6
+)
+
+// TestBwLimit: a 1 GiB copy capped at 50 MiB/s, by cp --bwlimit and by
+// the target's serve --bwlimit, runs within 10% of the cap (the whole
+// copy, set-up included, from the summary). The link carries far more.
+func TestBwLimit(t *testing.T) {
+	b := setup(t)
+	dir, secret := source(t, b, copySize)
+	for _, c := range []struct {
+		name        string
+		serve, copy []string
+	}{
+		{"cp --bwlimit", serveFlags, []string{"--bwlimit", bwlimit}},
+		{"serve --bwlimit", append([]string{"--bwlimit", bwlimit}, serveFlags...), nil},
+	} {
+		l := newLink(t, b, longTBF, "-delay", "0s")
+		l.serve(b, dir, secret, c.serve...)
+		got := l.cp(b, secret, c.copy...)
+		t.Logf("%s %s: %.1f MB/s, %.3fx the cap's %.1f MB/s", c.name, bwlimit, got, got/bwlimitMBps, bwlimitMBps)
+		if got < 0.9*bwlimitMBps || got > 1.1*bwlimitMBps {
+			t.Errorf("%s %s: %.1f MB/s, %.2fx the cap's %.1f MB/s; want within 10%%", c.name, bwlimit, got, got/bwlimitMBps, bwlimitMBps)
+		}
+	}
+}
