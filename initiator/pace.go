@@ -29,18 +29,7 @@ func (ps *paceState) bucket(user int64) *reads.Pace {
 func (ps *paceState) targetCap(user int64, stated uint64) {
 	target := int64(min(stated, math.MaxInt64))
 	ps.target.Store(target)
-	ps.bucket(user).Set(lowerCap(user, target))
-}
-
-// lowerCap is the lower of two caps, where 0 is none.
-func lowerCap(a, b int64) int64 {
-	switch {
-	case a <= 0:
-		return max(b, 0)
-	case b <= 0:
-		return a
-	}
-	return min(a, b)
+	ps.bucket(user).Set(reads.LowerRate(user, target))
 }
 
 // RateCap is what caps the session's rate: the user's --bwlimit and the

@@ -3,6 +3,7 @@ package initiator_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,4 +49,22 @@ func TestTargetCapHolds(t *testing.T) {
 		t.Errorf("%d bytes from a target capped at %d B/s came in %v, under the %v the cap allows", size, rate, took, least)
 	}
 	t.Logf("%d bytes in %v: %.1f MiB/s against a cap of %d MiB/s", size, took, float64(size)/took.Seconds()/(1<<20), rate>>20)
+}
+
+// TestIdentityCap: a keys file's bwlimit for the identity a session
+// authenticates as replaces the target's cap in AuthOK, the lower of
+// the two.
+func TestIdentityCap(t *testing.T) {
+	const key = "alice-key-0123456789"
+	keys, err := target.ParseKeys(strings.NewReader("client alice "+key+" *=read\nbwlimit alice 2M\n"), "keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ serve, want int64 }{{0, 2 << 20}, {8 << 20, 2 << 20}, {1 << 20, 1 << 20}} {
+		e := startTarget(t, func(cfg *target.Config) { cfg.Keys, cfg.BwLimit = keys, c.serve })
+		s := e.dial(t, func(cfg *initiator.Config) { cfg.Identity, cfg.Secret = "alice", []byte(key) })
+		if got := s.RateCap(); got.Target != c.want || got.Limit != c.want {
+			t.Errorf("serve --bwlimit %d, alice's 2M: %+v, want the target's cap %d", c.serve, got, c.want)
+		}
+	}
 }

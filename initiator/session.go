@@ -497,6 +497,7 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	if !isOK || !protocol.CheckMAC(ok2.MAC, proof) {
 		return fmt.Errorf("%w: the target does not know the secret", ErrAuth)
 	}
+	s.pace.targetCap(s.cfg.BwLimit, ok2.RateCap) // the identity's cap replaces the Challenge's
 	return nil
 }
 

@@ -46,6 +46,10 @@ type Auth struct {
 type AuthOK struct {
 	RequestID uint32
 	MAC       [32]byte
+	// RateCap is the bytes per second the target caps the session at
+	// now that it knows who it is (the lower of serve's cap and the
+	// identity's); 0: none. It replaces Challenge.RateCap.
+	RateCap uint64
 }
 
 // List asks for the entries of a directory, one page at a time. Cookie is 0
@@ -711,10 +715,17 @@ func (m *Challenge) decode(d *decoder) {
 	m.RateCap = d.u64()
 }
 
-func (m *Auth) encode(e *encoder)   { e.raw(m.MAC[:]) }
-func (m *Auth) decode(d *decoder)   { d.array(m.MAC[:]) }
-func (m *AuthOK) encode(e *encoder) { e.raw(m.MAC[:]) }
-func (m *AuthOK) decode(d *decoder) { d.array(m.MAC[:]) }
+func (m *Auth) encode(e *encoder) { e.raw(m.MAC[:]) }
+func (m *Auth) decode(d *decoder) { d.array(m.MAC[:]) }
+func (m *AuthOK) encode(e *encoder) {
+	e.raw(m.MAC[:])
+	e.u64(m.RateCap)
+}
+
+func (m *AuthOK) decode(d *decoder) {
+	d.array(m.MAC[:])
+	m.RateCap = d.u64()
+}
 
 func (m *List) encode(e *encoder) {
 	e.u64(m.Cookie)

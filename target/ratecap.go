@@ -22,27 +22,53 @@ import (
 //   - a push's READs are the target's own: its engine posts through
 //     the same bucket.
 
-// rateCap is the cap Challenge states, and makes the session's bucket.
+// rateCap is the cap Challenge states: serve's, for a session that has
+// not said who it is.
 func (ss *session) rateCap() uint64 {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return uint64(ss.bucketLocked().Rate())
+	return uint64(ss.capLocked(ss.srv.cfg.BwLimit))
 }
 
-// bucketLocked is the session's bucket, made on first use; nil without
-// a cap. Under mu.
-func (ss *session) bucketLocked() *reads.Pace {
-	if ss.pace == nil && ss.srv.cfg.BwLimit > 0 {
-		ss.pace = reads.NewPace(ss.srv.cfg.BwLimit)
+// capFor is the cap AuthOK states, once the session is client c's: the
+// lower of serve's and c's own. A reload of the keys calls it again
+// with the client's new line: the session's QPs keep to the new cap at
+// once (on iwarp-soft), the initiator from its next session.
+func (ss *session) capFor(c *Client) uint64 {
+	if c == nil {
+		return ss.rateCap()
 	}
-	return ss.pace
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return uint64(ss.capLocked(reads.LowerRate(ss.srv.cfg.BwLimit, c.BwLimit)))
 }
 
-// bucket is bucketLocked, taking mu.
+// capLocked sets the session's cap to rate (0: none), making its
+// bucket the first time there is one and putting the data QPs there
+// are under it. Under mu.
+func (ss *session) capLocked(rate int64) int64 {
+	if ss.pace == nil {
+		if rate <= 0 {
+			return 0
+		}
+		ss.pace = reads.NewPace(rate)
+		for _, qp := range ss.data {
+			if qp != nil {
+				ss.paceQP(qp)
+			}
+		}
+		return rate
+	}
+	ss.pace.Set(rate)
+	return ss.pace.Rate()
+}
+
+// bucket is the session's bucket, nil without a cap (a push's engine
+// posts through it).
 func (ss *session) bucket() *reads.Pace {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return ss.bucketLocked()
+	return ss.pace
 }
 
 // responsePacer is a QP that paces its Read Responses: iwarp-soft's.
@@ -52,11 +78,18 @@ type responsePacer interface {
 
 // paceQP puts a data QP that joined under the session's cap. Under mu.
 func (ss *session) paceQP(qp verbs.QP) {
-	p := ss.bucketLocked()
+	p := ss.pace
 	if p == nil {
 		return
 	}
 	if rp, ok := qp.(responsePacer); ok {
 		rp.PaceResponses(p.Take)
 	}
+}
+
+// clientNow is the session's client, read under kmu.
+func (ss *session) clientNow() *Client {
+	ss.srv.kmu.RLock()
+	defer ss.srv.kmu.RUnlock()
+	return ss.client
 }

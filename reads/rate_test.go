@@ -1,4 +1,4 @@
-package main
+package reads
 
 import "testing"
 
@@ -22,14 +22,22 @@ func TestParseRate(t *testing.T) {
 		{"1.4k", 1024},
 		{" 8K ", 8 << 10},
 	} {
-		got, err := parseRate(c.in)
+		got, err := ParseRate(c.in)
 		if err != nil || got != c.want {
-			t.Errorf("parseRate(%q) = %d, %v; want %d", c.in, got, err, c.want)
+			t.Errorf("ParseRate(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
 	for _, bad := range []string{"", "fast", "-1", "10X", "1bb", "1kbit", "100b", "NaN", "Inf", "1e30"} {
-		if got, err := parseRate(bad); err == nil {
-			t.Errorf("parseRate(%q) = %d, want an error", bad, got)
+		if got, err := ParseRate(bad); err == nil {
+			t.Errorf("ParseRate(%q) = %d, want an error", bad, got)
+		}
+	}
+}
+
+func TestLowerRate(t *testing.T) {
+	for _, c := range []struct{ a, b, want int64 }{{0, 0, 0}, {5, 0, 5}, {0, 5, 5}, {3, 5, 3}, {5, 3, 3}, {-1, 4, 4}} {
+		if got := LowerRate(c.a, c.b); got != c.want {
+			t.Errorf("LowerRate(%d, %d) = %d, want %d", c.a, c.b, got, c.want)
 		}
 	}
 }
