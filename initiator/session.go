@@ -76,6 +76,10 @@ type Config struct {
 	// subnets lists the local subnets; nil: the host's interfaces.
 	// Tests give fake ones.
 	subnets subnetLister
+	// BwLimit caps the session's READs in bytes per second over all its
+	// QPs and rails together, as rsync's --bwlimit; 0: none. A target
+	// that caps the session lower is honoured (pace.go).
+	BwLimit int64
 	// Archive is what copies keep beyond bytes, modes & 0777 and mtimes;
 	// the session asks the target for what it needs of that in Hello.
 	Archive Archive
@@ -164,6 +168,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("initiator: retries %d: want 0 or more, or NoRetries", c.Retries)
 	case c.RetryFor < 0 && c.RetryFor != NeverRetry:
 		return fmt.Errorf("initiator: --retry-for %v: want a positive duration, or NeverRetry", c.RetryFor)
+	case c.BwLimit < 0:
+		return fmt.Errorf("initiator: --bwlimit %d: want bytes per second, or 0 for no limit", c.BwLimit)
 	case c.Timeout < 0 || c.ConnectTimeout < 0:
 		return fmt.Errorf("initiator: --timeout %v, --contimeout %v: want positive durations", c.Timeout, c.ConnectTimeout)
 	case !c.Algorithm.Valid():
@@ -228,6 +234,7 @@ type Session struct {
 	capped             []Capped // noteGrant
 	win                *reads.Window
 	winOnce            sync.Once
+	pace               paceState // the rate cap: pace.go
 
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
@@ -459,6 +466,7 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
 	}
 	s.ch0 = ch
+	s.pace.targetCap(s.cfg.BwLimit, ch.RateCap) // the target's cap binds us: pace.go
 	est.addQP(s.ch.QP())
 	if !ch.AuthRequired {
 		if len(s.cfg.Secret) > 0 {
@@ -488,6 +496,7 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	if !isOK || !protocol.CheckMAC(ok2.MAC, proof) {
 		return fmt.Errorf("%w: the target does not know the secret", ErrAuth)
 	}
+	s.pace.targetCap(s.cfg.BwLimit, ok2.RateCap) // the identity's cap replaces the Challenge's
 	return nil
 }
 
@@ -754,6 +763,7 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	if w := s.window(); w.Growing() {
 		cfg.Window = w // a window that can't grow is the depth already
 	}
+	cfg.Pace = s.pace.bucket(s.cfg.BwLimit)
 	return reads.New(ctx, cfg)
 }
 

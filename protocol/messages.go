@@ -29,6 +29,10 @@ type Challenge struct {
 	MaxReadsPerQP uint16 // RDMA READs in flight per data QP the target allows
 	MaxWindow     uint64 // largest window the target maps, in bytes
 	Server        string // software and version, e.g. "rdmacp/0.1"
+	// RateCap is the bytes per second the target caps the session's
+	// READs at, over all its data QPs together (serve --bwlimit); 0:
+	// none. The initiator must post its READs within it.
+	RateCap uint64
 }
 
 // Auth proves the initiator knows the shared secret. MAC is ClientMAC.
@@ -42,6 +46,10 @@ type Auth struct {
 type AuthOK struct {
 	RequestID uint32
 	MAC       [32]byte
+	// RateCap is the bytes per second the target caps the session at
+	// now that it knows who it is (the lower of serve's cap and the
+	// identity's); 0: none. It replaces Challenge.RateCap.
+	RateCap uint64
 }
 
 // List asks for the entries of a directory, one page at a time. Cookie is 0
@@ -692,6 +700,7 @@ func (m *Challenge) encode(e *encoder) {
 	e.u16(m.MaxReadsPerQP)
 	e.u64(m.MaxWindow)
 	e.str(m.Server)
+	e.u64(m.RateCap)
 }
 
 func (m *Challenge) decode(d *decoder) {
@@ -703,12 +712,20 @@ func (m *Challenge) decode(d *decoder) {
 	m.MaxReadsPerQP = d.u16()
 	m.MaxWindow = d.u64()
 	m.Server = d.str()
+	m.RateCap = d.u64()
 }
 
-func (m *Auth) encode(e *encoder)   { e.raw(m.MAC[:]) }
-func (m *Auth) decode(d *decoder)   { d.array(m.MAC[:]) }
-func (m *AuthOK) encode(e *encoder) { e.raw(m.MAC[:]) }
-func (m *AuthOK) decode(d *decoder) { d.array(m.MAC[:]) }
+func (m *Auth) encode(e *encoder) { e.raw(m.MAC[:]) }
+func (m *Auth) decode(d *decoder) { d.array(m.MAC[:]) }
+func (m *AuthOK) encode(e *encoder) {
+	e.raw(m.MAC[:])
+	e.u64(m.RateCap)
+}
+
+func (m *AuthOK) decode(d *decoder) {
+	d.array(m.MAC[:])
+	m.RateCap = d.u64()
+}
 
 func (m *List) encode(e *encoder) {
 	e.u64(m.Cookie)

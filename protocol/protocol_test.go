@@ -33,9 +33,9 @@ func samples() []Message {
 		&Rails{RequestID: 4}, &RailsReply{RequestID: 4, Addrs: []string{"10.0.0.1:7471", "[fd00::2]:7471"}}, &RailDrop{RequestID: 5, Index: 3},
 		&Challenge{RequestID: 1, Version: 1, ServerNonce: nonce(100), AuthRequired: true,
 			Session:    [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
-			MaxDataQPs: 8, MaxReadsPerQP: 16, MaxWindow: 1 << 30, Server: "rdmacp/0.1 target"},
+			MaxDataQPs: 8, MaxReadsPerQP: 16, MaxWindow: 1 << 30, Server: "rdmacp/0.1 target", RateCap: 50 << 20},
 		&Auth{RequestID: 2, MAC: nonce(7)},
-		&AuthOK{RequestID: 2, MAC: nonce(9)},
+		&AuthOK{RequestID: 2, MAC: nonce(9), RateCap: 20 << 20},
 		&List{RequestID: 3, Cookie: 42, Path: "dir/sub"},
 		&ListReply{RequestID: 3, NextCookie: 43, Entries: []Entry{
 			sampleEntry,

@@ -113,6 +113,10 @@ type Config struct {
 	// engine: a session's engines share one, so what the first file
 	// learnt holds for the next.
 	Window *Window
+	// Pace, if set, caps the rate READs are posted at, over all QPs
+	// together (pace.go). Like Window it may outlive the engine and be
+	// shared by several.
+	Pace *Pace
 	// Timeout: a QP with READs out and no completion for this long is
 	// dead. Zero means DefaultTimeout.
 	Timeout time.Duration
@@ -168,6 +172,7 @@ type Engine struct {
 	failures int
 	refused  error // a READ the peer refused: the transfer can't go on
 	rails    railStats
+	paced    *time.Timer // wakes Step when the Pace lets READs go again
 }
 
 // slot is the engine's view of one QP slot.
@@ -459,13 +464,18 @@ func (e *Engine) postOn(q int) (int, error) {
 	room := min(e.cfg.Depth-s.inflight, len(e.free))
 	budget := e.windowRoom(s)
 	now := time.Now()
+	paced := false
 	dev := e.dev(q)
 	wrs := e.wrs[:0]
 	idx := e.idx[:0]
 	keep := e.queue[:0]
 	for i := range e.queue {
 		p := e.queue[i]
-		if len(wrs) >= room || !p.Keys.usable(q, s.gen) || !budget.take(int64(p.Local.Length)) {
+		if paced || len(wrs) >= room || !p.Keys.usable(q, s.gen) || !budget.take(int64(p.Local.Length)) {
+			keep = append(keep, p)
+			continue
+		}
+		if paced = !e.paceTake(now, int64(p.Local.Length)); paced {
 			keep = append(keep, p)
 			continue
 		}
@@ -547,6 +557,30 @@ func (b *room) take(n int64) bool {
 	}
 	b.held = true
 	return false
+}
+
+// paceTake asks the Pace for n bytes; when it says wait, a timer fires
+// Ready then, since no completion may come to (the READs out may all be
+// in already).
+func (e *Engine) paceTake(now time.Time, n int64) bool {
+	ok, wait := e.cfg.Pace.Take(now, n)
+	if ok {
+		return true
+	}
+	if e.paced == nil {
+		e.paced = time.AfterFunc(wait, e.wake)
+	} else {
+		e.paced.Reset(wait)
+	}
+	return false
+}
+
+// wake fires Ready unless it is pending already.
+func (e *Engine) wake() {
+	select {
+	case e.ready <- struct{}{}:
+	default:
+	}
 }
 
 func (e *Engine) release(r int) {
@@ -675,6 +709,9 @@ const drainWait = 2 * time.Second
 // stops them). It returns how many never completed.
 func (e *Engine) Close() int {
 	e.stop()
+	if e.paced != nil {
+		e.paced.Stop()
+	}
 	if e.out == 0 {
 		return 0
 	}

@@ -78,7 +78,7 @@ func (ss *session) authenticate(m protocol.Message, serverNonce, clientNonce [32
 		return e, fmt.Errorf("%w: %s", errAuth, authFailed)
 	}
 	ss.client = c
-	ok := &protocol.AuthOK{MAC: proof}
+	ok := &protocol.AuthOK{MAC: proof, RateCap: ss.capFor(c)} // ratecap.go
 	ok.SetID(m.ID())
 	return ok, nil
 }
@@ -149,6 +149,9 @@ func (s *Server) SetKeys(keys *Keys) int {
 	s.keys = keys
 	var end []*session
 	var told []string // what the log says of each
+
+	// The sessions that go on: their client's bwlimit may have changed.
+	var recap []*session
 	for _, ss := range sessions {
 		oc := ss.client
 		if oc == nil || ss.stopped() || ss.revoked != "" {
@@ -180,8 +183,12 @@ func (s *Server) SetKeys(keys *Keys) int {
 			continue
 		}
 		ss.client = nc
+		recap = append(recap, ss)
 	}
 	s.kmu.Unlock()
+	for _, ss := range recap {
+		ss.capFor(ss.clientNow()) // ratecap.go: after kmu, never under it
+	}
 	for i, ss := range end {
 		// Not ss.log: the session's own goroutine may be writing it.
 		s.cfg.Logger.Info(told[i]+": session ended (keys reloaded)", "session", fmt.Sprintf("%x", ss.token[:4]), "peer", ss.addr.String())

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 )
 
 // A Right is what a client may do with an export. Each includes the
@@ -44,7 +45,10 @@ type Client struct {
 	Name   string
 	Key    []byte
 	Rights map[string]Right // by export name; anyExport for the rest
-	line   int
+	// BwLimit caps each of the client's sessions, bytes per second (a
+	// "bwlimit NAME RATE" line); 0: only serve's --bwlimit.
+	BwLimit int64
+	line    int
 }
 
 // right is c's right on export name, before address rules.
@@ -150,11 +154,14 @@ func LoadKeys(path string) (*Keys, error) {
 //
 //	client NAME KEY [EXPORT=RIGHT ...]
 //	hosts EXPORT ADDRESS-OR-CIDR ...
+//	bwlimit NAME RATE
 //
 // RIGHT is read, push or none; EXPORT "*" is every export not named on
 // its own. A client without a right for an export has none there. An
 // export with a hosts line is used only from those addresses (by anyone,
 // whatever their rights); "hosts *" covers the exports without a line.
+// A bwlimit line caps each session of client NAME (named on an earlier
+// line) at RATE, in --bwlimit's units, below serve's own cap if lower.
 func ParseKeys(r io.Reader, file string) (*Keys, error) {
 	k := newKeys()
 	hostLine := map[string]int{}
@@ -190,6 +197,10 @@ func ParseKeys(r io.Reader, file string) (*Keys, error) {
 			}
 			c.line = n
 			k.clients[c.Name] = c
+		case "bwlimit":
+			if msg := parseBwLimit(k, f[1:]); msg != "" {
+				return fail("%s", msg)
+			}
 		case "hosts":
 			if len(f) < 3 {
 				return fail("want hosts EXPORT ADDRESS-OR-CIDR ...")
@@ -264,6 +275,26 @@ func parseClient(name, key string, rights []string) (*Client, string) {
 		}
 	}
 	return c, ""
+}
+
+// parseBwLimit reads a bwlimit line's NAME RATE into its client.
+func parseBwLimit(k *Keys, f []string) string {
+	if len(f) != 2 {
+		return "want bwlimit NAME RATE (as bwlimit backup 50M)"
+	}
+	c := k.clients[f[0]]
+	if c == nil {
+		return fmt.Sprintf("bwlimit for client %q: no client line names it before this one", f[0])
+	}
+	if c.BwLimit != 0 {
+		return fmt.Sprintf("bwlimit for client %q given twice", f[0])
+	}
+	r, err := reads.ParseRate(f[1])
+	if err != nil {
+		return fmt.Sprintf("bwlimit for client %q: %v", f[0], err)
+	}
+	c.BwLimit = r
+	return ""
 }
 
 // parseHost reads an address (a /32 or /128) or a CIDR.

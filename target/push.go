@@ -330,7 +330,7 @@ func (ss *session) pullWindow(ctx context.Context, p *push, m *protocol.PushWind
 	}()
 	pw := &pushWindow{p: p, m: m, first: first, end: end, reply: &protocol.PushWindowReply{Offset: m.Window.Offset}}
 	eng, err := reads.New(ctx, reads.Config{CQs: ss.sendCQs(), QPs: newFixedQPs(ss, p.qps), Depth: p.depth,
-		Timeout: ss.srv.cfg.IdleTimeout, GroupDone: pw.chunkIn})
+		Timeout: ss.srv.cfg.IdleTimeout, GroupDone: pw.chunkIn, Pace: ss.bucket()})
 	if err != nil {
 		return nil, errf(protocol.CodeInternal, "%v", err)
 	}

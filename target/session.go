@@ -18,6 +18,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
+	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -71,6 +72,7 @@ type session struct {
 	spare      packSpare
 	stats      sessionStats // for the access log and metrics
 	suspects   rateBudget   // bytes Suspect may have hashed again (suspect.go)
+	pace       *reads.Pace  // the session's rate cap, under mu (ratecap.go)
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -325,6 +327,7 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxDataQPs:    uint16(cfg.MaxDataQPs),
 		MaxReadsPerQP: uint16(min(cfg.Device.Caps().MaxReadsPerQP, 1<<16-1)),
 		MaxWindow:     cfg.MaxWindow,
+		RateCap:       ss.rateCap(),
 	}
 	ch.Server = ss.srv.withRails(ss.srv.serverString(ch.AuthRequired))
 	ch.SetID(h.ID())
@@ -433,6 +436,7 @@ func (ss *session) join(ctx context.Context, req verbs.ConnRequest, index int) e
 		}
 		ss.data[index] = qp
 		ss.qpDev[qp] = d
+		ss.paceQP(qp) // ratecap.go
 	}
 	ss.mu.Unlock()
 	if err != nil && qp != nil {

@@ -89,6 +89,10 @@ type Config struct {
 	// default 4 MiB chunk, some 10 ms of CPU a second at CRC32C's speed.
 	// Beyond it Suspect is answered TooMany.
 	SuspectRate int64
+	// BwLimit caps each session's READs in bytes per second, all its
+	// data QPs together (serve --bwlimit); 0: none. See ratecap.go for
+	// what holds on each transport.
+	BwLimit int64
 	// MaxSessions caps authenticated sessions; default 64. A control
 	// connection counts as a session only once its Hello (and, with a
 	// secret, its Auth) has been accepted; until then it is a handshake.
@@ -209,6 +213,9 @@ func (c *Config) setDefaults() {
 
 // Validate reports the first problem with c.
 func (c *Config) Validate() error {
+	if c.BwLimit < 0 {
+		return fmt.Errorf("target: --bwlimit %d: want bytes per second, or 0 for no limit", c.BwLimit)
+	}
 	if c.Device == nil {
 		return errors.New("target: no device")
 	}

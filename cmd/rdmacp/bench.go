@@ -39,6 +39,7 @@ func benchCommand() *cli.Command {
 			&cli.IntFlag{Name: "iters", Aliases: []string{"n"}, Usage: fmt.Sprintf("READs per queue pair and size (default %d, as perftest)", benchIters)},
 			&cli.StringFlag{Name: "interval", Value: "100ms", Usage: "slice of time the minimum and peak rates are taken over"},
 			&cli.BoolFlag{Name: "report-gbits", Aliases: []string{"report_gbits"}, Usage: "report Gb/s instead of MB/s"},
+			bwlimitFlag("cap the READs"),
 			&cli.BoolFlag{Name: "json", Usage: "one JSON summary line per size on stdout (or an error line)"},
 			quietFlag(),
 			&cli.StringFlag{Name: "cpuprofile", Usage: "write a CPU profile of the test to FILE (go tool pprof)"},
@@ -160,6 +161,9 @@ func benchOne(c *cli.Context, stdout io.Writer) error {
 		return err
 	}
 	cfg.QPs, cfg.Depth = c.Int("qps"), c.Int("depth")
+	if cfg.BwLimit, err = parseRate(c.String("bwlimit")); err != nil {
+		return usagef("--bwlimit: %v", err)
+	}
 	jsonOut := c.Bool("json")
 	s, why, closeSession, err := dialSession(c, src.addr, cfg, jsonOut)
 	if err != nil {

@@ -83,6 +83,8 @@ type summaryLine struct {
 	Rails []initiator.Rail `json:"rails,omitempty"`
 	// RailsSkipped are the target's rail addresses not dialled, and why.
 	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
+	// RateCap: what capped the copy's rate (--bwlimit, the target's).
+	RateCap *rateCapLine `json:"rate_cap,omitempty"`
 }
 
 type errorLine struct {
@@ -205,7 +207,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return json.NewEncoder(stdout).Encode(summaryLine{Type: "summary", Status: "ok", Source: srcArg, Dest: res.Dest,
 			Bytes: res.Bytes, Seconds: secs, MBps: mbps, Transport: s.Transport(), QPs: s.DataQPs(), Depth: s.ReadsPerQP(),
 			ChunkSize: res.ChunkSize, Retries: res.Retries, Digest: res.Digest, BytesRead: res.BytesRead,
-			Recoveries: recoveriesOf(c).Count(), Rails: s.Rails(), RailsSkipped: s.SkippedRails()})
+			Recoveries: recoveriesOf(c).Count(), Rails: s.Rails(), RailsSkipped: s.SkippedRails(), RateCap: rateCapOf(s)})
 	}
 	if quiet {
 		return nil
@@ -213,6 +215,7 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
 		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
 	printRails(stdout, s.Rails())
+	printRateCap(stdout, s)
 	return nil
 }
 
@@ -272,6 +275,9 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 	cfg, err := initiatorConfig(c)
 	if err != nil {
 		return err
+	}
+	if cfg.BwLimit > 0 { // the target READs a push: its serve --bwlimit caps it
+		return usagef("--bwlimit caps what this side READs, and the target READs a push: cap it with the target's serve --bwlimit")
 	}
 	jsonOut := c.Bool("json")
 	s, _, closeSession, err := dialSession(c, to.addr, cfg, jsonOut || c.Bool("quiet"))

@@ -19,6 +19,7 @@ func initiatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "chunk-size", Usage: "bytes per verified chunk, a multiple of 4KiB up to 256MiB (default: the target's, 4MiB)"},
 		&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: crc32c, blake3 or none (--checksum is rsync's -c)"},
 		&cli.IntFlag{Name: "retries", Value: initiator.Defaults().Retries, Usage: "times a chunk that fails its digest is read again (0: never)"},
+		bwlimitFlag("cap the RDMA READs over all queue pairs and rails together"),
 		bindFlag(),
 		allowRailFlag(),
 		secretFlag(),
@@ -72,6 +73,9 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 	}
 	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("digest")); err != nil {
 		return cfg, usagef("--digest: %v", err)
+	}
+	if cfg.BwLimit, err = parseRate(c.String("bwlimit")); err != nil {
+		return cfg, usagef("--bwlimit: %v", err)
 	}
 	if err := railsConfig(c, &cfg); err != nil {
 		return cfg, err

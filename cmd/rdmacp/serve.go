@@ -42,6 +42,7 @@ func serveCommand() *cli.Command {
 			&cli.StringFlag{Name: "window-budget", Value: "1GiB", Usage: "bytes all sessions together may have mapped and registered; each session's share is the budget over the sessions there are (at least --min-window-share)"},
 			&cli.StringFlag{Name: "min-window-share", Usage: "least share of --window-budget every session is entitled to, at most the budget over --max-sessions (default: 2 × --max-window, capped at that)"},
 			&cli.StringFlag{Name: "max-digest-memory", Value: "64MiB", Usage: "bytes of chunk digests one session's open files may hold; an open over it is refused, asking for a larger --chunk-size"},
+			bwlimitFlag("cap each session's READs, all its queue pairs together (told to the initiator; iwarp-soft also paces its READ responses)"),
 			&cli.DurationFlag{Name: "idle-timeout", Value: 5 * time.Minute, Usage: "end a session (revoking its keys) after this long without a request"},
 			&cli.IntFlag{Name: "max-sessions", Value: 64, Usage: "authenticated sessions at once; more are refused \"too many sessions\""},
 			&cli.IntFlag{Name: "max-sessions-per-addr", Value: 16, Usage: "authenticated sessions from one IP address (at most --max-sessions)"},
@@ -134,6 +135,7 @@ type serveFile struct {
 	// Absent: the flag's value (min_window_share: derived, as --min-window-share).
 	MinWindowShare  string `json:"min_window_share"`
 	MaxDigestMemory string `json:"max_digest_memory"`
+	BwLimit         string `json:"bwlimit"`      // a rate as --bwlimit's: "50M"
 	IdleTimeout     string `json:"idle_timeout"` // a Go duration: "5m"
 	LogFormat       string `json:"log_format"`
 	LogLevel        string `json:"log_level"`
@@ -278,6 +280,10 @@ func runServe(c *cli.Context) error {
 	if digestMem < 1 {
 		return usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
 	}
+	bwlimit, err := parseRate(pick("bwlimit", file.BwLimit))
+	if err != nil {
+		return usagef("--bwlimit: %v", err)
+	}
 	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
 	if err != nil {
 		return usagef("--digest: %v", err)
@@ -336,7 +342,7 @@ func runServe(c *cli.Context) error {
 	ln := target.Listeners(lns...)
 	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: store,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
-		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem),
+		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem), BwLimit: bwlimit,
 		DrainTimeout: drainTimeout, Logger: log,
 		MaxSessions: lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
 		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})

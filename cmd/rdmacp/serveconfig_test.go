@@ -23,6 +23,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"chunk-size":              {"1MiB", `"1MiB"`},
 	"digest":                  {"blake3", `"blake3"`},
 	"max-window":              {"16MiB", `"16MiB"`},
+	"bwlimit":                 {"50M", `"50M"`},
 	"window-budget":           {"2GiB", `"2GiB"`},
 	"min-window-share":        {"8MiB", `"8MiB"`},
 	"max-digest-memory":       {"32MiB", `"32MiB"`},

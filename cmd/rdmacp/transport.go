@@ -177,6 +177,9 @@ func dialSession(c *cli.Context, addr string, cfg initiator.Config, silent bool)
 	}
 	warnSkippedRails(c.App.ErrWriter, s.SkippedRails()) // a warning: -q and --json keep it
 	warnCapped(c.App.ErrWriter, s.Capped())
+	if rc := rateCapOf(s); rc != nil && rc.By == "target" && !silent && !quiet(c) {
+		fmt.Fprintln(c.App.ErrWriter, rateCapText(s)) // before a copy that will take longer than its user thought
+	}
 	return s, why, func() {
 		if !closedWithin(c.Context, s.Close, interruptedCloseWait) {
 			return // the process is exiting: the kernel closes what is left

@@ -246,6 +246,10 @@ func TestLongRTT(t *testing.T) {
 	}
 }
 
+// competeShare is the least share of its rate the competing flow must
+// keep during the copy (TestCompetingFlow).
+const competeShare = 0.5
+
 // TestCompetingFlow: with a TCP flow taking 5% of a 200 MB/s link (tbf),
 // a copy at 200 ms RTT does not collapse: it keeps most of what the
 // link gives it with no delay and no competitor.
@@ -253,6 +257,15 @@ func TestCompetingFlow(t *testing.T) {
 	b := setup(t)
 	dir, secret := source(t, b, copySize)
 	const tbf, competeMBps = "1600mbit", 10.0
+	// MTU 9000, as the link: with topo.sh's 65000 the
+	// competitor's receiver kept its window at one 64948-byte segment
+	// (snd_wnd 64-460 KB, rwnd_limited 64-81% in ss -ti) in half the
+	// runs, and got 2.7-5.3 MB/s against the copy, as much as against
+	// 16 bulk TCP streams (3.4-4.6 MB/s): its receive autotuning
+	// (tcp_rcv_space_adjust) starts from 10 segments' worth, 649 KB,
+	// which a 64 KB window never fills, so it never grows. At 9000 it
+	// got 8.3 MB/s in both runs, the copy unchanged (134 MB/s).
+	t.Setenv("LONGLINK_MTU", "9000")
 	l := newLink(t, b, tbf, "-delay", "0s")
 	l.serve(b, dir, secret, serveFlags...)
 	near := l.cp(b, secret)
@@ -287,11 +300,13 @@ func TestCompetingFlow(t *testing.T) {
 	}
 	t.Logf("no delay, alone: %.1f MB/s; 200 ms RTT with a %.0f MB/s competitor: %.1f MB/s (ratio %.2f); the competitor moved %d bytes in %.1f s",
 		near, competeMBps, far, far/near, r.Bytes, secs+1)
-	// That the competitor ran, not that it got its share: at 200 ms RTT
-	// one TCP flow against the copy's 16 QPs got 1.1 to 2.4 of its 10
-	// MB/s in quiet-host runs (a fairness gap the closing note reports).
-	if float64(r.Bytes) < 0.02*competeMBps*1e6*secs {
-		t.Errorf("the competing flow moved only %d bytes in %.1f s: it was not competing (the sender's stderr: %q)", r.Bytes, secs, sendErr.String())
+	// The competitor's share: a copy with 16 QPs is 16 TCP streams,
+	// and against them a 10 MB/s flow got 8.3 MB/s (of its 10) in
+	// every run at MTU 9000 on the loaded 2-core host; half of it
+	// leaves room for load.
+	if got := float64(r.Bytes) / secs / 1e6; got < competeShare*competeMBps {
+		t.Errorf("the competing flow got %.2f MB/s of its %.0f during the copy (%d bytes in %.1f s); want at least %.0f%% (the sender's stderr: %q)",
+			got, competeMBps, r.Bytes, secs, competeShare*100, sendErr.String())
 	}
 	if far < ratioBound()*near {
 		t.Errorf("200 ms RTT with a competing flow: %.1f MB/s, %.2fx the %.1f MB/s alone with no delay; want at least %.2fx", far, far/near, near, ratioBound())
@@ -333,3 +348,33 @@ func (s *syncBuffer) Bytes() []byte {
 }
 
 func (s *syncBuffer) String() string { return string(s.Bytes()) }
+
+// bwlimit is the cap TestBwLimit sets, in rsync's units (50 MiB/s), and
+// bwlimitMBps the same in the summary's MB/s.
+const (
+	bwlimit     = "50M"
+	bwlimitMBps = 50 << 20 / 1e6
+)
+
+// TestBwLimit: a 1 GiB copy capped at 50 MiB/s, by cp --bwlimit and by
+// the target's serve --bwlimit, runs within 10% of the cap (the whole
+// copy, set-up included, from the summary). The link carries far more.
+func TestBwLimit(t *testing.T) {
+	b := setup(t)
+	dir, secret := source(t, b, copySize)
+	for _, c := range []struct {
+		name        string
+		serve, copy []string
+	}{
+		{"cp --bwlimit", serveFlags, []string{"--bwlimit", bwlimit}},
+		{"serve --bwlimit", append([]string{"--bwlimit", bwlimit}, serveFlags...), nil},
+	} {
+		l := newLink(t, b, longTBF, "-delay", "0s")
+		l.serve(b, dir, secret, c.serve...)
+		got := l.cp(b, secret, c.copy...)
+		t.Logf("%s %s: %.1f MB/s, %.3fx the cap's %.1f MB/s", c.name, bwlimit, got, got/bwlimitMBps, bwlimitMBps)
+		if got < 0.9*bwlimitMBps || got > 1.1*bwlimitMBps {
+			t.Errorf("%s %s: %.1f MB/s, %.2fx the cap's %.1f MB/s; want within 10%%", c.name, bwlimit, got, got/bwlimitMBps, bwlimitMBps)
+		}
+	}
+}

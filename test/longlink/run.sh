@@ -2,9 +2,10 @@
 # test/longlink/run.sh - rdmacp over a long link: real serve and cp in two
 # network namespaces joined through test/linkemu (the project's userspace
 # link emulator: delay below the socket; this kernel has no sch_netem),
-# with tbf for a rate. Two cases: 200 ms RTT against the same link with
-# no delay, and the same with a competing TCP flow taking 5% of a
-# 100 MB/s link. About 2 minutes on the 2-core host; bounded at 5.
+# with tbf for a rate. Three cases: 200 ms RTT against the same link with
+# no delay; the same with a competing TCP flow taking 5% of a 100 MB/s
+# link; and a copy capped at 50 MiB/s by cp --bwlimit and by serve
+# --bwlimit. About 3 minutes on the 2-core host; bounded at 7.
 #
 # usage: test/longlink/run.sh [go test flags, e.g. -run TestLongRTT]
 #   RDMACP_BIN=/path/to/rdmacp     test that binary instead of building ./cmd/rdmacp
@@ -40,6 +41,6 @@ fi
 ip netns del "$probe"
 t0=$(date +%s)
 rc=0
-RDMACP_LONGLINK=1 timeout -k 10 300 go test -v -count=1 -timeout 280s "$@" . || rc=$?
+RDMACP_LONGLINK=1 timeout -k 10 420 go test -v -count=1 -timeout 400s "$@" . || rc=$?
 echo "long-link suite: exit $rc after $(( $(date +%s) - t0 ))s"
 exit $rc

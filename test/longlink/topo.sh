@@ -7,6 +7,10 @@
 # optional rate and loss). Veth MTU 65000 and GSO super-frames kept by the
 # emulator: a few thousand frames a second carry hundreds of MB/s.
 #
+# The veths' MTU is $LONGLINK_MTU, 65000 unless set: a receiver of a
+# lone flow paced below its share may then never open its window past
+# one 64948-byte segment (TestCompetingFlow sets 9000; see there).
+#
 # usage: topo.sh up NAME LINKEMU_BIN [linkemu flags...]   (prints nothing; emulator's log in /tmp/NAME-linkemu.log)
 #        topo.sh down NAME                                (stops the emulator, removes the namespaces and its log)
 #        topo.sh tbf NAME RATE                            (tbf at RATE, e.g. 1gbit, on the target's egress b0)
@@ -27,7 +31,7 @@ up)
   for x in a b; do
     for end in 0 1; do
       ns=$name-$x; [ $end = 1 ] && ns=$name-m
-      ip -n "$ns" link set "$name-$x$end" mtu 65000 up
+      ip -n "$ns" link set "$name-$x$end" mtu "${LONGLINK_MTU:-65000}" up
     done
   done
   ip -n "$name-a" addr add 10.77.0.1/24 dev "$name-a0"

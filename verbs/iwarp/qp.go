@@ -90,7 +90,8 @@ type qp struct {
 	linger   *time.Timer // closes the socket a while after a disconnect
 	wg       sync.WaitGroup
 
-	respBytes atomic.Uint64 // Read Response payload sent (ReadResponseBytes)
+	respBytes atomic.Uint64            // Read Response payload sent (ReadResponseBytes)
+	pace      atomic.Pointer[paceFunc] // paces Read Responses, nil: not (pace.go)
 }
 
 func newQP(p *pendingQP, c net.Conn, crc bool, ord, ird int, peerPrivate []byte) *qp {
@@ -771,6 +772,9 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 		}
 	}()
 	for _, r := range resp {
+		if err := q.paceResponse(f, int64(r.req.size)); err != nil {
+			return err
+		}
 		var m *mr
 		var data []byte
 		if r.req.size > 0 {
