@@ -50,38 +50,6 @@ func benchCommand() *cli.Command {
 	}
 }
 
-type benchLine struct {
-	Type         string    `json:"message_type"`
-	Status       string    `json:"status"`
-	Source       string    `json:"source"`
-	Transport    string    `json:"transport"`
-	Choice       string    `json:"transport_choice"`
-	QPs          int       `json:"qps"`
-	Depth        int       `json:"depth"`
-	Size         int       `json:"read_size"`
-	Window       int64     `json:"window"`
-	Reads        int64     `json:"reads"`
-	Bytes        int64     `json:"bytes"`
-	Seconds      float64   `json:"seconds"`
-	AvgMBps      float64   `json:"avg_mb_per_s"`
-	MinMBps      float64   `json:"min_mb_per_s"`
-	PeakMBps     float64   `json:"peak_mb_per_s"`
-	AvgGbps      float64   `json:"avg_gbit_per_s"`
-	MinGbps      float64   `json:"min_gbit_per_s"`
-	PeakGbps     float64   `json:"peak_gbit_per_s"`
-	IntervalMs   float64   `json:"interval_ms"`
-	Intervals    []float64 `json:"intervals_mb_per_s"`
-	CPUSeconds   float64   `json:"cpu_seconds"`
-	CPUSecsPerGB float64   `json:"cpu_seconds_per_gb"`
-	QPFailures   int       `json:"qp_failures"`
-	// The path and the bytes in flight the session settled on.
-	ConnectRTTms  float64 `json:"connect_rtt_ms"`
-	ReadRTTms     float64 `json:"read_rtt_ms"`
-	Inflight      int64   `json:"inflight_bytes"`
-	InflightStart int64   `json:"inflight_start_bytes"`
-	InflightMax   int64   `json:"inflight_max_bytes"`
-}
-
 // parseDuration takes seconds, as perftest's -D, or a Go duration.
 func parseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil {

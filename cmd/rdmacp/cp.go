@@ -58,41 +58,6 @@ func cpCommand() *cli.Command {
 	}
 }
 
-type summaryLine struct {
-	Type      string  `json:"message_type"`
-	Status    string  `json:"status"`
-	Source    string  `json:"source"`
-	Dest      string  `json:"dest"`
-	Bytes     int64   `json:"bytes"`
-	Seconds   float64 `json:"seconds"`
-	MBps      float64 `json:"mb_per_s"`
-	Transport string  `json:"transport"`
-	QPs       int     `json:"qps"`
-	Depth     int     `json:"depth"`
-	ChunkSize int64   `json:"chunk_size"`
-	Retries   int     `json:"chunk_retries"`
-	Digest    string  `json:"digest"`
-	BytesRead int64   `json:"bytes_read"`
-	Skipped   bool    `json:"skipped,omitempty"`
-	// Unchanged: skipped by the quick check (size and mtime), unread.
-	Unchanged bool `json:"unchanged,omitempty"`
-	DryRun    bool `json:"dry_run,omitempty"`
-	// Recoveries: data QPs replaced and sessions re-established.
-	Recoveries int `json:"recoveries"`
-	// Rails are the paths the data QPs took and the bytes each carried.
-	Rails []initiator.Rail `json:"rails,omitempty"`
-	// RailsSkipped are the target's rail addresses not dialled, and why.
-	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
-	// RateCap: what capped the copy's rate (--bwlimit, the target's).
-	RateCap *rateCapLine `json:"rate_cap,omitempty"`
-}
-
-type errorLine struct {
-	Type     string `json:"message_type"`
-	Error    string `json:"error"`
-	ExitCode int    `json:"exit_code"`
-}
-
 func runCp(c *cli.Context) error {
 	if stopOnInterrupt {
 		go exitAfterInterrupt(c.Context, interruptGrace)

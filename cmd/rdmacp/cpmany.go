@@ -98,61 +98,6 @@ func getOptions(c *cli.Context, progress func(initiator.Progress)) initiator.Get
 		NoDirect: c.Bool("no-direct"), QuickCheck: !c.Bool("ignore-times"), DryRun: c.Bool("dry-run"), MkPath: c.Bool("mkpath"), ModifyWindow: modifyWindow(c)}
 }
 
-// fileLine is the --json line for one file of a tree or manifest.
-type fileLine struct {
-	Type      string `json:"message_type"`
-	Path      string `json:"path"`
-	Source    string `json:"source,omitempty"`
-	Dest      string `json:"dest,omitempty"`
-	FileType  string `json:"type"`
-	Status    string `json:"status"`
-	Bytes     int64  `json:"bytes"`
-	BytesRead int64  `json:"bytes_read"`
-	Digest    string `json:"digest,omitempty"`
-	Error     string `json:"error,omitempty"`
-	ExitCode  int    `json:"exit_code,omitempty"`
-	// PathEscaped: Path as escape.String writes it, only when Path is not
-	// valid UTF-8 (see entryLine).
-	PathEscaped string `json:"path_escaped,omitempty"`
-}
-
-// manySummary is the --json summary of a tree or manifest.
-type manySummary struct {
-	Type    string `json:"message_type"`
-	Status  string `json:"status"` // ok, partial or failed
-	Source  string `json:"source,omitempty"`
-	Dest    string `json:"dest,omitempty"`
-	Files   int    `json:"files"` // every entry: regular files, directories, symlinks, special files
-	OK      int    `json:"files_ok"`
-	Failed  int    `json:"files_failed"`
-	Skipped int    `json:"files_skipped"`
-	// Of Files, by type, and those found already in place (status
-	// unchanged: the quick check, or a directory or symlink already there).
-	Regular   int `json:"regular_files"`
-	Dirs      int `json:"dirs"`
-	Links     int `json:"symlinks"`
-	Unchanged int `json:"files_unchanged"`
-	// Of Unchanged: files an interrupted run of the same tree copy
-	// finished (its journal says so), skipped without being read.
-	SkippedDone int `json:"files_skipped_done"`
-	// Deleted: entries --delete removed (with --dry-run, would remove).
-	Deleted   int     `json:"deleted"`
-	DryRun    bool    `json:"dry_run,omitempty"`
-	Bytes     int64   `json:"bytes"`
-	BytesRead int64   `json:"bytes_read"`
-	Seconds   float64 `json:"seconds"`
-	MBps      float64 `json:"mb_per_s"`
-	Transport string  `json:"transport"`
-	QPs       int     `json:"qps"`
-	Depth     int     `json:"depth"`
-	ExitCode  int     `json:"exit_code"`
-	// Recoveries: data QPs replaced and sessions re-established.
-	Recoveries int              `json:"recoveries"`
-	Rails      []initiator.Rail `json:"rails,omitempty"` // see rails.go
-	// RailsSkipped are the target's rail addresses not dialled, and why.
-	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
-}
-
 // tally counts a many-file copy's outcomes and prints them.
 type tally struct {
 	c         *cli.Context

@@ -64,22 +64,6 @@ const (
 	checkSkip = "skip"
 )
 
-type check struct {
-	Type   string `json:"message_type"`
-	Name   string `json:"check"`
-	Status string `json:"status"`
-	Detail string `json:"detail"`
-	Hint   string `json:"hint,omitempty"`
-}
-
-type doctorSummary struct {
-	Type string `json:"message_type"`
-	OK   int    `json:"ok"`
-	Warn int    `json:"warn"`
-	Fail int    `json:"fail"`
-	Skip int    `json:"skip"`
-}
-
 type doctor struct {
 	out    io.Writer
 	json   bool

@@ -31,21 +31,6 @@ func lsCommand() *cli.Command {
 	}
 }
 
-type entryLine struct {
-	Type    string `json:"type"`
-	Name    string `json:"name"`
-	Mode    string `json:"mode"`
-	Size    uint64 `json:"size"`
-	Mtime   string `json:"mtime"`
-	Target  string `json:"target,omitempty"`
-	Message string `json:"message_type"`
-	// NameEscaped and TargetEscaped: Name and Target as escape.String
-	// writes them, only when they are not valid UTF-8, which JSON cannot
-	// carry (encoding/json turns such bytes into U+FFFD).
-	NameEscaped   string `json:"name_escaped,omitempty"`
-	TargetEscaped string `json:"target_escaped,omitempty"`
-}
-
 func runLs(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return usagef("ls wants one HOST[:PORT][:EXPORT[/DIR]] argument, got %d", c.NArg())

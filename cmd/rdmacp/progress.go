@@ -314,15 +314,6 @@ type jsonRenderer struct {
 	start time.Time
 }
 
-type statusJSON struct {
-	Type    string  `json:"message_type"`
-	Path    string  `json:"path"`
-	Bytes   int64   `json:"bytes"`
-	Total   int64   `json:"total"`
-	Seconds float64 `json:"seconds"`
-	Retries int     `json:"chunk_retries"`
-}
-
 func (r *jsonRenderer) update(p initiator.Progress) {
 	r.enc.Encode(statusJSON{Type: "status", Path: p.Path, Bytes: p.Bytes, Total: p.Total,
 		Seconds: time.Since(r.start).Seconds(), Retries: p.Retries})

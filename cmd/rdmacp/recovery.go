@@ -60,17 +60,6 @@ type recoveries struct {
 	count int // recoveries that worked: a QP replaced, a session re-established
 }
 
-type recoveryLine struct {
-	Type    string `json:"message_type"`
-	Scope   string `json:"scope"`
-	QP      *int   `json:"qp,omitempty"`
-	Cause   string `json:"cause"`
-	Outcome string `json:"outcome"`
-	Attempt int    `json:"attempt,omitempty"`
-	Error   string `json:"error,omitempty"`
-	Time    string `json:"time"`
-}
-
 func (r *recoveries) report(ev initiator.Recovery) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
