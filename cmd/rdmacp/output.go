@@ -2,7 +2,7 @@ package main
 
 // Every line rdmacp prints with --json is one of these types, each with
 // "message_type" first: scripts read them, so they live in one place and
-// change here or nowhere. The commands fill them; the guide lists them.
+// change here or nowhere. The commands fill them.
 
 import "github.com/rdmacp/rdmacp/initiator"
 
