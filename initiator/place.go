@@ -69,3 +69,19 @@ func makeParents(p string, mkpath, dry bool) error {
 	}
 	return makeDestDir(filepath.Dir(p), true, false)
 }
+
+// makeTreeDest makes what a tree copy to top needs, as rsync does: DEST
+// (not the directories above it, but with MkPath), or for Contents only
+// MkPath's parents; then top's directory must exist.
+func makeTreeDest(dst, top string, opt TreeOptions) error {
+	var err error
+	if opt.Contents {
+		err = makeParents(top, opt.MkPath, opt.DryRun)
+	} else {
+		err = makeDestDir(dst, opt.MkPath, opt.DryRun)
+	}
+	if err == nil && !opt.DryRun {
+		err = destDirExists(top)
+	}
+	return err
+}

@@ -333,17 +333,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if topEntry.Type != protocol.FileDir {
 		return tr, &protocol.Error{Code: protocol.CodeNotDir, Message: src + " is not a directory"}
 	}
-	// As rsync: DEST itself is made, not the directories above (but
-	// with MkPath).
-	if opt.Contents {
-		err = makeParents(top, opt.MkPath, opt.DryRun)
-	} else {
-		err = makeDestDir(dst, opt.MkPath, opt.DryRun)
-	}
-	if err == nil && !opt.DryRun {
-		err = destDirExists(top)
-	}
-	if err != nil {
+	if err := makeTreeDest(dst, top, opt); err != nil {
 		return tr, err
 	}
 	if opt.DryRun {

@@ -225,12 +225,6 @@ func runServe(c *cli.Context) error {
 	if err := applyConfigKeys(c); err != nil {
 		return err
 	}
-	pick := func(flag, fromFile string) string {
-		if c.IsSet(flag) || fromFile == "" {
-			return c.String(flag)
-		}
-		return fromFile
-	}
 	exports, err := exportsOf(c, file)
 	if err != nil {
 		return err
@@ -252,43 +246,7 @@ func runServe(c *cli.Context) error {
 	if keys != nil && len(secret) == 0 {
 		secret = []byte("keys") // for the listen checks below: a keys file is a secret too; Config.Keys wins
 	}
-	cs, err := parseSize(pick("chunk-size", file.ChunkSize))
-	if err != nil {
-		return usagef("--chunk-size: %v", err)
-	}
-	mw, err := parseSize(pick("max-window", file.MaxWindow))
-	if err != nil {
-		return usagef("--max-window: %v", err)
-	}
-	budget, err := parseSize(pick("window-budget", file.WindowBudget))
-	if err != nil {
-		return usagef("--window-budget: %v", err)
-	}
-	var share int64
-	if v := pick("min-window-share", file.MinWindowShare); v != "" {
-		if share, err = parseSize(v); err != nil {
-			return usagef("--min-window-share: %v", err)
-		}
-		if share < 1 {
-			return usagef("--min-window-share %q: want at least 1 byte", v)
-		}
-	}
-	digestMem, err := parseSize(pick("max-digest-memory", file.MaxDigestMemory))
-	if err != nil {
-		return usagef("--max-digest-memory: %v", err)
-	}
-	if digestMem < 1 {
-		return usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
-	}
-	bwlimit, err := parseRate(pick("bwlimit", file.BwLimit))
-	if err != nil {
-		return usagef("--bwlimit: %v", err)
-	}
-	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
-	if err != nil {
-		return usagef("--digest: %v", err)
-	}
-	lim, err := limitsOf(c, file)
+	cfg, err := servePolicy(c, file)
 	if err != nil {
 		return err
 	}
@@ -300,18 +258,9 @@ func runServe(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	listens := listenAddrs(c)
-	if len(listens) == 0 {
-		host := "127.0.0.1"
-		if len(secret) > 0 {
-			host = ""
-		}
-		listens = []string{net.JoinHostPort(host, strconv.Itoa(target.DefaultPort))}
-	}
-	for _, listen := range listens {
-		if err := target.CheckListen(listen, secret); err != nil {
-			return usageError{err}
-		}
+	listens, err := serveListens(c, secret)
+	if err != nil {
+		return err
 	}
 	if len(secret) == 0 {
 		log.Warn("no secret configured: listening on loopback only, and any local user can read the exports")
@@ -340,12 +289,8 @@ func runServe(c *cli.Context) error {
 	}
 	closeDevs := func() error { closeAll(devs); return nil }
 	ln := target.Listeners(lns...)
-	srv, err := target.New(target.Config{Device: dev, Exports: exports, Keys: keys, ChunkSize: cs, Algorithm: alg, DataAddrs: target.DataAddrs(lns), Digests: store,
-		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
-		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem), BwLimit: bwlimit,
-		DrainTimeout: drainTimeout, Logger: log,
-		MaxSessions: lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
-		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout})
+	cfg.Device, cfg.Exports, cfg.Keys, cfg.DataAddrs, cfg.Digests, cfg.Logger = dev, exports, keys, target.DataAddrs(lns), store, log
+	srv, err := target.New(cfg)
 	if err != nil {
 		ln.Close()
 		closeDevs()
@@ -361,6 +306,97 @@ func runServe(c *cli.Context) error {
 	if metrics != nil {
 		go serveMetrics(c.Context, metrics, srv.Registry(), log)
 	}
+	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", exportsText(exports), "auth", len(secret) > 0)
+	go reloadOnHUP(c, srv, log)
+	// digestStore gives --prehash a DirStore or an error.
+	if dir, ok := store.(*chunker.DirStore); ok && c.Bool("prehash") {
+		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
+		go prehash(c.Context, log, dir, max, cfg.Algorithm, cfg.ChunkSize, exports)
+	}
+	err = srv.Serve(c.Context, ln)
+	log.Info("stopped")
+	return err
+}
+
+// servePolicy reads the numbers and choices of a target.Config from the
+// flags, or from the config file where a flag was not given: the chunk
+// size and digest, windows, memory, rate and session limits.
+func servePolicy(c *cli.Context, file serveFile) (target.Config, error) {
+	pick := func(flag, fromFile string) string {
+		if c.IsSet(flag) || fromFile == "" {
+			return c.String(flag)
+		}
+		return fromFile
+	}
+	cs, err := parseSize(pick("chunk-size", file.ChunkSize))
+	if err != nil {
+		return target.Config{}, usagef("--chunk-size: %v", err)
+	}
+	mw, err := parseSize(pick("max-window", file.MaxWindow))
+	if err != nil {
+		return target.Config{}, usagef("--max-window: %v", err)
+	}
+	budget, err := parseSize(pick("window-budget", file.WindowBudget))
+	if err != nil {
+		return target.Config{}, usagef("--window-budget: %v", err)
+	}
+	var share int64
+	if v := pick("min-window-share", file.MinWindowShare); v != "" {
+		if share, err = parseSize(v); err != nil {
+			return target.Config{}, usagef("--min-window-share: %v", err)
+		}
+		if share < 1 {
+			return target.Config{}, usagef("--min-window-share %q: want at least 1 byte", v)
+		}
+	}
+	digestMem, err := parseSize(pick("max-digest-memory", file.MaxDigestMemory))
+	if err != nil {
+		return target.Config{}, usagef("--max-digest-memory: %v", err)
+	}
+	if digestMem < 1 {
+		return target.Config{}, usagef("--max-digest-memory %d: want at least 1 byte", digestMem)
+	}
+	bwlimit, err := parseRate(pick("bwlimit", file.BwLimit))
+	if err != nil {
+		return target.Config{}, usagef("--bwlimit: %v", err)
+	}
+	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
+	if err != nil {
+		return target.Config{}, usagef("--digest: %v", err)
+	}
+	lim, err := limitsOf(c, file)
+	if err != nil {
+		return target.Config{}, err
+	}
+	return target.Config{ChunkSize: cs, Algorithm: alg,
+		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
+		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem), BwLimit: bwlimit,
+		DrainTimeout: drainTimeout,
+		MaxSessions:  lim.MaxSessions, MaxSessionsPerAddr: lim.MaxSessionsPerAddr,
+		MaxHandshakes: lim.MaxHandshakes, MaxHandshakesPerAddr: lim.MaxHandshakesPerAddr, HelloTimeout: lim.HelloTimeout}, nil
+}
+
+// serveListens is where to listen: --listen, else the default port, on
+// loopback only without a secret; each address checked against that rule.
+func serveListens(c *cli.Context, secret []byte) ([]string, error) {
+	listens := listenAddrs(c)
+	if len(listens) == 0 {
+		host := "127.0.0.1"
+		if len(secret) > 0 {
+			host = ""
+		}
+		listens = []string{net.JoinHostPort(host, strconv.Itoa(target.DefaultPort))}
+	}
+	for _, listen := range listens {
+		if err := target.CheckListen(listen, secret); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	return listens, nil
+}
+
+// exportsText is the exports for the log: NAME=PATH, writable ones said so.
+func exportsText(exports []target.Export) string {
 	names := make([]string, len(exports))
 	for i, e := range exports {
 		names[i] = e.Name + "=" + e.Path
@@ -368,16 +404,7 @@ func runServe(c *cli.Context) error {
 			names[i] += " (writable)"
 		}
 	}
-	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", strings.Join(names, ","), "auth", len(secret) > 0)
-	go reloadOnHUP(c, srv, log)
-	// digestStore gives --prehash a DirStore or an error.
-	if dir, ok := store.(*chunker.DirStore); ok && c.Bool("prehash") {
-		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
-		go prehash(c.Context, log, dir, max, alg, cs, exports)
-	}
-	err = srv.Serve(c.Context, ln)
-	log.Info("stopped")
-	return err
+	return strings.Join(names, ",")
 }
 
 // digestStore opens the state directory where digests persist, unless
