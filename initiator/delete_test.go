@@ -2,6 +2,7 @@ package initiator_test
 
 import (
 	"context"
+	"github.com/rdmacp/rdmacp/filter"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,7 +50,7 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 	s := e.dial(t, nil)
 	ctx := context.Background()
 	out := t.TempDir()
-	var f initiator.Filter
+	var f filter.Filter
 	f.Add("*.o", false)
 	f.Add("cache/", false)
 	opt := initiator.TreeOptions{QuickCheck: true, Filter: &f, Delete: true}

@@ -185,7 +185,7 @@ func (c *treeCopy) keep(it item) bool {
 // directory.
 func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) error) error {
 	if c.s.lister == nil && !c.s.noWalk {
-		err := c.s.walk(ctx, c.src, 0, c.opt.Shard, func(batch []walked) error {
+		err := c.s.walk(ctx, c.src, 0, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
 			items := make([]item, len(batch))
 			for i, w := range batch {
 				items[i] = w.it

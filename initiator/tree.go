@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/filter"
 	"github.com/rdmacp/rdmacp/leftover"
 	"hash/fnv"
 	"io"
@@ -105,7 +106,7 @@ type TreeOptions struct {
 	// rsync's quick check. SkipSame, which compares digests, wins.
 	QuickCheck bool
 	// Filter leaves out what its rules exclude (see Filter).
-	Filter *Filter
+	Filter *filter.Filter
 	// Delete removes what the destination tree has and the source does
 	// not (but what Filter excludes), once everything else is in place,
 	// and only if no entry failed: rsync's --delete-after.
@@ -812,7 +813,7 @@ func (c *treeCopy) viaWalk() error {
 	if c.packs() {
 		packMax = c.s.packMax()
 	}
-	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, func(batch []walked) error {
+	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
 		c.dr.trim()
 		var jobs []packedJob
 		for _, w := range batch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/filter"
 	"math"
 	"sync"
 
@@ -35,11 +36,12 @@ const (
 // of its entries in order, every directory before what is in it. Regular
 // files of at most packMax bytes (none, for 0) come packed, READ and
 // verified; the rest are just entries. Only the entries shard sh has come,
-// besides directories. While fn runs, the target makes the next batch. An
+// besides directories, and none that rules exclude (the target leaves
+// them out: it does not even stat them). While fn runs, the target makes the next batch. An
 // error fn returns, or one that breaks the session, stops the walk.
-func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard, fn func([]walked) error) (err error) {
+func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard, rules *filter.Filter, fn func([]walked) error) (err error) {
 	alg := s.cfg.Algorithm
-	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src}
+	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
 	if sh.N > 1 {
 		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
 	}
@@ -310,4 +312,13 @@ func overCap(src, rel string, depth int, typ protocol.FileType) error {
 		shown = shown[:64] + "..."
 	}
 	return fmt.Errorf("%s/%s: the target sent a tree over a protocol cap: %w", src, shown, ce)
+}
+
+// walkRules are f's rules for a Walk.
+func walkRules(f *filter.Filter) []protocol.WalkRule {
+	var out []protocol.WalkRule
+	for _, r := range f.Rules() {
+		out = append(out, protocol.WalkRule{Include: r.Include, Pattern: r.Pattern})
+	}
+	return out
 }

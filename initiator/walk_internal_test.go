@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -355,7 +356,7 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 	var got [][]string
 	done := make(chan error, 1)
 	go func() {
-		done <- s.walk(context.Background(), "data/t", 1000, Shard{I: 1, N: 3}, func(ws []walked) error {
+		done <- s.walk(context.Background(), "data/t", 1000, Shard{I: 1, N: 3}, nil, func(ws []walked) error {
 			var rels []string
 			for _, w := range ws {
 				rels = append(rels, w.it.rel)
@@ -366,7 +367,7 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 	}()
 	answer(t, tch, func(m *protocol.Walk) protocol.Message {
 		want := protocol.Walk{RequestID: m.RequestID, Algorithm: uint8(chunker.BLAKE3), MaxEntries: walkFirst, ShardI: 1, ShardN: 3, PackMax: 1000, Path: "data/t"}
-		if *m != want {
+		if !reflect.DeepEqual(*m, want) {
 			t.Errorf("walk %+v, want %+v", *m, want)
 		}
 		return tooMany() // tried again
@@ -409,7 +410,7 @@ func TestWalkUnsupported(t *testing.T) {
 	s, tch := fakeTarget(t)
 	done := make(chan error, 1)
 	go func() {
-		done <- s.walk(context.Background(), "data/t", 0, Shard{}, func([]walked) error { return nil })
+		done <- s.walk(context.Background(), "data/t", 0, Shard{}, nil, func([]walked) error { return nil })
 	}()
 	answer(t, tch, func(m *protocol.Walk) protocol.Message {
 		return &protocol.Error{Code: protocol.CodeUnsupported, Message: "unexpected Walk"}

@@ -38,7 +38,7 @@ func (e *CapError) Error() string {
 	switch e.What {
 	case "depth":
 		unit = " levels"
-	case "entries":
+	case "entries", "rules":
 		unit = ""
 	}
 	return fmt.Sprintf("%s of %d%s, over the protocol's cap of %d%s", e.What, e.Got, unit, e.Cap, unit)

@@ -56,3 +56,24 @@ func TestDecodeCaps(t *testing.T) {
 		})
 	}
 }
+
+// A Walk's rules are bounded and well-formed, or the Walk is refused.
+func TestWalkRulesRefused(t *testing.T) {
+	many := &Walk{RequestID: 1, Path: "d"}
+	for range MaxRules + 1 {
+		many.Rules = append(many.Rules, WalkRule{Pattern: "x"})
+	}
+	b, err := Marshal(many)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *CapError
+	if _, err := Unmarshal(b); !errors.As(err, &ce) || ce.What != "rules" {
+		t.Errorf("%d rules: %v, want a cap error", len(many.Rules), err)
+	}
+	b, _ = Marshal(&Walk{RequestID: 1, Path: "d", Rules: []WalkRule{{Pattern: "x"}}})
+	b[len(b)-4] = 2 // the include byte: before the pattern's length and its byte
+	if _, err := Unmarshal(b); !errors.Is(err, ErrMalformed) {
+		t.Errorf("include byte 2: %v, want malformed", err)
+	}
+}

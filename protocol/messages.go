@@ -452,7 +452,21 @@ type Walk struct {
 	ShardN     uint32
 	PackMax    uint64
 	Path       string
+	// Rules are the initiator's include and exclude rules (rsync's, see
+	// package filter), first match wins: the target neither sends nor
+	// opens, stats or descends into what they exclude. At most MaxRules.
+	Rules []WalkRule
 }
+
+// WalkRule is one include or exclude rule of a Walk.
+type WalkRule struct {
+	Include bool
+	Pattern string // at most MaxPath bytes
+}
+
+// MaxRules bounds a Walk's rules: rsync users' --exclude-from lists run
+// to dozens, and each rule is tried on every name the target walks.
+const MaxRules = 1024
 
 // WalkNext asks for a walk's next batch, capped at MaxEntries (0: the
 // target's limit). Release is the window of an earlier batch that the
@@ -1066,6 +1080,15 @@ func (m *Walk) encode(e *encoder) {
 	e.u32(m.ShardN)
 	e.u64(m.PackMax)
 	e.str(m.Path)
+	e.u16(uint16(len(m.Rules)))
+	for _, r := range m.Rules {
+		include := uint8(0)
+		if r.Include {
+			include = 1
+		}
+		e.u8(include)
+		e.str(r.Pattern)
+	}
 }
 
 func (m *Walk) decode(d *decoder) {
@@ -1075,6 +1098,29 @@ func (m *Walk) decode(d *decoder) {
 	m.ShardN = d.u32()
 	m.PackMax = d.u64()
 	m.Path = d.str()
+	n := int(d.u16())
+	if n > MaxRules {
+		d.failCap(&CapError{What: "rules", Got: n, Cap: MaxRules})
+		return
+	}
+	for range n {
+		r := WalkRule{}
+		switch d.u8() {
+		case 0:
+		case 1:
+			r.Include = true
+		default:
+			d.fail("walk rule: include byte not 0 or 1")
+		}
+		r.Pattern = d.str()
+		if len(r.Pattern) > MaxPath {
+			d.failCap(&CapError{What: "rule", Got: len(r.Pattern), Cap: MaxPath})
+		}
+		if d.err != nil {
+			return
+		}
+		m.Rules = append(m.Rules, r)
+	}
 }
 
 func (m *WalkNext) encode(e *encoder) {

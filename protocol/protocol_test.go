@@ -74,6 +74,7 @@ func samples() []Message {
 		&PushWindowReply{RequestID: 13, Handle: 79, Offset: 1 << 25, Retries: 2, BytesRead: 1<<25 + 8<<20},
 		&PushCommit{RequestID: 14, Handle: 79, FileDigest: []byte{0xde, 0xad, 0xbe, 0xef}},
 		&Walk{RequestID: 15, Algorithm: 1, MaxEntries: 128, ShardI: 2, ShardN: 5, PackMax: 256 << 10, Path: "data/tree"},
+		&Walk{RequestID: 16, Path: "data/tree", Rules: []WalkRule{{Pattern: "node_modules/"}, {Include: true, Pattern: "+ keep"}}},
 		&WalkNext{RequestID: 16, Handle: 80, Release: 7, MaxEntries: 1024},
 		&WalkBatch{RequestID: 16, Handle: 80, Done: true, Window: Window{ID: 8, Length: 4100, Addr: 0x7f00_0000_2000, RKeys: []uint32{11, 12}},
 			Entries: []WalkEntry{
@@ -172,7 +173,10 @@ func TestGolden(t *testing.T) {
 			"01 16 0000 00000002" + "00000003 00000004 0000000000000000 0000000000000005 0000000000000006 00000001 00000007" +
 				"00000001" + "0000 0000000000000001 00000001 aa" + "01 000001a4 0000000000000005 0000000000000009 0001 61 0000" + "0000"},
 		{&Walk{RequestID: 4, Algorithm: 1, MaxEntries: 0x80, ShardI: 1, ShardN: 3, PackMax: 0x40000, Path: "d/t"},
-			"01 1c 0000 00000004" + "01 0080 00000001 00000003 0000000000040000 0003 642f74"},
+			"01 1c 0000 00000004" + "01 0080 00000001 00000003 0000000000040000 0003 642f74 0000"},
+		{&Walk{RequestID: 4, Algorithm: 1, MaxEntries: 0x80, ShardI: 1, ShardN: 3, PackMax: 0x40000, Path: "d/t",
+			Rules: []WalkRule{{Include: true, Pattern: "a"}, {Pattern: "b/"}}},
+			"01 1c 0000 00000004" + "01 0080 00000001 00000003 0000000000040000 0003 642f74 0002 01 0001 61 00 0002 622f"},
 		{&WalkNext{RequestID: 5, Handle: 6, Release: 7, MaxEntries: 0x400},
 			"01 1d 0000 00000005" + "00000006 00000007 0400"},
 		{&WalkBatch{RequestID: 5, Handle: 6, Done: true, Window: Window{ID: 7, Length: 5, Addr: 8, RKeys: []uint32{9}},

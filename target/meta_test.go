@@ -1,6 +1,7 @@
 package target_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -113,5 +114,35 @@ func TestMetaNotAsked(t *testing.T) {
 	got := walkAll(t, newPeerAs(t, addr, protocol.ClientString("test", protocol.FeatureMeta)))
 	if a := got["a"].Meta; a == nil || a.Nlink != 2 || len(a.Xattrs) != 0 {
 		t.Errorf("+meta alone: %+v", a)
+	}
+}
+
+// A Walk's rules leave excluded entries out at the target (that it does
+// not enter an excluded directory: TestWalkerSkipsExcluded).
+func TestWalkRulesExclude(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "t")
+	os.MkdirAll(filepath.Join(root, "node_modules", "deep"), 0o755)
+	for i := range 300 {
+		os.WriteFile(filepath.Join(root, "node_modules", fmt.Sprintf("m%03d", i)), []byte("x"), 0o644)
+	}
+	os.WriteFile(filepath.Join(root, "keep.c"), []byte("c"), 0o644)
+	os.WriteFile(filepath.Join(root, "drop.o"), []byte("o"), 0o644)
+	p := newPeerAs(t, serve(t, walkConfig(dir)), "test")
+	m, err := p.call(&protocol.Walk{Algorithm: uint8(chunker.CRC32C), PackMax: 4096, Path: "data/t",
+		Rules: []protocol.WalkRule{{Pattern: "node_modules/"}, {Pattern: "*.o"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := m.(*protocol.WalkBatch)
+	var names []string
+	for _, e := range b.Entries {
+		names = append(names, e.Entry.Name)
+	}
+	if !b.Done || len(names) != 1 || names[0] != "keep.c" {
+		t.Errorf("walk with excludes sent %q (done %v), want only keep.c", names, b.Done)
+	}
+	if _, err := p.call(&protocol.Walk{Path: "data/t", Rules: []protocol.WalkRule{{Pattern: ""}}}); err == nil {
+		t.Error("a walk with an empty rule was taken")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/rdmacp/rdmacp/filter"
 	"hash/fnv"
 	"io/fs"
 	"os"
@@ -40,6 +41,9 @@ type walker struct {
 	// meta sets an entry's Meta from name in directory dirfd, for an
 	// initiator that asked for it (nil: none did).
 	meta func(e *protocol.Entry, dirfd int, name string)
+	// rules are the initiator's excludes: what they leave out is neither
+	// sent nor opened, statted or entered (nil: none).
+	rules *filter.Filter
 }
 
 type walkDir struct {
@@ -160,7 +164,7 @@ func (w *walker) next() (walkEntry, bool) {
 		de := d.ents[d.pos]
 		d.pos++
 		known := de.typ != unix.DT_UNKNOWN
-		if known && de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
+		if known && (de.typ != unix.DT_DIR && !w.inShard(d, de.name) || w.excluded(d, de)) {
 			continue
 		}
 		if d.fd < 0 {
@@ -177,7 +181,7 @@ func (w *walker) next() (walkEntry, bool) {
 			if unix.Fstatat(d.fd, de.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 				de.typ = dtype(st.Mode)
 			}
-			if de.typ != unix.DT_DIR && !w.inShard(d, de.name) {
+			if de.typ != unix.DT_DIR && !w.inShard(d, de.name) || w.excluded(d, de) {
 				continue
 			}
 		}
@@ -201,6 +205,12 @@ func (w *walker) next() (walkEntry, bool) {
 		return we, true
 	}
 	return walkEntry{}, false
+}
+
+// excluded reports whether the initiator's rules leave de out: its path
+// under the walk's root, as the initiator matches it.
+func (w *walker) excluded(d *walkDir, de dirent) bool {
+	return w.rules != nil && w.rules.Excluded(path.Join(d.wrel, de.name), de.typ == unix.DT_DIR)
 }
 
 func (w *walker) inShard(d *walkDir, name string) bool {
@@ -462,10 +472,19 @@ func (ss *session) walk(ctx context.Context, m *protocol.Walk) protocol.Message 
 	if x.root == nil {
 		return errf(protocol.CodeNotDir, "%s is not a directory", m.Path)
 	}
+	rules := make([]filter.Rule, len(m.Rules))
+	for i, r := range m.Rules {
+		rules[i] = filter.Rule{Include: r.Include, Pattern: r.Pattern}
+	}
+	excl, err := filter.FromRules(rules)
+	if err != nil {
+		return errf(protocol.CodeBadRequest, "walk rules: %v", err)
+	}
 	w, err := newWalker(x, rel, m, cfg.MaxWindow)
 	if err != nil {
 		return fsError(m.Path, err)
 	}
+	w.rules = excl
 	w.work = &ss.work
 	if ss.want != 0 {
 		w.meta = func(e *protocol.Entry, dirfd int, name string) {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"github.com/rdmacp/rdmacp/filter"
 	"hash/fnv"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -627,5 +629,31 @@ func TestWalkRefusesPseudoFiles(t *testing.T) {
 	}
 	if p := got["plain"]; !p.e.Packed || string(p.data) != "x" {
 		t.Errorf("plain: packed %v, %q", p.e.Packed, p.data)
+	}
+}
+
+// An excluded directory is not entered: its entries are never read (the
+// walk's work counter counts every entry read).
+func TestWalkerSkipsExcluded(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "t")
+	os.MkdirAll(filepath.Join(root, "node_modules"), 0o755)
+	for i := range 300 {
+		os.WriteFile(filepath.Join(root, "node_modules", fmt.Sprintf("m%03d", i)), nil, 0o644)
+	}
+	os.WriteFile(filepath.Join(root, "keep"), nil, 0o644)
+	x := testExport(t, dir)
+	w := startWalk(t, x, "t", protocol.Walk{})
+	var work atomic.Uint64
+	w.work = &work
+	var f filter.Filter
+	f.Add("node_modules/", false)
+	w.rules = &f
+	got := walkAll(t, w, nil)
+	if len(got) != 1 || got[0].rel != "keep" {
+		t.Errorf("walked %d entries, want only keep", len(got))
+	}
+	if work.Load() > 50 {
+		t.Errorf("read %d entries: the excluded directory was entered", work.Load())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/filter"
 	"io"
 	"io/fs"
 	"os"
@@ -334,12 +335,12 @@ func filterFlag(name, usage string, rules *filterRules, kind ruleKind) cli.Flag 
 
 // cpFilter builds the --exclude, --include and --exclude-from rules, in
 // the order given; nil if there are none.
-func cpFilter(c *cli.Context) (*initiator.Filter, error) {
+func cpFilter(c *cli.Context) (*filter.Filter, error) {
 	v, ok := c.Generic("exclude").(*ruleValue)
 	if !ok || len(v.rules.list) == 0 {
 		return nil, nil
 	}
-	f := &initiator.Filter{}
+	f := &filter.Filter{}
 	for _, r := range v.rules.list {
 		var err error
 		switch r.kind {
@@ -355,7 +356,7 @@ func cpFilter(c *cli.Context) (*initiator.Filter, error) {
 	return f, nil
 }
 
-func addRulesFrom(f *initiator.Filter, name string) error {
+func addRulesFrom(f *filter.Filter, name string) error {
 	var in io.Reader = os.Stdin
 	if name != "-" {
 		file, err := os.Open(name)

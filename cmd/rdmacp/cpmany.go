@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/filter"
 	"io"
 	"io/fs"
 	"maps"
@@ -335,7 +336,7 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, filter *initiator.Filter, stdout io.Writer) error {
+func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, filter *filter.Filter, stdout io.Writer) error {
 	t := newTally(c, stdout)
 	t.sum.Source = srcArg
 	counts := &initiator.TreeCounts{}

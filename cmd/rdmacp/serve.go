@@ -152,6 +152,7 @@ type serveFile struct {
 	IBPort    int    `json:"ib_port"`
 	GIDIndex  int    `json:"gid_index"`
 	MPACRC    string `json:"mpa_crc"`
+	RocePort  int    `json:"roce_port"`
 	// Admission limits (target.Config); absent: the flag's value.
 	MaxSessions          int    `json:"max_sessions"`
 	MaxSessionsPerAddr   int    `json:"max_sessions_per_addr"`

@@ -46,6 +46,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"ib-port":                 {"2", `2`},
 	"gid-index":               {"3", `3`},
 	"mpa-crc":                 {"on", `"on"`},
+	"roce-port":               {"4792", `4792`},
 }
 
 // resolvedFlags runs serve's flag parsing and config (readServeFile,

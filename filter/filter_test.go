@@ -1,4 +1,4 @@
-package initiator
+package filter
 
 import (
 	"strings"
@@ -94,5 +94,34 @@ func TestFilterAddFrom(t *testing.T) {
 	}
 	if err := f.Add("/", false); err == nil {
 		t.Error("an empty pattern was accepted")
+	}
+}
+
+// Rules round trip: the target's Filter from the initiator's rules
+// decides every path the same way.
+func TestRulesRoundTrip(t *testing.T) {
+	var f Filter
+	for _, r := range []struct {
+		p  string
+		in bool
+	}{{"+ keep/", false}, {"node_modules/", false}, {"*.o", false}, {"/top/***", false}, {"- x?z", true}} {
+		if err := f.Add(r.p, r.in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := FromRules(f.Rules())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rel string
+		dir bool
+	}{{"a/node_modules", true}, {"a/node_modules", false}, {"keep", true}, {"b.o", false}, {"top/q", false}, {"top", true}, {"xyz", false}, {"s/xaz", false}, {"fine.c", false}} {
+		if f.Excluded(c.rel, c.dir) != g.Excluded(c.rel, c.dir) {
+			t.Errorf("%q (dir %v): %v before the wire, %v after", c.rel, c.dir, f.Excluded(c.rel, c.dir), g.Excluded(c.rel, c.dir))
+		}
+	}
+	if g, err := FromRules(nil); g != nil || err != nil || !g.Empty() {
+		t.Errorf("no rules: %v, %v", g, err)
 	}
 }

@@ -1,4 +1,7 @@
-package initiator
+// Package filter is rsync's include and exclude rules, one matcher for both
+// ends: the initiator filters what it copies and sends the rules with
+// Walk, so that the target neither walks nor stats what they exclude.
+package filter
 
 import (
 	"bufio"
@@ -230,4 +233,37 @@ func class(p string, c byte) (bool, int) {
 		}
 	}
 	return false, 0
+}
+
+// Rule is one rule as it travels: an include or an exclude, and its
+// pattern as the user gave it ("+ " and "- " prefixes still decide).
+type Rule struct {
+	Include bool
+	Pattern string
+}
+
+// Rules are f's rules, in order, for the wire.
+func (f *Filter) Rules() []Rule {
+	if f == nil {
+		return nil
+	}
+	out := make([]Rule, len(f.rules))
+	for i, r := range f.rules {
+		out[i] = Rule{Include: r.include, Pattern: r.text}
+	}
+	return out
+}
+
+// FromRules is the Filter of rules from the wire; nil for none.
+func FromRules(rules []Rule) (*Filter, error) {
+	if len(rules) == 0 {
+		return nil, nil
+	}
+	f := &Filter{}
+	for _, r := range rules {
+		if err := f.Add(r.Pattern, r.Include); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
 }
