@@ -39,7 +39,7 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 	case err == nil && fi.IsDir():
 		return nil
 	case err == nil:
-		return fmt.Errorf("%w: %s exists and is not a directory", ErrDest, dir)
+		return errNotDirDest(dir)
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("%w: %w", ErrDest, err)
 	}
@@ -62,6 +62,12 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 	return nil
 }
 
+// errNotDirDest says that DEST, which a tree or a DEST/ needs to be a
+// directory, is something else (rsync: "destination must be a directory").
+func errNotDirDest(dir string) error {
+	return fmt.Errorf("%w: %s exists and is not a directory", ErrDest, dir)
+}
+
 // makeParents makes the directories above p for MkPath.
 func makeParents(p string, mkpath, dry bool) error {
 	if !mkpath || dry {
@@ -77,6 +83,10 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 	var err error
 	if opt.Contents {
 		err = makeParents(top, opt.MkPath, opt.DryRun)
+		if fi, serr := os.Stat(top); err == nil && serr == nil && !fi.IsDir() {
+			// SRC/ onto a file: said as for SRC, not as mkdir's ENOTDIR.
+			err = errNotDirDest(top)
+		}
 	} else {
 		err = makeDestDir(dst, opt.MkPath, opt.DryRun)
 	}
