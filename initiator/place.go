@@ -95,3 +95,17 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 	}
 	return err
 }
+
+// replaceDir retries a file's rename onto dst, which failed with err, as
+// rsync -a would: an empty directory at dst goes; a non-empty one stays
+// and is refused by name (the rename said only "file exists").
+func replaceDir(tmp, dst string, err error) error {
+	fi, serr := os.Lstat(dst)
+	if serr != nil || !fi.IsDir() {
+		return err
+	}
+	if os.Remove(dst) != nil {
+		return fmt.Errorf("%w: %s is a non-empty directory where the file goes: remove it first (rsync -a leaves it too)", ErrDest, dst)
+	}
+	return os.Rename(tmp, dst)
+}

@@ -54,6 +54,8 @@ func TestPlacementLikeRsync(t *testing.T) {
 		{"a full directory where the tree has a file", "file dst/d/a/z", "d", "dst", nil},
 		{"a full directory where the tree has a file, --delete", "file dst/d/a/z", "d", "dst", []string{"--delete"}},
 		{"file to missing DEST", "", "f", "dst", nil},
+		{"an empty directory where the file goes", "dir dst/f", "f", "dst", nil},
+		{"a full directory where the file goes", "file dst/f/z", "f", "dst", nil},
 		{"file to DEST/", "", "f", "dst/", nil},
 		{"file into existing DEST", "dir dst", "f", "dst", nil},
 		{"file, DEST's parent missing", "", "f", "dst/x/y", nil},
