@@ -774,7 +774,7 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return err
+		return replaceDir(tmp.Name(), dst, err)
 	}
 	if d, err := os.Open(filepath.Dir(dst)); err == nil {
 		d.Sync()

@@ -39,7 +39,7 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 	case err == nil && fi.IsDir():
 		return nil
 	case err == nil:
-		return fmt.Errorf("%w: %s exists and is not a directory", ErrDest, dir)
+		return errNotDirDest(dir)
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("%w: %w", ErrDest, err)
 	}
@@ -62,6 +62,12 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 	return nil
 }
 
+// errNotDirDest says that DEST, which a tree or a DEST/ needs to be a
+// directory, is something else (rsync: "destination must be a directory").
+func errNotDirDest(dir string) error {
+	return fmt.Errorf("%w: %s exists and is not a directory", ErrDest, dir)
+}
+
 // makeParents makes the directories above p for MkPath.
 func makeParents(p string, mkpath, dry bool) error {
 	if !mkpath || dry {
@@ -77,6 +83,10 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 	var err error
 	if opt.Contents {
 		err = makeParents(top, opt.MkPath, opt.DryRun)
+		if fi, serr := os.Stat(top); err == nil && serr == nil && !fi.IsDir() {
+			// SRC/ onto a file: said as for SRC, not as mkdir's ENOTDIR.
+			err = errNotDirDest(top)
+		}
 	} else {
 		err = makeDestDir(dst, opt.MkPath, opt.DryRun)
 	}
@@ -84,4 +94,18 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 		err = destDirExists(top)
 	}
 	return err
+}
+
+// replaceDir retries a file's rename onto dst, which failed with err, as
+// rsync -a would: an empty directory at dst goes; a non-empty one stays
+// and is refused by name (the rename said only "file exists").
+func replaceDir(tmp, dst string, err error) error {
+	fi, serr := os.Lstat(dst)
+	if serr != nil || !fi.IsDir() {
+		return err
+	}
+	if os.Remove(dst) != nil {
+		return fmt.Errorf("%w: %s is a non-empty directory where the file goes: remove it first (rsync -a leaves it too)", ErrDest, dst)
+	}
+	return os.Rename(tmp, dst)
 }

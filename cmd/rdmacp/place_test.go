@@ -43,6 +43,7 @@ func TestPlacementLikeRsync(t *testing.T) {
 		{"tree, DEST's parent missing", "", "d", "dst/x/y", nil},
 		{"tree, DEST's parent missing, --mkpath", "", "d", "dst/x/y", []string{"--mkpath"}},
 		{"tree onto a file", "file dst", "d", "dst", nil},
+		{"tree/ onto a file", "file dst", "d/", "dst", nil},
 		{"tree into missing DEST, dry run", "", "d", "dst", []string{"-n"}},
 		{"file to missing DEST/, dry run", "", "f", "dst/", []string{"-n"}},
 		// Type changes: rsync replaces a file with the source's directory
@@ -53,6 +54,8 @@ func TestPlacementLikeRsync(t *testing.T) {
 		{"a full directory where the tree has a file", "file dst/d/a/z", "d", "dst", nil},
 		{"a full directory where the tree has a file, --delete", "file dst/d/a/z", "d", "dst", []string{"--delete"}},
 		{"file to missing DEST", "", "f", "dst", nil},
+		{"an empty directory where the file goes", "dir dst/f", "f", "dst", nil},
+		{"a full directory where the file goes", "file dst/f/z", "f", "dst", nil},
 		{"file to DEST/", "", "f", "dst/", nil},
 		{"file into existing DEST", "dir dst", "f", "dst", nil},
 		{"file, DEST's parent missing", "", "f", "dst/x/y", nil},
@@ -92,6 +95,35 @@ func TestPlacementLikeRsync(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A tree onto a file is refused naming DEST as a destination that is not
+// a directory, with or without the source's trailing slash (SRC/ said
+// "mkdir DEST: not a directory"), in a dry run too, and the file stays.
+func TestTreeOntoFileMessage(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "d"), 0o755)
+	writeFile(t, filepath.Join(src, "d", "a"), 10)
+	s := serve(t, src, nil)
+	for _, from := range []string{"d", "d/"} {
+		for _, dry := range []bool{false, true} {
+			dst := filepath.Join(t.TempDir(), "file")
+			os.WriteFile(dst, []byte("x"), 0o644)
+			args := []string{"cp", "-q", "-r"}
+			if dry {
+				args = append(args, "-n")
+			}
+			_, errs, code := hrun(t, append(args, s.addr+":data/"+from, dst)...)
+			want := dst + " exists and is not a directory"
+			if code != exitLocalIO || !strings.Contains(errs, want) || strings.Contains(errs, "mkdir") {
+				t.Errorf("cp -r %s (dry %v) onto a file: exit %d %q, want exit %d saying %q", from, dry, code, errs, exitLocalIO, want)
+			}
+			if b, err := os.ReadFile(dst); err != nil || string(b) != "x" {
+				t.Errorf("cp -r %s (dry %v): the file became %q, %v", from, dry, b, err)
+			}
+		}
 	}
 }
 
