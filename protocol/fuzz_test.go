@@ -111,7 +111,7 @@ func FuzzHasFeature(f *testing.F) {
 	})
 }
 
-// winSamples are FeatureWinDigests' messages, for the fuzzer's seeds and
+// winSamples are the per-window digest messages, for the fuzzer's seeds and
 // the round trip below.
 func winSamples() []Message {
 	return []Message{

@@ -242,9 +242,9 @@ type CloseReply struct {
 	Changed   bool
 }
 
-// Extents asks where an open file's data is, from file offset Offset on
-// (FeatureWinDigests): the ranges SEEK_DATA and SEEK_HOLE find. The rest
-// of the file is holes, which read as zeros.
+// Extents asks where an open file's data is, from file offset Offset on:
+// the ranges SEEK_DATA and SEEK_HOLE find. The rest of the file is holes,
+// which read as zeros.
 type Extents struct {
 	RequestID uint32
 	Handle    uint32
@@ -278,8 +278,7 @@ const (
 // MaxExtentsPerReply is the most extents one ExtentsReply holds.
 const MaxExtentsPerReply = (MaxMessage - ExtentsReplyOverhead) / ExtentSize
 
-// Closed answers Close for an initiator that announced
-// FeatureWinDigests: CloseReply's Changed, and the whole-file digest
+// Closed answers Close: CloseReply's Changed, and the whole-file digest
 // (chunker.FileDigest) of the chunk digests the target computed, which
 // Open no longer carries. FileDigest is empty when the target did not
 // compute every chunk's digest (the initiator stopped early).
@@ -290,9 +289,9 @@ type Closed struct {
 }
 
 // Suspect reports chunk Chunk of an open file, which failed its digest
-// on every read (FeatureWinDigests): the target forgets the digests it
-// stored for the file, hashes the chunk again from the file and answers
-// DigestsReply with that one digest.
+// on every read: the target forgets the digests it stored for the file,
+// hashes the chunk again from the file and answers DigestsReply with that
+// one digest.
 type Suspect struct {
 	RequestID uint32
 	Handle    uint32
@@ -365,8 +364,7 @@ type Bye struct {
 
 // Working says the target is still serving request RequestID: it comes
 // WorkingInterval after the target began, and every WorkingInterval after
-// that, until the reply. It has no body and no reply, and goes only to an
-// initiator whose Hello.Client announced FeatureWorking. It lets an
+// that, until the reply. It has no body and no reply. It lets an
 // initiator tell a target that is slow (hashing a large file for Open)
 // from one that is gone, without a timeout longer than any request.
 //

@@ -85,7 +85,7 @@ func samples() []Message {
 			}},
 		&Working{RequestID: 17},
 		&Working{RequestID: 18, Progress: 0x1122334455667788},
-	}, winSamples()...) // FeatureWinDigests' messages: fuzz_test.go
+	}, winSamples()...) // the per-window digest messages: fuzz_test.go
 }
 
 func mustMarshal(t testing.TB, m Message) []byte {

@@ -12,10 +12,9 @@ import (
 	"github.com/rdmacp/rdmacp/chunker"
 )
 
-// winDigests computes one open file's chunk digests a window at a time,
-// for an initiator that announced FeatureWinDigests: Open hashes nothing,
-// so the first byte moves at once whatever the file's size. A goroutine
-// (produce) hashes windows in file order, one ahead of the window the
+// winDigests computes one open file's chunk digests a window at a time:
+// Open hashes nothing, so the first byte moves at once whatever the
+// file's size. A goroutine (produce) hashes windows in file order, one ahead of the window the
 // initiator has come to (mapped, or asked digests of): the initiator maps
 // window n+1 while it reads window n, so window n+1 is hashed (and so
 // read into the page cache) while window n is being read over RDMA;

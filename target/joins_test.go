@@ -27,7 +27,7 @@ func (mp *multiPeer) dial(i int) (verbs.QP, verbs.CQ, error) {
 	return qp, cq, err
 }
 
-// Data QPs join in any order and at once (FeatureJoins): a session whose
+// Data QPs join in any order and at once: a session whose
 // indexes have a gap maps nothing until the gap is filled; then every
 // index READs with its own key.
 func TestDataQPsJoinInAnyOrder(t *testing.T) {

@@ -1,0 +1,240 @@
+package initiator
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmacp/rdmacp/blockdev"
+	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/leftover"
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// The destination of a pull: where the bytes go (a temporary file renamed
+// over DEST at the end, a block device in place, or nowhere), and its commit.
+
+// landing is where a copy's bytes go: a temporary file renamed onto
+// DEST at the end, or (with Force) a block device written in place.
+type landing struct {
+	f       *os.File
+	dst     string
+	device  bool
+	discard bool     // /dev/null: nothing to sync
+	partial *resumer // with --partial: kept on failure, for a later run
+	remove  func()   // if set, how abort removes the file
+
+	sparse bool     // -S (GetOptions.Sparse)
+	zero   ZeroMode // on a device (GetOptions.Zero)
+	ready  bool     // open has reserved the space (sparse.go)
+}
+
+// zeros gives the landings land opens opt's -S and --zero.
+func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*landing, error)) func(*protocol.OpenReply, chunker.Layout) (*landing, error) {
+	return func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		l, err := land(or, layout)
+		if l != nil {
+			l.sparse, l.zero = opt.Sparse, opt.Zero
+		}
+		return l, err
+	}
+}
+
+// directMin is the smallest file landed with O_DIRECT: below a chunk (or
+// 1 MiB) the second descriptor costs more than the page cache does.
+func directMin(l chunker.Layout) int64 { return min(l.ChunkSize, 1<<20) }
+
+// ErrDest reports a destination rdmacp will not write.
+var ErrDest = errors.New("destination refused")
+
+// destOf is where a copy to dst lands: dst, or the file a symlink at dst
+// names (cp writes through a symlink; rdmacp does not replace it). It
+// refuses a symlink that leads nowhere and any special file but
+// /dev/null, into which a copy is verified and thrown away (discard).
+func destOf(dst string, named bool) (path string, discard bool, err error) {
+	fi, err := os.Lstat(dst)
+	if err != nil {
+		return dst, false, nil // a new file
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 && !named {
+		// DEST/NAME, a name the user did not give: a link there is
+		// replaced, not followed, as rsync does; it may have been put
+		// there by anyone who can write into DEST.
+		return dst, false, nil
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		t, err := filepath.EvalSymlinks(dst)
+		if err != nil {
+			return dst, false, fmt.Errorf("%w: %s: not writing through a symlink that leads nowhere", ErrDest, dst)
+		}
+		if fi, err = os.Stat(t); err != nil {
+			return dst, false, err
+		}
+		dst = t
+	}
+	switch {
+	case fi.Mode().IsRegular(), fi.IsDir(), blockdev.Is(fi):
+		return dst, false, nil
+	case isDevNull(fi):
+		return dst, true, nil
+	}
+	return dst, false, fmt.Errorf("%w: %s is a %s: rdmacp writes regular files (and, with --force, block devices) and will not replace it", ErrDest, dst, specialKind(fi))
+}
+
+// isDevNull reports whether fi is the null device (character 1:3).
+func isDevNull(fi fs.FileInfo) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Mode()&fs.ModeCharDevice != 0 && unix.Major(st.Rdev) == 1 && unix.Minor(st.Rdev) == 3
+}
+
+func specialKind(fi fs.FileInfo) string {
+	switch m := fi.Mode(); {
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	}
+	return "special file"
+}
+
+func openDest(dst string, size int64, force bool) (*landing, error) {
+	fi, err := os.Stat(dst)
+	if err != nil || !blockdev.Is(fi) {
+		f, err := createTemp(dst, size)
+		if err != nil {
+			return nil, err
+		}
+		return &landing{f: f, dst: dst}, nil
+	}
+	refuse := func(why string) (*landing, error) {
+		return nil, fmt.Errorf("%w: %s: %s", ErrDest, dst, why)
+	}
+	if !force {
+		return refuse("is a block device; add --force to overwrite it")
+	}
+	if m, err := blockdev.Mounted(fi); err != nil || m {
+		return refuse("is mounted")
+	}
+	// O_EXCL on a block device fails if anything holds it: a mount, a
+	// device-mapper or md user, another exclusive opener.
+	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_EXCL, 0)
+	if err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			return refuse("is in use (mounted, or part of another device)")
+		}
+		return nil, err
+	}
+	n, err := blockdev.Size(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if n < size {
+		f.Close()
+		return refuse(fmt.Sprintf("holds %d bytes, the source has %d", n, size))
+	}
+	return &landing{f: f, dst: dst, device: true}, nil
+}
+
+// abort undoes what it can: a temporary file goes; a device keeps what
+// was written (the copy reports failure).
+func (l *landing) abort() {
+	if l.partial != nil {
+		l.partial.keep()
+		return
+	}
+	l.f.Close()
+	if l.remove != nil {
+		l.remove()
+	} else if !l.device {
+		os.Remove(l.f.Name())
+	}
+}
+
+func (l *landing) commit(e protocol.Entry) error {
+	if l.partial != nil {
+		if err := finish(l.f, l.dst, e); err != nil {
+			return err
+		}
+		l.partial.finished()
+		return nil
+	}
+	if !l.device {
+		return finish(l.f, l.dst, e)
+	}
+	if l.discard {
+		return l.f.Close()
+	}
+	if err := l.f.Sync(); err != nil {
+		return &fs.PathError{Op: "sync", Path: l.dst, Err: err}
+	}
+	return l.f.Close()
+}
+
+// createTemp makes the temporary file a copy lands in, of the source's
+// size; the space for the source's data is reserved by landing.open
+// (reserve), so that a full disk shows up before any byte moves while
+// the source's holes take none.
+func createTemp(dst string, size int64) (*os.File, error) {
+	name := filepath.Join(filepath.Dir(dst), leftover.Name(filepath.Base(dst)))
+	f, err := openRegular(name, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	if err != nil {
+		return nil, err
+	}
+	if err := allocate(f, size); err != nil {
+		f.Close()
+		os.Remove(name)
+		return nil, &fs.PathError{Op: "truncate", Path: dst, Err: err}
+	}
+	return f, nil
+}
+
+// allocate gives a new landing file f its size, all hole: landing.open
+// reserves the chunks that will hold data (sparse.go's reserve), once
+// the source's extents are known. Fallocating the whole file here made
+// a 100 GiB sparse source holding 1 GiB need 100 GiB free.
+func allocate(f *os.File, size int64) error {
+	if size <= 0 {
+		return nil
+	}
+	return f.Truncate(size)
+}
+
+// finish gives the temporary file the source's mode and mtime, syncs it,
+// renames it to dst and syncs the directory.
+func finish(tmp *os.File, dst string, e protocol.Entry) error {
+	if err := tmp.Chmod(fs.FileMode(e.Mode & 0o777)); err != nil {
+		return err
+	}
+	// The mtime through the descriptor, not the name: what is at the
+	// temporary name now may be a link put there by someone who can
+	// write into the directory. Then the data, last.
+	if err := setMtime(tmp.Fd(), e.MtimeNs); err != nil {
+		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
+	}
+	if err := tmp.Sync(); err != nil {
+		return &fs.PathError{Op: "sync", Path: dst, Err: err}
+	}
+	if err := stillAt(tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return replaceDir(tmp.Name(), dst, err)
+	}
+	if d, err := os.Open(filepath.Dir(dst)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
