@@ -457,13 +457,17 @@ func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	if err != nil {
 		var pe *protocol.Error
 		if errors.As(err, &pe) && pe.Code == protocol.CodeVersion {
-			return fmt.Errorf("%w: %w", ErrConnect, err)
+			// The target's message names both versions (protocol.VersionMismatch).
+			return fmt.Errorf("%w: the target refused us: %s", protocol.ErrVersion, pe.Message)
 		}
 		return err
 	}
 	ch, ok := m.(*protocol.Challenge)
 	if !ok {
 		return fmt.Errorf("%w: target answered Hello with %v", ErrConnect, m.Type())
+	}
+	if ch.Version != protocol.Version {
+		return &protocol.VersionError{Got: ch.Version, Peer: "target"}
 	}
 	s.ch0 = ch
 	s.pace.targetCap(s.cfg.BwLimit, ch.RateCap) // the target's cap binds us: pace.go

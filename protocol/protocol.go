@@ -49,13 +49,28 @@ var (
 )
 
 // VersionError reports a header, or private data, with a version other
-// than Version.
+// than Version, or a peer that speaks another version.
 type VersionError struct {
-	Got uint8
+	Got  uint8
+	Peer string // "target" or "initiator" when the peer said its version; empty for a header
 }
 
 func (e *VersionError) Error() string {
-	return fmt.Sprintf("protocol: unsupported version %d (this side speaks %d)", e.Got, Version)
+	if e.Peer == "" {
+		return fmt.Sprintf("protocol: unsupported version %d (this side speaks %d)", e.Got, Version)
+	}
+	return VersionMismatch(e.Peer, fmt.Sprint(e.Got))
+}
+
+// VersionMismatch is the one sentence either side gives a peer of another
+// protocol version: it names both versions and what to do about it.
+// peer is "target" or "initiator"; theirs is its version or range.
+func VersionMismatch(peer, theirs string) string {
+	self := "target"
+	if peer == "target" {
+		self = "initiator"
+	}
+	return fmt.Sprintf("%s speaks rdmacp protocol %s, this %s speaks %d: use the same rdmacp release on both ends", peer, theirs, self, Version)
 }
 
 func (e *VersionError) Unwrap() error { return ErrVersion }

@@ -316,7 +316,11 @@ func (ss *session) hello(ctx context.Context) error {
 		return fmt.Errorf("expected Hello, got %v", m.Type())
 	}
 	if h.MinVersion > protocol.Version || h.MaxVersion < protocol.Version {
-		e := errf(protocol.CodeVersion, "initiator speaks versions %d-%d, target speaks %d", h.MinVersion, h.MaxVersion, protocol.Version)
+		theirs := fmt.Sprint(h.MinVersion)
+		if h.MaxVersion != h.MinVersion {
+			theirs = fmt.Sprintf("%d-%d", h.MinVersion, h.MaxVersion)
+		}
+		e := errf(protocol.CodeVersion, "%s", protocol.VersionMismatch("initiator", theirs))
 		e.SetID(h.ID())
 		ss.ch.Send(ctx, e)
 		return e

@@ -150,6 +150,9 @@ func TestVersionMismatch(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Code != protocol.CodeVersion {
 		t.Fatalf("err = %v, want a version error", err)
 	}
+	if want := "initiator speaks rdmacp protocol 2-3, this target speaks 1: use the same rdmacp release on both ends"; pe.Message != want {
+		t.Fatalf("message %q, want %q", pe.Message, want)
+	}
 }
 
 func TestPrivateDataVersionRefused(t *testing.T) {

@@ -38,7 +38,7 @@ const (
 	exitChanged    = 7   // the source changed during the copy
 	exitLocalIO    = 8   // writing the destination failed or was refused (disk full, permissions, a mounted device…)
 	exitBind       = 10  // serve: cannot listen on the address (in use, not this host's, a privileged port), as rsync's daemon exits 10
-	exitProtocol   = 12  // the target sent what the protocol does not allow (a malformed message, a name or tree over a cap), as rsync's 12
+	exitProtocol   = 12  // the target sent what the protocol does not allow (a malformed message, a name or tree over a cap) or speaks another protocol version, as rsync's 12
 	exitPartial    = 23  // a tree or manifest copied some files but others failed (as rsync's 23); if none was copied, the first failure's code
 	exitStalled    = 30  // the target made no progress on a request for --timeout, alive but stuck (its storage may be hung), as rsync's 30
 	exitBusy       = 75  // the target is busy (its window budget, or this session's share of it, in use): try again later (EX_TEMPFAIL)
@@ -82,7 +82,7 @@ func exitCode(ctx context.Context, err error) int {
 		return exitRemote
 	case errors.Is(err, initiator.ErrChanged):
 		return exitChanged
-	case errors.Is(err, protocol.ErrMalformed):
+	case errors.Is(err, protocol.ErrMalformed), errors.Is(err, protocol.ErrVersion):
 		return exitProtocol
 	case errors.Is(err, protocol.ErrNoProgress):
 		return exitStalled
