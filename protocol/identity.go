@@ -5,15 +5,10 @@ import (
 	"crypto/sha256"
 )
 
-// Client identities. A target with per-client keys announces
-// FeatureIdentity in Challenge.Server ("rdmacp +identity"); an initiator
-// that sees it answers with AuthAs, naming its identity, instead of Auth.
-// An older initiator never sees the feature and sends Auth, which the
-// target takes as identity DefaultIdentity; an older target never
-// announces it, so a newer initiator sends it plain Auth.
+// Client identities. Every target that asks for authentication takes
+// AuthAs, naming the initiator's identity, as well as Auth, which it
+// takes as identity DefaultIdentity.
 const (
-	// FeatureIdentity: the target takes AuthAs (in Challenge.Server).
-	FeatureIdentity = "identity"
 	// DefaultIdentity is the identity of an initiator that sent Auth:
 	// the one identity of a target with a single shared secret.
 	DefaultIdentity = "default"

@@ -30,15 +30,6 @@ func (s *Server) authRequired() bool {
 	return s.keys != nil
 }
 
-// serverString is Challenge.Server: a target that takes a secret takes
-// identities too.
-func (s *Server) serverString(auth bool) string {
-	if auth {
-		return protocol.ClientString("rdmacp", protocol.FeatureIdentity)
-	}
-	return "rdmacp"
-}
-
 // authFailed is the one answer to an unknown identity and to a wrong
 // key alike, so that names can't be probed.
 const authFailed = "unknown identity or wrong key"

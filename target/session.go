@@ -333,7 +333,7 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxWindow:     cfg.MaxWindow,
 		RateCap:       ss.rateCap(),
 	}
-	ch.Server = ss.srv.withRails(ss.srv.serverString(ch.AuthRequired))
+	ch.Server = ss.srv.withRails("rdmacp")
 	ch.SetID(h.ID())
 	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
