@@ -121,6 +121,7 @@ var (
 	errPad     = errors.New("roce: pad count on a packet without payload, or longer than the payload")
 	errICRC    = errors.New("roce: ICRC mismatch")
 	errNotIPv4 = errors.New("roce: only IPv4 addresses are supported")
+	errPKey    = errors.New("roce: P_Key outside the default partition")
 )
 
 // addrs is what the ICRC covers of the IP and UDP headers that carried
@@ -234,6 +235,13 @@ func decode(b []byte, a addrs, check bool) (packet, error) {
 		if got, want := binary.LittleEndian.Uint32(b[end:]), icrc(a, b[:end]); got != want {
 			return p, fmt.Errorf("%w: got %#08x, computed %#08x", errICRC, got, want)
 		}
+	}
+	// Every QP of this provider is in the default partition as a full
+	// member, so a packet matches when its P_Key names that partition
+	// (low 15 bits 0x7fff), full or limited member; rxe_recv.c drops
+	// the others the same way, silently.
+	if p.pkey&0x7fff != defaultPKey&0x7fff {
+		return p, fmt.Errorf("%w: %#04x", errPKey, p.pkey)
 	}
 	o := bthLen
 	if hasRETH(p.opcode) {

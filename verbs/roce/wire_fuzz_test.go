@@ -2,6 +2,7 @@ package roce
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"net/netip"
 	"reflect"
@@ -115,4 +116,25 @@ func FuzzCMFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPKeyPartition: a packet with a correct ICRC but a P_Key of another
+// partition is dropped; the default partition's limited-member P_Key
+// (0x7fff) is taken, since this end is a full member.
+func TestPKeyPartition(t *testing.T) {
+	buf := make([]byte, 8192)
+	for _, c := range []struct {
+		pkey uint16
+		ok   bool
+	}{{0xffff, true}, {0x7fff, true}, {0x8001, false}, {0x0000, false}, {0xfffe, false}} {
+		p := seedPackets()[0]
+		p.pkey = c.pkey
+		_, err := decode(encode(buf, &p, fuzzAddrs), fuzzAddrs, true)
+		if c.ok && err != nil {
+			t.Errorf("P_Key %#04x: %v", c.pkey, err)
+		}
+		if !c.ok && !errors.Is(err, errPKey) {
+			t.Errorf("P_Key %#04x: got %v, want errPKey", c.pkey, err)
+		}
+	}
 }
