@@ -519,3 +519,34 @@ func TestDryRunChecksumTree(t *testing.T) {
 		t.Errorf("-n -c wrote DEST: %q", b)
 	}
 }
+
+// cp --from -n says what each line would do and makes nothing: a new
+// file and a tree's files are listed, a line already copied is not.
+func TestFromDryRun(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "new"), []byte("new\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "old"), []byte("old\n"), 0o644)
+	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
+	os.WriteFile(filepath.Join(src, "tree", "f"), []byte("f\n"), 0o644)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	if _, errs, code := hrun(t, "cp", s.addr+":data/old", filepath.Join(dst, "old")); code != 0 {
+		t.Fatalf("first copy: exit %d: %s", code, errs)
+	}
+	manifest := filepath.Join(t.TempDir(), "m")
+	os.WriteFile(manifest, []byte(s.addr+":data/new "+filepath.Join(dst, "new")+"\n"+
+		s.addr+":data/old "+filepath.Join(dst, "old")+"\n"+
+		s.addr+":data/tree "+filepath.Join(dst, "tree")+"\n"), 0o644)
+	out, errs, code := hrun(t, "cp", "-r", "-n", "--from", manifest)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	l := lines(out)
+	if !slices.Contains(l, filepath.Join(dst, "new")) || slices.Contains(l, filepath.Join(dst, "old")) || !slices.Contains(l, "f") || !strings.Contains(out, "dry run") {
+		t.Errorf("--from -n listed %q: want new and the tree's f, not old", out)
+	}
+	if names := treeNames(t, dst); !slices.Equal(names, []string{"old"}) {
+		t.Errorf("--from -n made %v", names)
+	}
+}
