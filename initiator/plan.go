@@ -30,6 +30,10 @@ type ManifestOptions struct {
 	// StatusUnchanged, a tree's entries as GetTree's DryRun) and changes
 	// nothing; every line is then judged on its own.
 	DryRun bool
+	// Delete is TreeOptions.Delete for each line copied as a tree: what
+	// its DEST has and its source does not goes. File lines have nothing
+	// to delete.
+	Delete bool
 	// Progress, if set, is called as line i starts being copied on its
 	// own as a file (not packed, not a tree) and returns what that copy
 	// reports its progress to (GetOptions.Progress; nil for nothing).
@@ -125,7 +129,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		// A manifest line maps SRC to DEST: DEST is the copy, so the same
 		// manifest run twice leaves the same tree.
 		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow,
-			DryRun: opt.DryRun, File: func(f FileResult) { file(i, f, true) }})
+			DryRun: opt.DryRun, Delete: opt.Delete, File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {
 				return nil, err

@@ -550,3 +550,26 @@ func TestFromDryRun(t *testing.T) {
 		t.Errorf("--from -n made %v", names)
 	}
 }
+
+// cp -r --from --delete deletes, in a tree line's DEST, what its source
+// lacks, and nothing beside it.
+func TestFromDelete(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
+	os.WriteFile(filepath.Join(src, "tree", "f"), []byte("f\n"), 0o644)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	os.MkdirAll(filepath.Join(dst, "tree"), 0o755)
+	os.WriteFile(filepath.Join(dst, "tree", "extra"), []byte("x\n"), 0o644)
+	os.WriteFile(filepath.Join(dst, "beside"), []byte("b\n"), 0o644)
+	manifest := filepath.Join(t.TempDir(), "m")
+	os.WriteFile(manifest, []byte(s.addr+":data/tree "+filepath.Join(dst, "tree")+"\n"), 0o644)
+	out, errs, code := hrun(t, "cp", "-r", "--delete", "--from", manifest)
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out, errs)
+	}
+	if names := treeNames(t, dst); !slices.Equal(names, []string{"beside", "tree/", "tree/f"}) {
+		t.Errorf("--from --delete left %v, want beside, tree, tree/f", names)
+	}
+}
