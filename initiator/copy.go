@@ -140,6 +140,9 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		}
 		return r, err
 	}
+	if opt.DryRun && opt.SkipSame {
+		return s.dryChecksum(ctx, src, dst, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) })
+	}
 	if opt.DryRun {
 		e, err := s.Stat(ctx, src)
 		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), entry: e}, err
@@ -245,6 +248,36 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	}
 	return s.fileMeta(dst, e)
 }
+
+// dryChecksum is -n with -c: the target opens src and DEST's windows are
+// compared with its digests, as a real run's -c does, so the dry run says
+// what that run would do (size and mtime say nothing to -c): Skipped when
+// DEST, as open opens it, is the same. Nothing is READ or written.
+func (s *Session) dryChecksum(ctx context.Context, src, dst string, open func() (*os.File, error)) (*Result, error) {
+	var size int64
+	sp := pullSpec{land: func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		size = layout.Size
+		same, err := s.sameFile(ctx, open, or, layout)
+		if err != nil {
+			return nil, err // errSame too, by window
+		} else if same {
+			return nil, errSame
+		}
+		return nil, errWouldCopy
+	}}
+	res, _, err := s.pull(ctx, src, dst, sp)
+	switch {
+	case errors.Is(err, errSame):
+		return res, nil
+	case errors.Is(err, errWouldCopy):
+		res.Bytes = size
+		return res, nil
+	}
+	return res, err
+}
+
+// errWouldCopy is dryChecksum's way of stopping a pull whose DEST differs.
+var errWouldCopy = errors.New("destination differs (dry run)")
 
 // errSame is pull's way of saying the destination already holds the file.
 var errSame = errors.New("destination already matches")

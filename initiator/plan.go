@@ -26,6 +26,14 @@ type ManifestOptions struct {
 	// NoPack copies every line on its own (and a tree's small files one
 	// by one), instead of runs of small files many to a request.
 	NoPack bool
+	// DryRun reports what each line would do (StatusWouldCopy,
+	// StatusUnchanged, a tree's entries as GetTree's DryRun) and changes
+	// nothing; every line is then judged on its own.
+	DryRun bool
+	// Delete is TreeOptions.Delete for each line copied as a tree: what
+	// its DEST has and its source does not goes. File lines have nothing
+	// to delete.
+	Delete bool
 	// Progress, if set, is called as line i starts being copied on its
 	// own as a file (not packed, not a tree) and returns what that copy
 	// reports its progress to (GetOptions.Progress; nil for nothing).
@@ -60,7 +68,7 @@ func (s *Session) GetManifest(ctx context.Context, jobs []FileJob, opt ManifestO
 		}
 		return nil
 	}
-	if !opt.SkipSame && !opt.Partial && !opt.NoPack {
+	if !opt.SkipSame && !opt.Partial && !opt.NoPack && !opt.DryRun {
 		return s.GetMany(ctx, jobs, func(i int, fr FileResult) { file(i, fr, false) }, one)
 	}
 	for i := range jobs {
@@ -121,7 +129,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		// A manifest line maps SRC to DEST: DEST is the copy, so the same
 		// manifest run twice leaves the same tree.
 		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow,
-			File: func(f FileResult) { file(i, f, true) }})
+			DryRun: opt.DryRun, Delete: opt.Delete, File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {
 				return nil, err
@@ -135,7 +143,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 	if opt.Progress != nil {
 		progress = opt.Progress(i)
 	}
-	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow})
+	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow, DryRun: opt.DryRun})
 	if res != nil {
 		fr.BytesRead = res.BytesRead
 		if res.Dest != "" {
@@ -153,8 +161,12 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 	switch {
 	case res.Unchanged:
 		fr.Status = StatusUnchanged
+	case res.Skipped && opt.DryRun:
+		fr.Status = StatusUnchanged // as a tree's dry run says it
 	case res.Skipped:
 		fr.Status = StatusSame
+	case opt.DryRun:
+		fr.Status = StatusWouldCopy
 	}
 	return fr, nil
 }

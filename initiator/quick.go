@@ -307,6 +307,9 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry, opt.ModifyWindow) {
 			fr.Status = StatusUnchanged
 		}
+		if fi != nil && opt.SkipSame && fi.Mode().IsRegular() && fi.Size() == int64(it.entry.Size) {
+			fr.Status, fr.Err = c.dryChecksum(root, it)
+		}
 	case t == protocol.FileSymlink:
 		if sameLink(root, it) {
 			fr.Status = StatusUnchanged
@@ -315,6 +318,23 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 		fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.rel, t)
 	}
 	c.report(fr)
+}
+
+// dryChecksum is -n -c for one file of a tree whose DEST has its size:
+// StatusUnchanged when the digests match (a real run's -c says "same";
+// unchanged keeps it out of the dry run's list and its bytes to copy).
+func (c *treeCopy) dryChecksum(root *os.Root, it item) (string, error) {
+	remote := c.src + "/" + it.rel
+	r, err := c.s.dryChecksum(c.ctx, remote, it.rel, func() (*os.File, error) {
+		return openRegularRoot(root, it.rel, openMode{flag: os.O_RDONLY})
+	})
+	switch {
+	case err != nil:
+		return StatusFailed, err
+	case r.Skipped:
+		return StatusUnchanged, nil
+	}
+	return StatusWouldCopy, nil
 }
 
 // cmpErr is the first error that is not nil.

@@ -64,14 +64,10 @@ func checkCpFlags(c *cli.Context) error {
 		return usagef("--modify-window %v", err)
 	}
 	switch {
-	case c.Bool("delete") && c.String("from") != "":
-		return usagef("--delete applies to cp -r SRC DEST, not to --from")
 	case c.Bool("delete") && !recursive(c):
 		return usagef("--delete applies to trees: add -r")
 	case c.Bool("delete") && c.String("shard") != "":
 		return usagef("--delete cannot go with --shard: the other shards' files would look gone from the source")
-	case c.Bool("dry-run") && c.String("from") != "":
-		return usagef("--dry-run applies to cp SRC DEST, not yet to --from")
 	}
 	return nil
 }
@@ -479,7 +475,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
 		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
 		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"), QuickCheck: !c.Bool("ignore-times"), ModifyWindow: modifyWindow(c),
-		Progress: func(int) func(initiator.Progress) {
+		DryRun: c.Bool("dry-run"), Delete: c.Bool("delete"), Progress: func(int) func(initiator.Progress) {
 			done()
 			r = newRenderer(t.jsonOut, c.Bool("quiet"), stdout)
 			return r.update

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -451,5 +452,124 @@ func TestPartialErrorWords(t *testing.T) {
 		if got := c.e.Error(); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.e, got, c.want)
 		}
+	}
+}
+
+// -n -c judges a single file as -c does, by content: a DEST with the same
+// bytes and another mtime is "already the same", one with the same size
+// and mtime and other bytes is "to copy"; neither is touched.
+func TestDryRunChecksumJudgesByContent(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	os.WriteFile(filepath.Join(src, "a"), []byte("same bytes\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b"), []byte("bytes of b\n"), 0o644)
+	os.Chtimes(filepath.Join(src, "b"), old, old)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	os.WriteFile(filepath.Join(dst, "a"), []byte("same bytes\n"), 0o644)
+	os.Chtimes(filepath.Join(dst, "a"), old, old) // mtime differs from the source's
+	os.WriteFile(filepath.Join(dst, "b"), []byte("other byte\n"), 0o644)
+	os.Chtimes(filepath.Join(dst, "b"), old, old) // same size and mtime, other bytes
+	out, errs, code := hrun(t, "cp", "-n", "-c", s.addr+":data/a", filepath.Join(dst, "a"))
+	if code != 0 || !strings.Contains(out, "already the same") {
+		t.Errorf("-n -c of identical bytes, other mtime: exit %d, %q %s", code, out, errs)
+	}
+	out, errs, code = hrun(t, "cp", "-n", "-c", s.addr+":data/b", filepath.Join(dst, "b"))
+	if code != 0 || !strings.Contains(out, "to copy (dry run") {
+		t.Errorf("-n -c of other bytes, same size and mtime: exit %d, %q %s", code, out, errs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "b")); string(b) != "other byte\n" {
+		t.Errorf("-n -c wrote DEST: %q", b)
+	}
+	if fi, _ := os.Stat(filepath.Join(dst, "a")); !fi.ModTime().Equal(old) {
+		t.Errorf("-n -c touched DEST's mtime: %v", fi.ModTime())
+	}
+}
+
+// -n -c over a tree lists only the files whose bytes differ: one with the
+// same size and mtime but other bytes is listed, one with the same bytes
+// and another mtime is not.
+func TestDryRunChecksumTree(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	tree := filepath.Join(src, "tree")
+	os.MkdirAll(tree, 0o755)
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	os.WriteFile(filepath.Join(tree, "a"), []byte("same bytes\n"), 0o644)
+	os.WriteFile(filepath.Join(tree, "b"), []byte("bytes of b\n"), 0o644)
+	os.Chtimes(filepath.Join(tree, "b"), old, old)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	if _, errs, code := hrun(t, "cp", "-r", s.addr+":data/tree", dst); code != 0 {
+		t.Fatalf("first copy: exit %d: %s", code, errs)
+	}
+	os.Chtimes(filepath.Join(dst, "tree", "a"), old, old)
+	os.WriteFile(filepath.Join(dst, "tree", "b"), []byte("other byte\n"), 0o644)
+	os.Chtimes(filepath.Join(dst, "tree", "b"), old, old)
+	out, errs, code := hrun(t, "cp", "-r", "-n", "-c", s.addr+":data/tree", dst)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	l := lines(out)
+	if !slices.Contains(l, "b") || slices.Contains(l, "a") || !strings.Contains(out, "1 to copy, 2 unchanged") {
+		t.Errorf("-n -c listed %q, want b alone (1 to copy, 2 unchanged)", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "tree", "b")); string(b) != "other byte\n" {
+		t.Errorf("-n -c wrote DEST: %q", b)
+	}
+}
+
+// cp --from -n says what each line would do and makes nothing: a new
+// file and a tree's files are listed, a line already copied is not.
+func TestFromDryRun(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "new"), []byte("new\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "old"), []byte("old\n"), 0o644)
+	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
+	os.WriteFile(filepath.Join(src, "tree", "f"), []byte("f\n"), 0o644)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	if _, errs, code := hrun(t, "cp", s.addr+":data/old", filepath.Join(dst, "old")); code != 0 {
+		t.Fatalf("first copy: exit %d: %s", code, errs)
+	}
+	manifest := filepath.Join(t.TempDir(), "m")
+	os.WriteFile(manifest, []byte(s.addr+":data/new "+filepath.Join(dst, "new")+"\n"+
+		s.addr+":data/old "+filepath.Join(dst, "old")+"\n"+
+		s.addr+":data/tree "+filepath.Join(dst, "tree")+"\n"), 0o644)
+	out, errs, code := hrun(t, "cp", "-r", "-n", "--from", manifest)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	l := lines(out)
+	if !slices.Contains(l, filepath.Join(dst, "new")) || slices.Contains(l, filepath.Join(dst, "old")) || !slices.Contains(l, "f") || !strings.Contains(out, "dry run") {
+		t.Errorf("--from -n listed %q: want new and the tree's f, not old", out)
+	}
+	if names := treeNames(t, dst); !slices.Equal(names, []string{"old"}) {
+		t.Errorf("--from -n made %v", names)
+	}
+}
+
+// cp -r --from --delete deletes, in a tree line's DEST, what its source
+// lacks, and nothing beside it.
+func TestFromDelete(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "tree"), 0o755)
+	os.WriteFile(filepath.Join(src, "tree", "f"), []byte("f\n"), 0o644)
+	s := serve(t, src, nil)
+	dst := t.TempDir()
+	os.MkdirAll(filepath.Join(dst, "tree"), 0o755)
+	os.WriteFile(filepath.Join(dst, "tree", "extra"), []byte("x\n"), 0o644)
+	os.WriteFile(filepath.Join(dst, "beside"), []byte("b\n"), 0o644)
+	manifest := filepath.Join(t.TempDir(), "m")
+	os.WriteFile(manifest, []byte(s.addr+":data/tree "+filepath.Join(dst, "tree")+"\n"), 0o644)
+	out, errs, code := hrun(t, "cp", "-r", "--delete", "--from", manifest)
+	if code != 0 {
+		t.Fatalf("exit %d: %s %s", code, out, errs)
+	}
+	if names := treeNames(t, dst); !slices.Equal(names, []string{"beside", "tree/", "tree/f"}) {
+		t.Errorf("--from --delete left %v, want beside, tree, tree/f", names)
 	}
 }
