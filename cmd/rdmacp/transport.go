@@ -56,7 +56,12 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	default:
 		return nil, "", usagef("--mpa-crc %q: want auto, on or off", c.String("mpa-crc"))
 	}
-	rs := roce.Config{Port: c.Int("roce-port")}
+	// A software endpoint on a busy host can leave its receive goroutine
+	// unscheduled for longer than IB's 65 ms x 8 retransmit budget: under
+	// a CPU hog a READ failed "retry counter exceeded" with no packet
+	// lost (UDP RcvbufErrors unchanged). 250 ms x 8 rides that out; a
+	// packet really lost costs 250 ms.
+	rs := roce.Config{Port: c.Int("roce-port"), RetransmitTimeout: 250 * time.Millisecond}
 	if rs.Port == 0 {
 		rs.Port = -1
 	}
