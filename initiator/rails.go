@@ -117,7 +117,7 @@ func planRails(devs, locals, remotes []string) []*rail {
 // addresses; any other target, or an empty answer, leaves the one
 // address dialled.
 func (s *Session) targetRails(ctx context.Context) ([]string, error) {
-	if s.ch0 == nil || !protocol.HasFeature(s.ch0.Server, protocol.FeatureRails) {
+	if s.ch0 == nil || s.ch0.Rails == 0 {
 		return []string{s.addr}, nil
 	}
 	m, err := s.call(ctx, &protocol.Rails{})
@@ -244,7 +244,7 @@ func (s *Session) held(err error) bool {
 // drop asks a target with rails to let go of data QP slot i, which this
 // side has given up; it reports whether the target did.
 func (s *Session) drop(ctx context.Context, i int) bool {
-	if s.ch0 == nil || !protocol.HasFeature(s.ch0.Server, protocol.FeatureRails) || s.dead() {
+	if s.ch0 == nil || s.ch0.Rails == 0 || s.dead() {
 		return false
 	}
 	m, err := s.call(ctx, &protocol.RailDrop{Index: uint16(i)})

@@ -170,9 +170,9 @@ func TestRailDeadAtStart(t *testing.T) {
 	}
 }
 
-// A target that does not announce rails is never asked: one rail, the
+// A target on one address (Challenge.Rails 0) is never asked: one rail, the
 // address dialled.
-func TestOneRailWithoutFeature(t *testing.T) {
+func TestOneRailWithOneAddress(t *testing.T) {
 	dir, lns := railTarget(t, []string{"127.0.0.1:0"}, nil)
 	s := railDial(t, lns[0].Addr(), nil)
 	railCopy(t, s, dir, 1<<20)

@@ -33,6 +33,10 @@ type Challenge struct {
 	// READs at, over all its data QPs together (serve --bwlimit); 0:
 	// none. The initiator must post its READs within it.
 	RateCap uint64
+	// Rails is how many data addresses the target tells in RailsReply
+	// (at most MaxRailAddrs); 0: none, so the initiator asks no Rails and
+	// sends no RailDrop, and its data QPs join at the address it dialled.
+	Rails uint8
 }
 
 // Auth proves the initiator knows the shared secret. MAC is ClientMAC.
@@ -713,6 +717,7 @@ func (m *Challenge) encode(e *encoder) {
 	e.u64(m.MaxWindow)
 	e.str(m.Server)
 	e.u64(m.RateCap)
+	e.u8(m.Rails)
 }
 
 func (m *Challenge) decode(d *decoder) {
@@ -725,6 +730,9 @@ func (m *Challenge) decode(d *decoder) {
 	m.MaxWindow = d.u64()
 	m.Server = d.str()
 	m.RateCap = d.u64()
+	if m.Rails = d.u8(); m.Rails > MaxRailAddrs {
+		d.fail("Challenge.Rails %d, at most %d", m.Rails, MaxRailAddrs)
+	}
 }
 
 func (m *Auth) encode(e *encoder) { e.raw(m.MAC[:]) }

@@ -33,7 +33,7 @@ func samples() []Message {
 		&Rails{RequestID: 4}, &RailsReply{RequestID: 4, Addrs: []string{"10.0.0.1:7471", "[fd00::2]:7471"}}, &RailDrop{RequestID: 5, Index: 3},
 		&Challenge{RequestID: 1, Version: 1, ServerNonce: nonce(100), AuthRequired: true,
 			Session:    [16]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
-			MaxDataQPs: 8, MaxReadsPerQP: 16, MaxWindow: 1 << 30, Server: "rdmacp/0.1 target", RateCap: 50 << 20},
+			MaxDataQPs: 8, MaxReadsPerQP: 16, MaxWindow: 1 << 30, Server: "rdmacp/0.1 target", RateCap: 50 << 20, Rails: 2},
 		&Auth{RequestID: 2, MAC: nonce(7)},
 		&AuthOK{RequestID: 2, MAC: nonce(9), RateCap: 20 << 20},
 		&List{RequestID: 3, Cookie: 42, Path: "dir/sub"},
@@ -306,6 +306,11 @@ func TestBadBool(t *testing.T) {
 	b[HeaderSize+33] = 0x80
 	if _, err := Unmarshal(b); !errors.Is(err, ErrMalformed) {
 		t.Errorf("Challenge.AuthRequired 0x80: err = %v", err)
+	}
+	b = mustMarshal(t, &Challenge{Rails: MaxRailAddrs})
+	b[len(b)-1] = MaxRailAddrs + 1
+	if _, err := Unmarshal(b); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Challenge.Rails %d: err = %v", MaxRailAddrs+1, err)
 	}
 }
 

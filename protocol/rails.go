@@ -8,12 +8,9 @@ import (
 // Rails: a target that listens on several addresses tells an initiator
 // which of them carry data QPs, so that a session's data QPs can spread
 // over several paths (NICs, links). The initiator asks with Rails once it
-// has authenticated, and only of a target that announced FeatureRails in
-// Challenge.Server; an older target is never asked, and an older
-// initiator never asks, so both keep one path.
+// has authenticated, and only of a target whose Challenge.Rails is not
+// 0; any other keeps one path.
 const (
-	// FeatureRails: in Challenge.Server, the target answers Rails.
-	FeatureRails = "rails"
 	// MaxRailAddrs bounds RailsReply.Addrs.
 	MaxRailAddrs = 16
 	// MaxRailAddr bounds one address ("host:port"), in bytes.
@@ -101,8 +98,8 @@ func ValidRailAddr(a string) bool {
 // RailDrop tells the target that the initiator has given up data QP
 // Index (its path went dark): the target disconnects its end, if it is
 // still connected, so that a replacement, over another rail, may join
-// in that slot. Answered by Ack. Only to a target that announced
-// FeatureRails.
+// in that slot. Answered by Ack. Only to a target whose Challenge.Rails
+// is not 0.
 type RailDrop struct {
 	RequestID uint32
 	Index     uint16

@@ -28,15 +28,6 @@ func (c *Config) validateRails() error {
 	return nil
 }
 
-// withRails adds FeatureRails to Challenge.Server when there are data
-// addresses to tell.
-func (s *Server) withRails(server string) string {
-	if len(s.cfg.DataAddrs) == 0 {
-		return server
-	}
-	return server + " +" + protocol.FeatureRails
-}
-
 // rails answers Rails.
 func (ss *session) rails() protocol.Message {
 	return &protocol.RailsReply{Addrs: append([]string(nil), ss.srv.cfg.DataAddrs...)}

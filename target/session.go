@@ -333,7 +333,8 @@ func (ss *session) hello(ctx context.Context) error {
 		MaxWindow:     cfg.MaxWindow,
 		RateCap:       ss.rateCap(),
 	}
-	ch.Server = ss.srv.withRails("rdmacp")
+	ch.Server = "rdmacp"
+	ch.Rails = uint8(len(cfg.DataAddrs)) // at most protocol.MaxRailAddrs: validateRails
 	ch.SetID(h.ID())
 	ss.want = wantOf(h.Client)
 	if !ch.AuthRequired {
