@@ -3,6 +3,7 @@ package initiator
 import (
 	"errors"
 	"fmt"
+	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"os"
 	"path"
@@ -100,12 +101,37 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 // rsync -a would: an empty directory at dst goes; a non-empty one stays
 // and is refused by name (the rename said only "file exists").
 func replaceDir(tmp, dst string, err error) error {
-	fi, serr := os.Lstat(dst)
-	if serr != nil || !fi.IsDir() {
+	d, oerr := os.OpenRoot(filepath.Dir(dst))
+	if oerr != nil {
 		return err
 	}
-	if os.Remove(dst) != nil {
-		return fmt.Errorf("%w: %s is a non-empty directory where the file goes: remove it first (rsync -a leaves it too)", ErrDest, dst)
+	defer d.Close()
+	switch werr := makeWay(d, filepath.Base(dst), false); {
+	case werr == nil:
+		return os.Rename(tmp, dst)
+	case errors.Is(werr, errInTheWay):
+		return fmt.Errorf("%w: %s: %w: remove it first (rsync -a leaves it too)", ErrDest, dst, werr)
 	}
-	return os.Rename(tmp, dst)
+	return err
+}
+
+// errInTheWay: a non-empty directory is where a file is to go.
+var errInTheWay = errors.New("a non-empty directory is in the way")
+
+// makeWay removes a directory at base in d, where a file is to go: an
+// empty one always, a non-empty one (all of it, through d) with del, as
+// rsync does with --delete. Anything else at base is left for the
+// rename's own error to say (fs.ErrExist).
+func makeWay(d *os.Root, base string, del bool) error {
+	fi, err := d.Lstat(base)
+	if err != nil || !fi.IsDir() {
+		return fs.ErrExist
+	}
+	if d.Remove(base) == nil {
+		return nil
+	}
+	if !del {
+		return errInTheWay
+	}
+	return leftover.Remove(d, base)
 }

@@ -569,7 +569,7 @@ func (c *treeCopy) settle(final bool) error {
 				case werr == nil:
 					err = d.Rename(path.Base(p.tmp), base)
 				case errors.Is(werr, errInTheWay):
-					err = werr
+					err = fmt.Errorf("%w: not replaced without --delete (rsync needs --delete or --force too)", werr)
 				}
 			}
 			if err != nil {
@@ -1152,27 +1152,6 @@ func mkdirIn(root *os.Root, rel string) (existed bool, err error) {
 		return false, serr
 	}
 	return false, err
-}
-
-// errInTheWay: a non-empty directory is where the source has a file.
-var errInTheWay = errors.New("a non-empty directory is in the way: not replaced without --delete (rsync needs --delete or --force too)")
-
-// makeWay removes a directory at base, where a file is to go: an empty
-// one always, a non-empty one (all of it, through d) with del, as rsync
-// does with --delete. Anything else at base is left for the rename's own
-// error to say.
-func makeWay(d *os.Root, base string, del bool) error {
-	fi, err := d.Lstat(base)
-	if err != nil || !fi.IsDir() {
-		return fs.ErrExist
-	}
-	if d.Remove(base) == nil {
-		return nil
-	}
-	if !del {
-		return errInTheWay
-	}
-	return leftover.Remove(d, base)
 }
 
 // landFailed reports whether a file's failure was the destination's (a
