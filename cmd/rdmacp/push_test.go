@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -119,23 +120,18 @@ func TestPushRefused(t *testing.T) {
 	}
 }
 
-func TestKillInitiatorMidPush(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	s := serve(t, dir, nil, "--writable", "data")
+// pushUntilTemp starts a push of 128 MiB into s's export dir and returns
+// once the target's temporary file is there, the push still going.
+func pushUntilTemp(t *testing.T, s *server, dir string) *exec.Cmd {
+	t.Helper()
 	src := filepath.Join(t.TempDir(), "big")
 	writeFile(t, src, 128<<20)
 	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
 	if err := cp.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Kill the initiator once the target has its temporary file.
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n := names(dir)
-		if len(n) == 1 && strings.HasSuffix(n[0], ".part") {
-			break
-		}
+	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
 		if len(n) > 0 || time.Now().After(deadline) {
 			cp.Process.Kill()
 			cp.Wait()
@@ -143,9 +139,18 @@ func TestKillInitiatorMidPush(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	return cp
+}
+
+func TestKillInitiatorMidPush(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	// Kill the initiator once the target has its temporary file.
+	cp := pushUntilTemp(t, s, dir)
 	cp.Process.Signal(syscall.SIGKILL) // no goodbye from the initiator
 	cp.Wait()
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for len(names(dir)) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("left behind after the initiator died: %v\n%s", names(dir), s.logs)
@@ -220,21 +225,9 @@ func TestKilledDaemonPushLeftover(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	s := serve(t, dir, nil, "--writable", "data")
-	src := filepath.Join(t.TempDir(), "big")
-	writeFile(t, src, 128<<20)
-	cp := rdmacp("cp", "--json", "--qps", "1", src, s.addr+":data/big")
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cp := pushUntilTemp(t, s, dir)
 	defer cp.Wait()
 	defer cp.Process.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
-		if len(n) > 0 || time.Now().After(deadline) {
-			t.Fatalf("no temporary file to catch: %v", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
 	s.cmd.Process.Kill() // the daemon: no cleanup
 	s.cmd.Wait()
 	left := names(dir)
