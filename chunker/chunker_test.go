@@ -357,51 +357,6 @@ func split(r *rand.Rand, n int) []int {
 	return append(pieces, 0)
 }
 
-func TestCombineCRC32C(t *testing.T) {
-	r := rand.New(rand.NewPCG(5, 6))
-	data := make([]byte, 70000)
-	for i := range data {
-		data[i] = byte(r.Uint32())
-	}
-	for range 300 {
-		n := r.IntN(len(data) + 1)
-		want := crc32.Checksum(data[:n], castagnoli)
-		var crc uint32
-		off := 0
-		pieces := split(r, n)
-		for _, k := range pieces {
-			crc = CombineCRC32C(crc, crc32.Checksum(data[off:off+k], castagnoli), int64(k))
-			off += k
-		}
-		if crc != want {
-			t.Fatalf("%d bytes in pieces %v: combined %08x, want %08x", n, pieces, crc, want)
-		}
-	}
-	// Pairwise: combining with the empty message changes nothing.
-	c := crc32.Checksum(data[:1234], castagnoli)
-	if CombineCRC32C(c, 0, 0) != c || CombineCRC32C(0, c, 1234) != c {
-		t.Error("combining with the empty message is not the identity")
-	}
-}
-
-func TestCombineLargeLength(t *testing.T) {
-	// x^(8n) by squaring must agree with stepping one byte at a time.
-	step := uint32(gfOne)
-	for n := int64(0); n <= 3000; n++ {
-		if got := xPow8n(n); got != step {
-			t.Fatalf("xPow8n(%d) = %08x, want %08x", n, got, step)
-		}
-		for range 8 {
-			step = mulX(step)
-		}
-	}
-	// And x^(8(a+b)) = x^(8a)·x^(8b) for lengths far past any test file.
-	a, b := int64(1)<<40+12345, int64(1)<<33+999
-	if gfMul(xPow8n(a), xPow8n(b)) != xPow8n(a+b) {
-		t.Error("xPow8n is not additive in its exponent")
-	}
-}
-
 func TestFileDigestCRC32C(t *testing.T) {
 	f, data := tempFile(t, 9*4096+17, 7)
 	for _, size := range []int{0, 1, 4095, 4096, 4097, 8192, len(data)} {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/rdmacp/rdmacp/crc32c"
 	"lukechampine.com/blake3"
 )
 
@@ -62,7 +63,7 @@ type FileDigester struct {
 	l    Layout
 	next int // chunks added
 	crc  uint32
-	full uint32 // x^(8·ChunkSize): a whole chunk's shift
+	full crc32c.Shift // a whole chunk's
 	b3   *blake3.Hasher
 }
 
@@ -77,7 +78,7 @@ func NewFileDigester(alg Algorithm, l Layout) (*FileDigester, error) {
 	fd := &FileDigester{alg: alg, l: l}
 	switch alg {
 	case CRC32C:
-		fd.full = xPow8n(l.ChunkSize)
+		fd.full = crc32c.ShiftOf(l.ChunkSize)
 	case BLAKE3:
 		fd.b3 = blake3.New(32, nil)
 		var sizes [16]byte
@@ -106,9 +107,9 @@ func (fd *FileDigester) Add(b []byte) error {
 		for p := b; len(p) > 0; p = p[4:] {
 			c := binary.BigEndian.Uint32(p)
 			if _, length := fd.l.Chunk(fd.next); length == fd.l.ChunkSize {
-				fd.crc = gfMul(fd.full, fd.crc) ^ c
+				fd.crc = fd.full.Combine(fd.crc, c)
 			} else {
-				fd.crc = CombineCRC32C(fd.crc, c, length)
+				fd.crc = crc32c.Combine(fd.crc, c, length)
 			}
 			fd.next++
 		}

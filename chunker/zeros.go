@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/rdmacp/rdmacp/crc32c"
 	"lukechampine.com/blake3"
 )
 
@@ -53,9 +54,5 @@ func ZeroDigest(alg Algorithm, n int64) []byte {
 	return d
 }
 
-// crcZeros is the CRC-32C of n zero bytes: zeros leave a zero register
-// at zero, so all that moves is the initial all-ones register, carried n
-// bytes on (x^(8n)), then the final inversion.
-func crcZeros(n int64) uint32 {
-	return gfMul(xPow8n(n), 0xffffffff) ^ 0xffffffff
-}
+// crcZeros is the CRC-32C of n zero bytes.
+func crcZeros(n int64) uint32 { return crc32c.Zeros(n) }

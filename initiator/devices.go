@@ -145,6 +145,20 @@ func (s *Session) pins() bool {
 	return false
 }
 
+// readSums reports whether every device of the session sums the bytes
+// its READs place (verbs.Caps.ReadSums).
+func (s *Session) readSums() bool {
+	if !s.cfg.Device.Caps().ReadSums {
+		return false
+	}
+	for _, d := range s.cfg.MoreDevices {
+		if !d.Caps().ReadSums {
+			return false
+		}
+	}
+	return true
+}
+
 // regMR registers buf on every device of the session: with several,
 // a verbs.MRSet, device 0's to the verbs.MR methods, whose keys on the
 // others are lkeys(mr) and rkeyOn.

@@ -2,11 +2,13 @@ package initiator
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 
 	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -21,6 +23,9 @@ import (
 func (f *fetch) setup() error {
 	s := f.s
 	f.readSize = min(s.cfg.ReadSize, int(f.layout.ChunkSize), int(min(s.maxMsgSize(), 1<<30)))
+	if f.alg == chunker.CRC32C && s.readSums() {
+		f.readSums, f.readShift = true, crc32c.ShiftOf(int64(f.readSize))
+	}
 	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
 	reg := func(b []byte) (verbs.MR, error) { return s.regMR(b, verbs.AccessLocalWrite) }
 	return f.setupLanding(slots, s.pins(), reg, s.cfg.Logger)
@@ -154,6 +159,10 @@ func (f *fetch) verify(c *chunk, sum []byte) (v verdict, _ []byte) {
 	if size == 0 {
 		return v, sum
 	}
+	if c.sums != nil {
+		sum = binary.BigEndian.AppendUint32(sum[:0], f.chunkSum(c))
+		return f.compare(c, v, sum)
+	}
 	// A mapped landing whose file is cut short under us (SIGBUS) faults
 	// on the next touch: that must be an error, not a crash.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -166,12 +175,32 @@ func (f *fetch) verify(c *chunk, sum []byte) (v verdict, _ []byte) {
 		}
 	}()
 	sum = chunker.AppendSum(sum[:0], f.alg, c.mem)
+	return f.compare(c, v, sum)
+}
+
+// compare judges chunk c by its digest sum.
+func (f *fetch) compare(c *chunk, v verdict, sum []byte) (verdict, []byte) {
+	size := f.alg.Size()
 	i := c.idx - c.win.first
 	v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
 	if v.ok {
 		v.sum = append([]byte(nil), sum...)
 	}
 	return v, sum
+}
+
+// chunkSum is chunk c's CRC-32C, combined from its READs' (readSums):
+// all but the last are readSize bytes.
+func (f *fetch) chunkSum(c *chunk) uint32 {
+	crc := c.sums[0]
+	for i := 1; i < len(c.sums); i++ {
+		if n := c.n - i*f.readSize; n < f.readSize {
+			crc = crc32c.Combine(crc, c.sums[i], int64(n))
+		} else {
+			crc = f.readShift.Combine(crc, c.sums[i])
+		}
+	}
+	return crc
 }
 
 // verifiers is how many verifier goroutines the fetch starts: none for a

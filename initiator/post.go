@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
@@ -27,24 +28,29 @@ type fetch struct {
 	progress func(Progress)
 
 	readSize int
-	eng      *reads.Engine
-	wg       *sync.WaitGroup // goroutines of the fetch, waited for by run
-	windows  chan struct{}   // a token per mapped window
-	stage    *verbs.Buffer   // staging, when READs don't land in the file (landmap.go)
-	mr       verbs.MR
-	fmap     *fileMap // mapped landing: READs land in the file's own pages
-	inPages  bool     // fmap was used
-	slots    []*chunk // by slot index; nil when free
-	free     []int
-	jobs     chan *chunk  // chunks whose READs are all in, to verify
-	landed   []*chunk     // the same, in a mapped landing: verified by run
-	sum      []byte       // scratch for verifyLanded
-	sums     *orderedSums // local digests, into the file digest
-	verified []bool       // chunks verified and written (or trusted)
-	written  int64
-	done     int // chunks verified
-	retries  int
-	tick     reads.Every
+	// readSums: the transport CRCs each READ's bytes as it places them
+	// (verbs.Caps.ReadSums) and the digest is CRC-32C, so a chunk's
+	// digest is combined from its READs' (chunkSum), not read again.
+	readSums  bool
+	readShift crc32c.Shift // of readSize bytes, for chunkSum
+	eng       *reads.Engine
+	wg        *sync.WaitGroup // goroutines of the fetch, waited for by run
+	windows   chan struct{}   // a token per mapped window
+	stage     *verbs.Buffer   // staging, when READs don't land in the file (landmap.go)
+	mr        verbs.MR
+	fmap      *fileMap // mapped landing: READs land in the file's own pages
+	inPages   bool     // fmap was used
+	slots     []*chunk // by slot index; nil when free
+	free      []int
+	jobs      chan *chunk  // chunks whose READs are all in, to verify
+	landed    []*chunk     // the same, in a mapped landing: verified by run
+	sum       []byte       // scratch for verifyLanded
+	sums      *orderedSums // local digests, into the file digest
+	verified  []bool       // chunks verified and written (or trusted)
+	written   int64
+	done      int // chunks verified
+	retries   int
+	tick      reads.Every
 
 	// Resuming: have marks chunks the destination is believed to hold; a
 	// chunk whose local digest (local hashes it, when its window comes)
@@ -74,9 +80,10 @@ type chunk struct {
 	slot      int
 	win       *win
 	g         reads.Group
-	reg       *region // its region of a mapped landing; nil with staging
-	mem       []byte  // where its READs land
-	suspected bool    // the target was asked to hash it again (Suspect)
+	reg       *region  // its region of a mapped landing; nil with staging
+	mem       []byte   // where its READs land
+	sums      []uint32 // with readSums: each READ's CRC-32C, in order
+	suspected bool     // the target was asked to hash it again (Suspect)
 }
 
 // win is a mapped window and the digests of the chunks it covers.
@@ -122,6 +129,7 @@ func (f *fetch) run() (err error) {
 		Done: func(p *reads.Piece) {
 			f.bytesRead += int64(p.Local.Length)
 			f.s.bytesRead.Add(int64(p.Local.Length))
+			f.pieceDone(p)
 		},
 	})
 	if err != nil {
@@ -277,7 +285,20 @@ func (f *fetch) pieces(c *chunk) []reads.Piece {
 			LKeys:  lkeys(mr),
 			Remote: w.w.Addr + uint64(c.off+int64(off)) - w.w.Offset,
 			Keys:   w.keys,
+			Sum:    f.readSums,
 		})
 	}
+	if f.readSums {
+		c.sums = make([]uint32, len(ps))
+	}
 	return ps
+}
+
+// pieceDone keeps the CRC-32C of a READ of a chunk, for chunkSum.
+func (f *fetch) pieceDone(p *reads.Piece) {
+	if !p.Sum || p.Group == nil {
+		return
+	}
+	c := f.slots[p.Group.Tag]
+	c.sums[int(p.Local.Addr-verbs.AddrOf(c.mem))/f.readSize] = p.CRC
 }

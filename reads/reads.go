@@ -71,6 +71,10 @@ type Piece struct {
 	// and a READ must name the key of its QP's. Nil: Local.LKey
 	// everywhere (one device).
 	LKeys []uint32
+	// Sum asks the transport for the CRC-32C of the bytes READ, where it
+	// has them (verbs.Caps.ReadSums); CRC holds it when Done is called.
+	Sum bool
+	CRC uint32
 }
 
 // Devices is a QPs whose slots are on several devices: Device is the
@@ -484,7 +488,7 @@ func (e *Engine) postOn(q int) (int, error) {
 		e.recs[r] = rec{p: p, q: q, gen: s.gen, on: true, posted: now}
 		idx = append(idx, r)
 		wrs = append(wrs, verbs.SendWR{ID: e.wrid(q, s.gen, r), Op: verbs.OpRead, Local: p.local(dev),
-			RemoteAddr: p.Remote, RKey: p.Keys.RKeys[q]})
+			RemoteAddr: p.Remote, RKey: p.Keys.RKeys[q], Sum: p.Sum})
 	}
 	e.queue = keep
 	e.wrs, e.idx = wrs, idx // reused: providers copy what they are posted
@@ -644,6 +648,7 @@ func (e *Engine) complete(c verbs.Completion) {
 		return
 	}
 	e.bytes += int64(p.Local.Length)
+	p.CRC = c.Sum
 	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
 	if w := e.cfg.Window; w != nil {
 		w.Done(int64(p.Local.Length), lat)

@@ -60,7 +60,12 @@ type Caps struct {
 	// CPUPlaces: the CPU places incoming data (a software transport), so
 	// registering memory pins nothing and any mapping may be registered;
 	// false for a device that DMAs into pinned pages.
-	CPUPlaces  bool
+	CPUPlaces bool
+	// ReadSums: a READ posted with SendWR.Sum completes with the CRC-32C
+	// of the bytes it placed, computed as they were placed, while they
+	// are in cache (Completion.Sum). A software transport has them in
+	// cache anyway; a NIC that DMAs them does not, and says false.
+	ReadSums   bool
 	Addressing AddrMode
 }
 
@@ -281,7 +286,9 @@ type SGE struct {
 // SendWR is a send-queue work request.
 //
 //   - OpSend: send Local.
-//   - OpRead: read Local.Length bytes at RemoteAddr/RKey into Local.
+//   - OpRead: read Local.Length bytes at RemoteAddr/RKey into Local;
+//     with Sum, on a device with Caps.ReadSums, the completion carries
+//     the CRC-32C of the bytes placed.
 //   - OpWrite: write Local to RemoteAddr/RKey.
 //   - OpBindMW: bind MW to this QP over [BindAddr, BindAddr+BindLen) of
 //     BindMR with BindAccess; the new key is MW.RKey() on completion.
@@ -292,6 +299,7 @@ type SendWR struct {
 	Local      SGE
 	RemoteAddr uint64
 	RKey       uint32
+	Sum        bool // OpRead: ask for Completion.Sum (Caps.ReadSums)
 
 	MW         MW
 	BindMR     MR
@@ -314,6 +322,9 @@ type Completion struct {
 	Op     Opcode // valid only when Status is StatusSuccess, as in ibverbs
 	Bytes  uint32 // bytes received, for OpRecv
 	QPN    uint32 // the local QP's number: its Info().Local.QPN
+	// Sum is the CRC-32C of the bytes a successful OpRead placed, when it
+	// was posted with SendWR.Sum on a device with Caps.ReadSums.
+	Sum uint32
 }
 
 // DefaultTimeout bounds connection setup when the caller's context has

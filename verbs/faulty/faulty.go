@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
@@ -148,8 +149,11 @@ func (pd *PD) RegMR(buf []byte, access verbs.Access) (verbs.MR, error) {
 }
 
 // flip inverts byte at of the memory s names, if s lies in one of pd's
-// MRs. It holds pd's lock, so the MR cannot be closed meanwhile.
-func (pd *PD) flip(s verbs.SGE, at uint32) bool {
+// MRs, and then, for a READ posted with Sum, sets *sum to the CRC-32C of
+// what s now holds: the corruption must look as if it came over the
+// wire, where the transport would have summed the corrupt bytes. It
+// holds pd's lock, so the MR cannot be closed meanwhile.
+func (pd *PD) flip(s verbs.SGE, at uint32, sum *uint32) bool {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	m := pd.mrs[s.LKey]
@@ -160,7 +164,11 @@ func (pd *PD) flip(s verbs.SGE, at uint32) bool {
 	if s.Addr < base || s.Addr-base > uint64(len(m.buf)) || uint64(s.Length) > uint64(len(m.buf))-(s.Addr-base) {
 		return false
 	}
-	m.buf[s.Addr-base+uint64(at)] ^= 0xff
+	b := m.buf[s.Addr-base:][:s.Length]
+	b[at] ^= 0xff
+	if sum != nil {
+		*sum = crc32c.Checksum(b)
+	}
 	return true
 }
 
@@ -202,7 +210,8 @@ func (c *CQ) Close() error                   { return c.inner.Close() }
 func (c *CQ) Poll(out []verbs.Completion) (int, error) {
 	n, err := c.inner.Poll(out)
 	var drops []*QP
-	for _, comp := range out[:n] {
+	for i := range out[:n] {
+		comp := &out[i]
 		if comp.Op == verbs.OpRecv {
 			continue
 		}
@@ -420,7 +429,7 @@ func (q *QP) unrecord(n int) {
 // rules; it reports whether the QP must be dropped. Completions arrive
 // in posting order, so a completion not for the oldest WR is not for a
 // send (a failed receive sharing the CQ, whose Op is unset).
-func (q *QP) completed(c verbs.Completion) bool {
+func (q *QP) completed(c *verbs.Completion) bool {
 	q.mu.Lock()
 	if len(q.sent) == 0 || q.sent[0].ID != c.WRID {
 		q.mu.Unlock()
@@ -433,5 +442,5 @@ func (q *QP) completed(c verbs.Completion) bool {
 	if c.Status != verbs.StatusSuccess || wr.Op != verbs.OpRead {
 		return false
 	}
-	return q.dev.inj.readDone(wr, q.pd)
+	return q.dev.inj.readDone(wr, q.pd, c)
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/faulty"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
@@ -77,6 +78,33 @@ func TestCorruptReads(t *testing.T) {
 	e.Wait(t, p.Dial.SendCQ, 1)
 	if n := diffs(sink.B[:chunk], src.B[:chunk]); n != 0 {
 		t.Errorf("READ after the rule was spent: %d bytes differ", n)
+	}
+}
+
+// A summed READ (verbs.Caps.ReadSums) that is corrupted completes with
+// the sum of the corrupt bytes, as if they had come over the wire so: a
+// verifier that trusts the sum must still see the corruption.
+func TestCorruptSummedReads(t *testing.T) {
+	inj := new(faulty.Injector)
+	e := open(t, inj)
+	if !e.Caps.ReadSums {
+		t.Skip("the inner device does not sum READs")
+	}
+	p, src, sink := readSetup(t, e)
+	const chunk = 64 << 10
+	inj.CorruptReads(1, nil)
+	wr := sink.Read(1, 0, src, 0, chunk)
+	wr.Sum = true
+	verbstest.PostSend(t, p.DialQP, wr)
+	c := e.Wait(t, p.Dial.SendCQ, 1)[0]
+	if diffs(sink.B[:chunk], src.B[:chunk]) != 1 {
+		t.Fatal("the READ was not corrupted")
+	}
+	if want := crc32c.Checksum(sink.B[:chunk]); c.Sum != want {
+		t.Errorf("Completion.Sum %08x, want %08x: the sum of the corrupt bytes", c.Sum, want)
+	}
+	if c.Sum == crc32c.Checksum(src.B[:chunk]) {
+		t.Error("Completion.Sum is the source's: the corruption would pass a verifier")
 	}
 }
 

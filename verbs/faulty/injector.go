@@ -189,9 +189,10 @@ func (inj *Injector) takeDial() *dialRule {
 	return nil
 }
 
-// readDone applies the READ rules to a successful READ of wr on a QP
-// whose memory is in pd. It reports whether the QP must be dropped.
-func (inj *Injector) readDone(wr verbs.SendWR, pd *PD) (drop bool) {
+// readDone applies the READ rules to a successful READ of wr, completed
+// by c, on a QP whose memory is in pd. It reports whether the QP must
+// be dropped.
+func (inj *Injector) readDone(wr verbs.SendWR, pd *PD, c *verbs.Completion) (drop bool) {
 	inj.mu.Lock()
 	defer inj.mu.Unlock()
 	if pd != nil && wr.Local.Length > 0 {
@@ -199,7 +200,11 @@ func (inj *Injector) readDone(wr verbs.SendWR, pd *PD) (drop bool) {
 			if r.left == 0 || (r.pred != nil && !r.pred(wr)) {
 				continue
 			}
-			if pd.flip(wr.Local, rand.Uint32N(wr.Local.Length)) {
+			var sum *uint32
+			if wr.Sum {
+				sum = &c.Sum
+			}
+			if pd.flip(wr.Local, rand.Uint32N(wr.Local.Length), sum) {
 				r.left--
 				inj.stats.CorruptedReads++
 			}

@@ -14,3 +14,9 @@ func config() verbstest.Config {
 func TestConformance(t *testing.T) { verbstest.Run(t, config()) }
 
 func BenchmarkConformance(b *testing.B) { verbstest.RunBench(b, config()) }
+
+// TestConformanceCRCOff runs the suite without MPA's CRC, the loopback
+// default: READ sums (Caps.ReadSums) must not lean on it.
+func TestConformanceCRCOff(t *testing.T) {
+	verbstest.Run(t, verbstest.Config{Provider: iwarp.New(iwarp.Config{CRC: iwarp.CRCOff}), ListenAddr: "127.0.0.1:0"})
+}

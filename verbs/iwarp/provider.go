@@ -147,6 +147,7 @@ func (d *device) Caps() verbs.Caps {
 		MemoryWindows:  true,
 		Addressing:     verbs.AddrIP,
 		CPUPlaces:      true,
+		ReadSums:       true,
 	}
 }
 

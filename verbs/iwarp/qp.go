@@ -35,6 +35,7 @@ type swr struct {
 	internal bool // an RTR READ: no completion
 	writing  bool // a SEND or WRITE the writer has taken: it completes it
 	placed   uint64
+	sum      uint32 // a READ's: the CRC-32C of its placed bytes, with wr.Sum
 }
 
 // rwr is a receive-queue entry.
@@ -83,6 +84,10 @@ type qp struct {
 	pre     []preSeg
 	noSpec  bool // the peer's segments did not come as predicted
 	specBuf []specSeg
+	// shift is the crc32c.Shift of the last Read Response payload's
+	// length, shiftLen: nearly all have the same one (sumPlaced).
+	shift    crc32c.Shift
+	shiftLen int
 
 	wake     chan struct{}
 	done     chan struct{}
@@ -310,7 +315,7 @@ func (q *qp) flushSQLocked() {
 	for n < len(q.sq) && q.sq[n].done {
 		s := q.sq[n]
 		if !s.internal {
-			cs = append(cs, verbs.Completion{WRID: s.wr.ID, Status: s.status, Op: s.wr.Op, QPN: q.qpn})
+			cs = append(cs, verbs.Completion{WRID: s.wr.ID, Status: s.status, Op: s.wr.Op, QPN: q.qpn, Sum: s.sum})
 			q.posted--
 		}
 		q.sq[n] = nil
@@ -1447,12 +1452,33 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	if err != nil {
 		return sum, err
 	}
-	b = b[:n]
-	if q.crc {
-		sum = crc32c.Update(sum, b)
-	}
+	sum = q.sumPlaced(s, b[:n], sum)
 	s.placed += uint64(n)
 	return sum, nil
+}
+
+// sumPlaced reads a Read Response segment's payload b once, right after
+// it was placed and while it is in cache, for both CRCs that may want
+// it: the FPDU's (fpdu, the CRC so far of its header) and, for a READ
+// posted with Sum, the READ's own. Each is extended from b's CRC by a
+// Combine, one carry-less multiplication: a second pass over b costs
+// about 0.05 s/GB on the 2-core VM, the multiplication nothing
+// measurable (crc32c's BenchmarkShiftCombine).
+func (q *qp) sumPlaced(s *swr, b []byte, fpdu uint32) uint32 {
+	if !q.crc && !s.wr.Sum {
+		return fpdu
+	}
+	p := crc32c.Update(0, b)
+	if len(b) != q.shiftLen || q.shift == 0 { // 0: none yet (no power of x is 0)
+		q.shift, q.shiftLen = crc32c.ShiftOf(int64(len(b))), len(b)
+	}
+	if s.wr.Sum {
+		s.sum = q.shift.Combine(s.sum, p)
+	}
+	if q.crc {
+		fpdu = q.shift.Combine(fpdu, p)
+	}
+	return fpdu
 }
 
 // predict is what the segments after a Read Response segment of n bytes

@@ -69,6 +69,7 @@ func Run(t *testing.T, cfg Config) {
 	t.Run("Read", func(t *testing.T) {
 		t.Run("Sizes", e.testReadSizes)
 		t.Run("Many", e.testReadMany)
+		t.Run("Sums", e.testReadSums)
 		t.Run("FromAcceptor", e.testReadFromAcceptor)
 	})
 	t.Run("ReadAccess", func(t *testing.T) {
