@@ -13,8 +13,10 @@
 #
 # The streamer's receiver reads each stream into the next MiB of a ring of
 # DEPTH MiB (tcpstream recv -ring), as bench's READs land in DEPTH slots
-# of 1 MiB per QP: read into one 1 MiB buffer that never leaves L2, it
-# measured 0.73x where the same builds measure 0.86x against the ring.
+# of 1 MiB per QP. Read into one 1 MiB buffer that never leaves L2, the
+# streamer's receiver did 0.12 CPU s/GB, not 0.14, and the same build
+# measured 0.73x (CRC off) and 0.60x (on) against it, where it measures
+# 0.86-0.87x and 0.70-0.75x against the ring (two runs each, -n 5).
 #
 # Over loopback the CRC is the only thing that differs between the two
 # rdmacp figures: both ends compute it (sender per FPDU, receiver before
