@@ -58,6 +58,7 @@ func exitCode(ctx context.Context, err error) int {
 	var ue usageError
 	var pe *protocol.Error
 	var fe *fs.PathError
+	var le *os.LinkError // a rename or link at the destination
 	var part *partialError
 	switch {
 	case err == nil:
@@ -100,7 +101,7 @@ func exitCode(ctx context.Context, err error) int {
 		return exitRemote
 	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
 		return exitConnect
-	case errors.As(err, &fe), errors.Is(err, syscall.ENOSPC), errors.Is(err, initiator.ErrDest):
+	case errors.As(err, &fe), errors.As(err, &le), errors.Is(err, syscall.ENOSPC), errors.Is(err, initiator.ErrDest):
 		return exitLocalIO
 	}
 	return exitError
