@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
@@ -304,5 +305,24 @@ func TestHugeTmpfsFromMountinfo(t *testing.T) {
 	}
 	if hugeIn(mi, 252, 0) {
 		t.Error("ext4 taken for a huge tmpfs")
+	}
+}
+
+// chunkSum combines a chunk's digest from its READs' sums, the last READ
+// shorter, exactly as the digest of the whole chunk.
+func TestChunkSum(t *testing.T) {
+	b := make([]byte, 10000)
+	for i := range b {
+		b[i] = byte(i*7 + i>>8)
+	}
+	for _, tc := range []struct{ n, readSize int }{{10000, 1000}, {9500, 1000}, {999, 1000}, {1000, 1000}, {10000, 4096}} {
+		f := &fetch{readSize: tc.readSize, readShift: crc32c.ShiftOf(int64(tc.readSize))}
+		c := &chunk{n: tc.n}
+		for off := 0; off < tc.n; off += tc.readSize {
+			c.sums = append(c.sums, crc32c.Checksum(b[off:min(off+tc.readSize, tc.n)]))
+		}
+		if got, want := f.chunkSum(c), crc32c.Checksum(b[:tc.n]); got != want {
+			t.Errorf("%d bytes in READs of %d: chunkSum %08x, want %08x", tc.n, tc.readSize, got, want)
+		}
 	}
 }
