@@ -166,50 +166,83 @@ func (q *qp) checkCRC(sum uint32, tb []byte, pad int) error {
 // header if it has come) into fr in the same go.
 func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (uint32, error) {
 	if h.op == opWrite {
-		if n == 0 {
-			return sum, nil // zero-length Write: an RTR, never checked
-		}
-		m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite)
-		if te != nil {
-			return sum, asDDPTagged(te)
-		}
-		fr.place(m)
-		defer fr.placed()
-		if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
-			if err == errDeregistered {
-				err = &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered while a Write to it was placed", h.stag)}
-			}
-			return sum, err
-		}
-		if q.crc {
-			sum = crc32c.Update(sum, b)
-		}
-		return sum, nil
+		return q.placeWrite(fr, h, n, pad, sum)
 	}
-	// Read Response: it answers the oldest outstanding READ.
+	s, err := q.answered(h, n)
+	if err != nil || s == nil {
+		return sum, err
+	}
+	sum, err = q.placeResp(fr, s, h, n, pad, sum)
+	if err == errDeregistered {
+		q.fail(q.deregistered("the sink of a READ from"), s, verbs.StatusLocalProtect)
+		return sum, verbs.StatusLocalProtect
+	}
+	if err != nil {
+		return sum, err
+	}
+	s.placed += uint64(n)
+	return sum, nil
+}
+
+// placeWrite lands an RDMA Write segment of n bytes where its STag and
+// TO say, if they allow it.
+func (q *qp) placeWrite(fr *frameReader, h *header, n, pad int, sum uint32) (uint32, error) {
+	if n == 0 {
+		return sum, nil // zero-length Write: an RTR, never checked
+	}
+	m, b, te := q.dev.resolve(q, h.stag, h.to, uint64(n), verbs.AccessRemoteWrite)
+	if te != nil {
+		return sum, asDDPTagged(te)
+	}
+	fr.place(m)
+	defer fr.placed()
+	if err := fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen); err != nil {
+		if err == errDeregistered {
+			err = &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTInvalidSTag, msg: fmt.Sprintf("STag %#x was deregistered while a Write to it was placed", h.stag)}
+		}
+		return sum, err
+	}
+	if q.crc {
+		sum = crc32c.Update(sum, b)
+	}
+	return sum, nil
+}
+
+// answered is the READ a Read Response segment of n bytes answers (the
+// oldest outstanding one), checked against the segment's STag, TO and
+// length; nil with no error for a segment with nothing to place (the
+// RTR's, or an empty one).
+func (q *qp) answered(h *header, n int) (*swr, error) {
 	q.mu.Lock()
 	var s *swr
 	if len(q.reads) > 0 {
 		s = q.reads[0]
 	}
 	q.mu.Unlock()
-	if s == nil {
-		return sum, &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapOpcode, msg: "read response with no read outstanding"}
-	}
-	if s.internal {
-		if n != 0 {
-			return sum, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds, msg: "data in the RTR read response"}
-		}
-		return sum, nil
+	switch {
+	case s == nil:
+		return nil, &termError{layer: layerRDMAP, etype: rdmapRemoteOp, code: rdmapOpcode, msg: "read response with no read outstanding"}
+	case s.internal && n != 0:
+		return nil, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds, msg: "data in the RTR read response"}
+	case s.internal:
+		return nil, nil
 	}
 	wr := &s.wr
 	if h.stag != wr.Local.LKey || h.to != wr.Local.Addr+s.placed || uint64(n) > uint64(wr.Local.Length)-s.placed {
-		return sum, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds,
+		return nil, &termError{layer: layerDDP, etype: ddpTaggedBuf, code: ddpTBaseBounds,
 			msg: fmt.Sprintf("read response at STag %#x TO %#x (+%d) does not match the READ's sink", h.stag, h.to, n)}
 	}
 	if n == 0 {
-		return sum, nil
+		return nil, nil
 	}
+	return s, nil
+}
+
+// placeResp lands the n payload bytes of a Read Response segment for s
+// (read now, together with the segments predicted to follow it, or
+// already placed by such a read) and, while it still holds their region,
+// sums them (sumPlaced) into sum, the FPDU's CRC so far.
+func (q *qp) placeResp(fr *frameReader, s *swr, h *header, n, pad int, sum uint32) (uint32, error) {
 	pre := len(q.pre) > 0 // placed already, by a speculative read
 	var segs []specSeg
 	span := n
@@ -224,7 +257,7 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 			return sum, err
 		}
 	} else {
-		segs = q.predict(h, n, uint64(wr.Local.Length)-s.placed-uint64(n))
+		segs = q.predict(h, n, uint64(s.wr.Local.Length)-s.placed-uint64(n))
 		for _, sg := range segs {
 			span += sg.n
 		}
@@ -241,36 +274,38 @@ func (q *qp) placeTagged(fr *frameReader, h *header, n, pad int, sum uint32) (ui
 	switch {
 	case pre:
 	case len(segs) > 0:
-		off := n
-		for j := range segs {
-			segs[j].pay = b[off : off+segs[j].n : off+segs[j].n]
-			off += segs[j].n
-		}
-		var got int
-		if got, err = fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen); err != nil {
-			break
-		}
-		if got < 0 { // a header other than predicted: stop predicting
-			q.noSpec, got = true, -got-1
-		}
-		to := h.to + uint64(n)
-		for _, sg := range segs[:got] {
-			q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: sg.n})
-			to += uint64(sg.n)
-		}
+		err = q.placeAhead(fr, h, b, n, pad, segs)
 	default:
 		err = fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen)
-	}
-	if err == errDeregistered {
-		q.fail(q.deregistered("the sink of a READ from"), s, verbs.StatusLocalProtect)
-		return sum, verbs.StatusLocalProtect
 	}
 	if err != nil {
 		return sum, err
 	}
-	sum = q.sumPlaced(s, b[:n], sum)
-	s.placed += uint64(n)
-	return sum, nil
+	return q.sumPlaced(s, b[:n], sum), nil
+}
+
+// placeAhead reads a segment's n payload bytes into b[:n] and, in the
+// same readv, the segments predicted to follow it into the rest of b,
+// noting those that came as predicted in q.pre.
+func (q *qp) placeAhead(fr *frameReader, h *header, b []byte, n, pad int, segs []specSeg) error {
+	off := n
+	for j := range segs {
+		segs[j].pay = b[off : off+segs[j].n : off+segs[j].n]
+		off += segs[j].n
+	}
+	got, err := fr.readSpec(b[:n:n], pad+crcLen, segs, taggedHdrLen+mpaLenLen)
+	if err != nil {
+		return err
+	}
+	if got < 0 { // a header other than predicted: stop predicting
+		q.noSpec, got = true, -got-1
+	}
+	to := h.to + uint64(n)
+	for _, sg := range segs[:got] {
+		q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: sg.n})
+		to += uint64(sg.n)
+	}
+	return nil
 }
 
 // sumPlaced reads a Read Response segment's payload b once, right after
