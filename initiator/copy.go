@@ -113,26 +113,9 @@ func DestPath(src, dst string) string {
 // nothing at dst (with Partial, it leaves its temporary file and a
 // sidecar for a later run to resume from).
 func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Result, error) {
-	// DEST/ is made when missing, as rsync makes it (place.go).
-	slash := strings.HasSuffix(dst, "/")
-	if slash {
-		if err := makeDestDir(dst, opt.MkPath, opt.DryRun); err != nil {
-			return &Result{Source: src, Dest: dst}, err
-		}
-	} else if err := makeParents(dst, opt.MkPath, opt.DryRun); err != nil {
-		return &Result{Source: src, Dest: dst}, err
-	}
-	top := DestPath(src, dst)
-	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
+	dst, discard, err := getDest(src, dst, opt)
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, err
-	}
-	// A dry run made nothing that a real run would: DEST/, or MkPath's.
-	madeByRun := opt.DryRun && (opt.MkPath || slash)
-	if !discard && !madeByRun {
-		if err := destDirExists(dst); err != nil {
-			return &Result{Source: src, Dest: dst}, err
-		}
 	}
 	if r, ok, err := s.quickSkip(ctx, src, dst, opt); ok || err != nil {
 		if ok && err == nil && !opt.DryRun {
@@ -148,42 +131,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), entry: e}, err
 	}
 	cleaned := cleanLeftovers(filepath.Dir(dst))
-	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
-	var rs *resumer
-	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
-		if discard { // verified, and thrown away
-			f, err := os.OpenFile(dst, os.O_WRONLY, 0)
-			if err != nil {
-				return nil, err
-			}
-			return &landing{f: f, dst: dst, device: true, discard: true}, nil
-		}
-		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
-				return nil, err // errSame too, by window
-			} else if same {
-				return nil, errSame
-			}
-		}
-		if opt.Partial {
-			if fi, err := os.Stat(dst); err != nil || !blockdev.Is(fi) {
-				dir, err := os.OpenRoot(filepath.Dir(dst))
-				if err != nil {
-					return nil, err
-				}
-				rs, err = openResumer(ctx, dir, filepath.Base(dst), src, or, layout, s.cfg.Logger)
-				if err != nil {
-					dir.Close()
-					return nil, err
-				}
-				rs.ownDir = true
-				return &landing{f: rs.f, dst: dst, partial: rs}, nil
-			}
-		}
-		return openDest(dst, layout.Size, opt.Force)
-	}
-	sp.resume = func() *resumer { return rs }
-	sp.land = opt.zeros(sp.land)
+	sp := s.getSpec(ctx, src, dst, discard, opt)
 	res, land, err := s.pull(ctx, src, dst, sp)
 	res.Cleaned = cleaned
 	if errors.Is(err, errSame) {
@@ -203,6 +151,88 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	}
 	res.Elapsed = time.Since(res.start)
 	return res, nil
+}
+
+// getDest places a single file as rsync does (place.go): it makes DEST/
+// when missing (and the parents, with MkPath) and returns the path the
+// file lands at, and whether it is a device whose bytes are verified and
+// thrown away (/dev/null).
+func getDest(src, dst string, opt GetOptions) (string, bool, error) {
+	slash := strings.HasSuffix(dst, "/")
+	if slash {
+		if err := makeDestDir(dst, opt.MkPath, opt.DryRun); err != nil {
+			return dst, false, err
+		}
+	} else if err := makeParents(dst, opt.MkPath, opt.DryRun); err != nil {
+		return dst, false, err
+	}
+	top := DestPath(src, dst)
+	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
+	if err != nil {
+		return dst, false, err
+	}
+	// A dry run made nothing that a real run would: DEST/, or MkPath's.
+	madeByRun := opt.DryRun && (opt.MkPath || slash)
+	if !discard && !madeByRun {
+		if err := destDirExists(dst); err != nil {
+			return dst, false, err
+		}
+	}
+	return dst, discard, nil
+}
+
+// getSpec says where Get's bytes land: thrown away (discard), nowhere
+// when SkipSame finds dst the same, a --partial temporary that a later
+// run resumes, or a fresh temporary beside dst.
+func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, opt GetOptions) pullSpec {
+	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
+	var rs *resumer
+	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		if discard { // verified, and thrown away
+			f, err := os.OpenFile(dst, os.O_WRONLY, 0)
+			if err != nil {
+				return nil, err
+			}
+			return &landing{f: f, dst: dst, device: true, discard: true}, nil
+		}
+		if opt.SkipSame {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
+				return nil, err // errSame too, by window
+			} else if same {
+				return nil, errSame
+			}
+		}
+		if opt.Partial {
+			if fi, serr := os.Stat(dst); serr != nil || !blockdev.Is(fi) {
+				r, err := s.partialLanding(ctx, src, dst, or, layout)
+				if err != nil {
+					return nil, err
+				}
+				rs = r
+				return &landing{f: rs.f, dst: dst, partial: rs}, nil
+			}
+		}
+		return openDest(dst, layout.Size, opt.Force)
+	}
+	sp.resume = func() *resumer { return rs }
+	sp.land = opt.zeros(sp.land)
+	return sp
+}
+
+// partialLanding opens --partial's temporary for dst, and what a
+// previous run left in it (resume.go).
+func (s *Session) partialLanding(ctx context.Context, src, dst string, or *protocol.OpenReply, layout chunker.Layout) (*resumer, error) {
+	dir, err := os.OpenRoot(filepath.Dir(dst))
+	if err != nil {
+		return nil, err
+	}
+	rs, err := openResumer(ctx, dir, filepath.Base(dst), src, or, layout, s.cfg.Logger)
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	rs.ownDir = true
+	return rs, nil
 }
 
 // quickSkip is the quick check of a single file: with QuickCheck, if dst
