@@ -167,21 +167,34 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	res.directBytes += out.directBytes()
 	res.mapped = res.mapped || f.inPages
 	if err != nil {
-		if errors.Is(err, ErrVerify) {
-			// Digests that keep failing usually mean the source changed.
-			closed = true
-			if m, cerr := s.callWithin(ctx, tidyWait, &protocol.Close{Handle: or.Handle}); cerr == nil {
-				if changed, _, _ := closeAnswer(m); changed {
-					return fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
-				}
-			}
-		}
-		if recoverable(ctx, err) {
-			closed = true // the session is about to go: nothing to tidy
-		}
+		closed, err = s.explainFailure(ctx, or.Handle, src, err)
 		return err
 	}
 	closed = true
+	return s.confirmPull(ctx, res, or, st, src, resuspected)
+}
+
+// explainFailure words a fetch's failure err: a digest that kept
+// failing usually means the source changed, and Close says whether it
+// did. It also reports whether the handle needs no more tidying (closed
+// here, or the session about to go).
+func (s *Session) explainFailure(ctx context.Context, handle uint32, src string, err error) (bool, error) {
+	if !errors.Is(err, ErrVerify) {
+		return recoverable(ctx, err), err
+	}
+	if m, cerr := s.callWithin(ctx, tidyWait, &protocol.Close{Handle: handle}); cerr == nil {
+		if changed, _, _ := closeAnswer(m); changed {
+			err = fmt.Errorf("%w: %s was modified while it was read (%w)", ErrChanged, src, err)
+		}
+	}
+	return true, err
+}
+
+// confirmPull closes a file whose chunks all verified: the target must
+// say the source did not change, and the file digest combined from the
+// chunks must be the target's.
+func (s *Session) confirmPull(ctx context.Context, res *Result, or *protocol.OpenReply, st *pullState, src string, resuspected int) error {
+	alg := chunker.Algorithm(or.Algorithm)
 	m, err := s.call(ctx, &protocol.Close{Handle: or.Handle})
 	if err != nil {
 		return err
@@ -211,7 +224,7 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	if !stale && !chunker.Equal(local, theirs) {
 		return fmt.Errorf("%w: whole-file digest %s, target says %s", ErrVerify, chunker.FormatDigest(alg, local), chunker.FormatDigest(alg, theirs))
 	}
-	res.Bytes = layout.Size
+	res.Bytes = int64(or.Entry.Size)
 	res.Digest = chunker.FormatDigest(alg, local)
 	return nil
 }
