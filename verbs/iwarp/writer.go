@@ -358,95 +358,17 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 		}
 	}()
 	for _, r := range resp {
-		if err := q.paceResponse(f, int64(r.req.size)); err != nil {
+		if err := q.sendResponse(f, r); err != nil {
 			return err
-		}
-		var m *mr
-		var data []byte
-		if r.req.size > 0 {
-			var te *termError
-			m, data, te = q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead)
-			if te != nil {
-				if err := f.write(q.conn); err != nil {
-					return err
-				}
-				return te
-			}
-		}
-		sink, to := r.req.sinkSTag, r.req.sinkTO
-		err := f.message(q.conn, m, data, func(off int, last bool) header {
-			return header{tagged: true, last: last, op: opReadResp, stag: sink, to: to + uint64(off)}
-		})
-		if err != nil {
-			f.discard()
-			return err
-		}
-		q.respBytes.Add(uint64(r.req.size))
-		if f.full() {
-			if err := f.write(q.conn); err != nil {
-				return err
-			}
 		}
 	}
 	// SENDs and WRITEs complete once their bytes are in the socket, even
 	// if the peer hangs up right after; otherwise they are flushed.
 	ok := false
-	defer func() {
-		q.mu.Lock()
-		for _, s := range work {
-			if s.writing {
-				s.writing = false
-				if !s.done {
-					s.done = true
-					s.status = verbs.StatusWRFlush
-					if ok {
-						s.status = verbs.StatusSuccess
-					}
-				}
-			}
-		}
-		q.flushSQLocked()
-		q.mu.Unlock()
-	}()
+	defer q.settleWork(work, &ok)
 	for _, s := range work {
-		wr := &s.wr
-		switch wr.Op {
-		case verbs.OpRead:
-			h := header{last: true, op: opReadReq, qn: qnRead, msn: q.readMSN}
-			q.readMSN++
-			var body [readReqLen]byte
-			rr := readReq{sinkSTag: wr.Local.LKey, sinkTO: wr.Local.Addr, size: wr.Local.Length, srcSTag: wr.RKey, srcTO: wr.RemoteAddr}
-			rr.put(body[:])
-			f.add(&h, body[:], nil)
-		case verbs.OpSend, verbs.OpWrite:
-			var m *mr
-			var data []byte
-			if wr.Local.Length > 0 && !s.internal {
-				var ok bool
-				m, data, ok = q.dev.local(q, wr.Local, 0)
-				if !ok {
-					f.write(q.conn)
-					q.fail(fmt.Errorf("%v: %w", wr.Op, verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
-					return nil
-				}
-			}
-			var err error
-			if wr.Op == verbs.OpSend {
-				msn := q.sendMSN
-				q.sendMSN++
-				err = f.message(q.conn, m, data, func(off int, last bool) header {
-					return header{last: last, op: opSend, qn: qnSend, msn: msn, mo: uint32(off)}
-				})
-			} else {
-				stag, to := wr.RKey, wr.RemoteAddr
-				err = f.message(q.conn, m, data, func(off int, last bool) header {
-					return header{tagged: true, last: last, op: opWrite, stag: stag, to: to + uint64(off)}
-				})
-			}
-			if err != nil {
-				f.discard()
-				return err
-			}
+		if done, err := q.sendWork(f, s); done || err != nil {
+			return err
 		}
 		if f.full() {
 			if err := f.write(q.conn); err != nil {
@@ -459,6 +381,108 @@ func (q *qp) send(f *fpdus, resp []inRead, work []*swr) (err error) {
 	}
 	ok = true
 	return nil
+}
+
+// sendResponse gathers the Read Response to the peer's READ r, from the
+// registered memory it names, paced if a rate cap applies.
+func (q *qp) sendResponse(f *fpdus, r inRead) error {
+	if err := q.paceResponse(f, int64(r.req.size)); err != nil {
+		return err
+	}
+	var m *mr
+	var data []byte
+	if r.req.size > 0 {
+		var te *termError
+		m, data, te = q.dev.resolve(q, r.req.srcSTag, r.req.srcTO, uint64(r.req.size), verbs.AccessRemoteRead)
+		if te != nil {
+			if err := f.write(q.conn); err != nil {
+				return err
+			}
+			return te
+		}
+	}
+	sink, to := r.req.sinkSTag, r.req.sinkTO
+	err := f.message(q.conn, m, data, func(off int, last bool) header {
+		return header{tagged: true, last: last, op: opReadResp, stag: sink, to: to + uint64(off)}
+	})
+	if err != nil {
+		f.discard()
+		return err
+	}
+	q.respBytes.Add(uint64(r.req.size))
+	if f.full() {
+		return f.write(q.conn)
+	}
+	return nil
+}
+
+// settleWork completes the SENDs and WRITEs of work the writer took:
+// with success once their bytes are in the socket (*ok), else flushed.
+func (q *qp) settleWork(work []*swr, ok *bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, s := range work {
+		if s.writing {
+			s.writing = false
+			if !s.done {
+				s.done = true
+				s.status = verbs.StatusWRFlush
+				if *ok {
+					s.status = verbs.StatusSuccess
+				}
+			}
+		}
+	}
+	q.flushSQLocked()
+}
+
+// sendWork gathers this side's request s: a READ request, or a SEND or
+// WRITE from registered memory. done says the QP failed on s's memory
+// and sending stops there.
+func (q *qp) sendWork(f *fpdus, s *swr) (done bool, err error) {
+	wr := &s.wr
+	switch wr.Op {
+	case verbs.OpRead:
+		h := header{last: true, op: opReadReq, qn: qnRead, msn: q.readMSN}
+		q.readMSN++
+		var body [readReqLen]byte
+		rr := readReq{sinkSTag: wr.Local.LKey, sinkTO: wr.Local.Addr, size: wr.Local.Length, srcSTag: wr.RKey, srcTO: wr.RemoteAddr}
+		rr.put(body[:])
+		f.add(&h, body[:], nil)
+		return false, nil
+	case verbs.OpSend, verbs.OpWrite:
+	default:
+		return false, nil
+	}
+	var m *mr
+	var data []byte
+	if wr.Local.Length > 0 && !s.internal {
+		var ok bool
+		m, data, ok = q.dev.local(q, wr.Local, 0)
+		if !ok {
+			f.write(q.conn)
+			q.fail(fmt.Errorf("%v: %w", wr.Op, verbs.StatusLocalProtect), s, verbs.StatusLocalProtect)
+			return true, nil
+		}
+	}
+	var tag func(off int, last bool) header
+	if wr.Op == verbs.OpSend {
+		msn := q.sendMSN
+		q.sendMSN++
+		tag = func(off int, last bool) header {
+			return header{last: last, op: opSend, qn: qnSend, msn: msn, mo: uint32(off)}
+		}
+	} else {
+		stag, to := wr.RKey, wr.RemoteAddr
+		tag = func(off int, last bool) header {
+			return header{tagged: true, last: last, op: opWrite, stag: stag, to: to + uint64(off)}
+		}
+	}
+	if err := f.message(q.conn, m, data, tag); err != nil {
+		f.discard()
+		return false, err
+	}
+	return false, nil
 }
 
 // terminate tells the peer why the connection ends (RFC 5040 section 7).
