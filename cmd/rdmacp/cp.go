@@ -134,15 +134,9 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		}
 		return copyTree(c, s, srcArg, src.path, dst, filter, stdout)
 	}
-	if sh := shard(c); !sh.Has(src.path) {
+	if why := notToCopy(c, src.path, filter); why != "" {
 		if !quiet {
-			fmt.Fprintf(c.App.ErrWriter, "%s is not in shard %d/%d: nothing to do\n", srcArg, sh.I, sh.N)
-		}
-		return nil
-	}
-	if filter.Excluded(path.Base(src.path), false) {
-		if !quiet {
-			fmt.Fprintf(c.App.ErrWriter, "%s is excluded: nothing to do\n", srcArg)
+			fmt.Fprintf(c.App.ErrWriter, "%s %s: nothing to do\n", srcArg, why)
 		}
 		return nil
 	}
@@ -156,6 +150,25 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	return renderGot(c, s, srcArg, res, stdout)
+}
+
+// notToCopy says why a single file is not copied at all ("is not in
+// shard 1/4", "is excluded"), or "" when it is.
+func notToCopy(c *cli.Context, src string, rules *filter.Filter) string {
+	if sh := shard(c); !sh.Has(src) {
+		return fmt.Sprintf("is not in shard %d/%d", sh.I, sh.N)
+	}
+	if rules.Excluded(path.Base(src), false) {
+		return "is excluded"
+	}
+	return ""
+}
+
+// renderGot prints what a single file's copy did: the leftovers it
+// removed, then its summary line (or JSON line).
+func renderGot(c *cli.Context, s *initiator.Session, srcArg string, res *initiator.Result, stdout io.Writer) error {
+	jsonOut, quiet := c.Bool("json"), c.Bool("quiet")
 	if !quiet {
 		for _, p := range res.Cleaned {
 			fmt.Fprintf(c.App.ErrWriter, "rdmacp: removed %s, left by a run that was killed\n", escape.String(p))
