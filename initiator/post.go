@@ -144,9 +144,31 @@ func (f *fetch) run() (err error) {
 	defer f.endEngine(&err)
 	defer wg.Wait() // the verifiers, the mapper and the Unmaps: none outlives the fetch
 	defer cancel()
+	wins, verdicts := f.startHelpers(ctx, &wg)
+	var cur *win
+	next := 0
+	for f.done < n {
+		progressed, err := f.step(&cur, &next, wins, verdicts)
+		if err != nil {
+			return err
+		}
+		if progressed || f.done == n {
+			continue
+		}
+		if err := f.wait(ctx, &cur, next, wins, verdicts); err != nil {
+			return err
+		}
+	}
+	f.report(true)
+	return nil
+}
+
+// startHelpers starts the fetch's goroutines: the mapper, which sends
+// mapped windows on wins, and the verifiers, which send verdicts.
+func (f *fetch) startHelpers(ctx context.Context, wg *sync.WaitGroup) (chan winOrErr, chan verdict) {
 	wins := make(chan winOrErr, 1)
 	f.windows = make(chan struct{}, f.s.windowsAhead())
-	f.wg = &wg
+	f.wg = wg
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -161,49 +183,51 @@ func (f *fetch) run() (err error) {
 			f.verifier(ctx, f.jobs, verdicts)
 		}()
 	}
-	var cur *win
-	next := 0
-	for f.done < n {
-		busy, err := f.start(&cur, &next, wins)
-		if err != nil {
-			return err
-		}
-		stepped, err := eng.Step()
-		if err != nil {
-			return f.engineErr(err)
-		}
-		judged, err := f.judgeAll(verdicts)
-		if err != nil {
-			return err
-		}
-		landed, err := f.verifyLanded()
-		if err != nil {
-			return err
-		}
-		f.report(false)
-		if busy || stepped || judged || landed || f.done == n {
-			continue
-		}
-		var winc chan winOrErr
-		if next < n && len(f.free) > 0 && (cur == nil || next >= cur.end) {
-			winc = wins
-		}
-		select {
-		case <-eng.Ready():
-		case v := <-verdicts:
-			if err := f.judge(v); err != nil {
-				return err
-			}
-		case we := <-winc:
-			if we.err != nil {
-				return we.err
-			}
-			cur = we.w
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	return wins, verdicts
+}
+
+// step does what can be done without waiting: post, complete, judge,
+// verify. It reports whether anything moved.
+func (f *fetch) step(cur **win, next *int, wins chan winOrErr, verdicts chan verdict) (bool, error) {
+	busy, err := f.start(cur, next, wins)
+	if err != nil {
+		return false, err
 	}
-	f.report(true)
+	stepped, err := f.eng.Step()
+	if err != nil {
+		return false, f.engineErr(err)
+	}
+	judged, err := f.judgeAll(verdicts)
+	if err != nil {
+		return false, err
+	}
+	landed, err := f.verifyLanded()
+	if err != nil {
+		return false, err
+	}
+	f.report(false)
+	return busy || stepped || judged || landed, nil
+}
+
+// wait blocks until a completion, a verdict or (when a new window is
+// what the fetch waits for) a mapped window comes, or ctx ends.
+func (f *fetch) wait(ctx context.Context, cur **win, next int, wins chan winOrErr, verdicts chan verdict) error {
+	var winc chan winOrErr
+	if next < f.layout.Chunks() && len(f.free) > 0 && (*cur == nil || next >= (*cur).end) {
+		winc = wins
+	}
+	select {
+	case <-f.eng.Ready():
+	case v := <-verdicts:
+		return f.judge(v)
+	case we := <-winc:
+		if we.err != nil {
+			return we.err
+		}
+		*cur = we.w
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	return nil
 }
 
