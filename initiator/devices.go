@@ -134,25 +134,23 @@ func (s *Session) maxMsgSize() uint64 {
 // (verbs.Caps.CPUPlaces false): a mapped landing must then be in memory
 // without dirty tracking (landmap.go).
 func (s *Session) pins() bool {
-	if !s.cfg.Device.Caps().CPUPlaces {
-		return true
-	}
-	for _, d := range s.cfg.MoreDevices {
-		if !d.Caps().CPUPlaces {
-			return true
-		}
-	}
-	return false
+	return !s.everyDevice(func(c verbs.Caps) bool { return c.CPUPlaces })
 }
 
 // readSums reports whether every device of the session sums the bytes
 // its READs place (verbs.Caps.ReadSums).
 func (s *Session) readSums() bool {
-	if !s.cfg.Device.Caps().ReadSums {
+	return s.everyDevice(func(c verbs.Caps) bool { return c.ReadSums })
+}
+
+// everyDevice reports whether has holds for the Caps of every device of
+// the session.
+func (s *Session) everyDevice(has func(verbs.Caps) bool) bool {
+	if !has(s.cfg.Device.Caps()) {
 		return false
 	}
 	for _, d := range s.cfg.MoreDevices {
-		if !d.Caps().ReadSums {
+		if !has(d.Caps()) {
 			return false
 		}
 	}
