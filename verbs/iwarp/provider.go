@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/softcq"
 )
 
 // Name is the transport name of this provider.
@@ -424,86 +425,9 @@ func (d *device) local(q *qp, s verbs.SGE, need verbs.Access) (*mr, []byte, bool
 	return m, b, true
 }
 
-// cq is a completion queue.
-type cq struct {
-	size int
-
-	mu      sync.Mutex
-	q       []verbs.Completion
-	head    int
-	overrun bool
-	closed  bool
-	notify  chan struct{}
-	gone    chan struct{} // closed by Close: every waiter wakes, not one
-}
+// cq is a completion queue: the one the software providers share.
+type cq = softcq.CQ
 
 func (d *device) CreateCQ(size int) (verbs.CQ, error) {
-	if size <= 0 || size > d.Caps().MaxCQE {
-		return nil, opErr("create_cq", fmt.Errorf("%w: size %d", verbs.ErrInvalid, size))
-	}
-	return &cq{size: size, notify: make(chan struct{}, 1), gone: make(chan struct{})}, nil
-}
-
-func (c *cq) push(cs ...verbs.Completion) {
-	if len(cs) == 0 {
-		return
-	}
-	c.mu.Lock()
-	if len(c.q)-c.head+len(cs) > c.size {
-		c.overrun = true
-	}
-	c.q = append(c.q, cs...)
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *cq) Poll(out []verbs.Completion) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return 0, opErr("poll_cq", verbs.ErrClosed)
-	}
-	if c.overrun {
-		return 0, opErr("poll_cq", verbs.ErrCQOverrun)
-	}
-	n := copy(out, c.q[c.head:])
-	c.head += n
-	if c.head == len(c.q) {
-		c.q = c.q[:0]
-		c.head = 0
-	} else if c.head > 4096 && c.head > len(c.q)/2 {
-		c.q = append(c.q[:0], c.q[c.head:]...)
-		c.head = 0
-	}
-	return n, nil
-}
-
-func (c *cq) Wait(ctx context.Context) error {
-	c.mu.Lock()
-	ready := c.head < len(c.q) || c.closed || c.overrun
-	c.mu.Unlock()
-	if ready {
-		return nil
-	}
-	select {
-	case <-c.notify:
-		return nil
-	case <-c.gone:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (c *cq) Close() error {
-	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		close(c.gone)
-	}
-	c.mu.Unlock()
-	return nil
+	return softcq.New(Name, size, d.Caps().MaxCQE)
 }

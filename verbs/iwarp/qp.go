@@ -205,7 +205,7 @@ func (q *qp) failLocked(err error, culprit *swr, status verbs.Status) {
 		cs = append(cs, verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusWRFlush, Op: verbs.OpRecv, QPN: q.qpn})
 	}
 	q.rq = nil
-	q.recvCQ.push(cs...)
+	q.recvCQ.Push(cs...)
 	q.reads = nil
 	q.irq = nil
 }
@@ -322,7 +322,7 @@ func (q *qp) flushSQLocked() {
 	if q.next < 0 {
 		q.next = 0
 	}
-	q.sendCQ.push(cs...)
+	q.sendCQ.Push(cs...)
 }
 
 func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
@@ -416,7 +416,7 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 		for i, wr := range wrs {
 			cs[i] = verbs.Completion{WRID: wr.ID, Status: verbs.StatusWRFlush, Op: verbs.OpRecv, QPN: q.qpn}
 		}
-		q.recvCQ.push(cs...)
+		q.recvCQ.Push(cs...)
 		return len(wrs), nil
 	}
 	for i, wr := range wrs {

@@ -444,14 +444,14 @@ func (q *qp) untagged(h *header, body []byte) error {
 	end := uint64(h.mo) + uint64(len(body))
 	if end > uint64(r.wr.Local.Length) {
 		q.rq = q.rq[1:]
-		q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalLength, Op: verbs.OpRecv, QPN: q.qpn})
+		q.recvCQ.Push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalLength, Op: verbs.OpRecv, QPN: q.qpn})
 		return &termError{layer: layerDDP, etype: ddpUntaggedBuf, code: ddpUTTooLong, msg: fmt.Sprintf("message of at least %d bytes for a %d-byte receive", end, r.wr.Local.Length)}
 	}
 	if len(body) > 0 {
 		m, b, ok := q.dev.local(q, verbs.SGE{Addr: r.wr.Local.Addr + uint64(h.mo), Length: uint32(len(body)), LKey: r.wr.Local.LKey}, verbs.AccessLocalWrite)
 		if !ok {
 			q.rq = q.rq[1:]
-			q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalProtect, Op: verbs.OpRecv, QPN: q.qpn})
+			q.recvCQ.Push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusLocalProtect, Op: verbs.OpRecv, QPN: q.qpn})
 			return &termError{layer: layerRDMAP, etype: rdmapCatastrophic, code: rdmapCatStream, msg: "receive buffer was deregistered"}
 		}
 		copy(b, body)
@@ -468,7 +468,7 @@ func (q *qp) untagged(h *header, body []byte) error {
 	}
 	if h.last {
 		q.rq = q.rq[1:]
-		q.recvCQ.push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(end), QPN: q.qpn})
+		q.recvCQ.Push(verbs.Completion{WRID: r.wr.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(end), QPN: q.qpn})
 		q.recvMSN++
 		q.recvMO = 0
 	}

@@ -19,9 +19,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdmacp/rdmacp/verbs"
-	"golang.org/x/sys/unix"
 	"unsafe"
+
+	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/softcq"
+	"golang.org/x/sys/unix"
 )
 
 // Name is the transport name of this provider.
@@ -515,80 +517,11 @@ func (d *device) resolve(p *pd, key uint32, addr, n uint64, need verbs.Access) (
 	return m, b, true
 }
 
-// cq is a completion queue.
-type cq struct {
-	size int
-
-	mu      sync.Mutex
-	q       []verbs.Completion
-	overrun bool
-	closed  bool
-	notify  chan struct{}
-	gone    chan struct{}
-}
+// cq is a completion queue: the one the software providers share.
+type cq = softcq.CQ
 
 func (d *device) CreateCQ(size int) (verbs.CQ, error) {
-	if size <= 0 || size > d.Caps().MaxCQE {
-		return nil, opErr("create_cq", fmt.Errorf("%w: size %d", verbs.ErrInvalid, size))
-	}
-	return &cq{size: size, notify: make(chan struct{}, 1), gone: make(chan struct{})}, nil
-}
-
-func (c *cq) push(cs ...verbs.Completion) {
-	if len(cs) == 0 {
-		return
-	}
-	c.mu.Lock()
-	if len(c.q)+len(cs) > c.size {
-		c.overrun = true
-	}
-	c.q = append(c.q, cs...)
-	c.mu.Unlock()
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
-
-func (c *cq) Poll(out []verbs.Completion) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return 0, opErr("poll_cq", verbs.ErrClosed)
-	}
-	if c.overrun {
-		return 0, opErr("poll_cq", verbs.ErrCQOverrun)
-	}
-	n := copy(out, c.q)
-	c.q = append(c.q[:0], c.q[n:]...)
-	return n, nil
-}
-
-func (c *cq) Wait(ctx context.Context) error {
-	c.mu.Lock()
-	ready := len(c.q) > 0 || c.closed || c.overrun
-	c.mu.Unlock()
-	if ready {
-		return nil
-	}
-	select {
-	case <-c.notify:
-		return nil
-	case <-c.gone:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (c *cq) Close() error {
-	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
-		close(c.gone)
-	}
-	c.mu.Unlock()
-	return nil
+	return softcq.New(Name, size, d.Caps().MaxCQE)
 }
 
 func unsafePointer(b *byte) unsafe.Pointer { return unsafe.Pointer(b) }

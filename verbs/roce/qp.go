@@ -434,7 +434,7 @@ func (q *qp) completeFront(s verbs.Status) {
 	q.mu.Lock()
 	q.sqUsed--
 	q.mu.Unlock()
-	q.sendCQ.push(verbs.Completion{WRID: w.wr.ID, Status: s, Op: w.wr.Op, QPN: q.qpn})
+	q.sendCQ.Push(verbs.Completion{WRID: w.wr.ID, Status: s, Op: w.wr.Op, QPN: q.qpn})
 	q.moved()
 }
 
@@ -712,7 +712,7 @@ func (q *qp) onSend(p *packet) {
 	}
 	q.ePSN = psnAdd(q.ePSN, 1)
 	if last {
-		q.recvCQ.push(verbs.Completion{WRID: q.cur.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(q.curOff), QPN: q.qpn})
+		q.recvCQ.Push(verbs.Completion{WRID: q.cur.ID, Status: verbs.StatusSuccess, Op: verbs.OpRecv, Bytes: uint32(q.curOff), QPN: q.qpn})
 		q.cur = nil
 		q.msn++
 	}
@@ -829,7 +829,7 @@ func (q *qp) dieWith(sendStatus, recvStatus verbs.Status, err error) {
 	}
 	q.inflight = nil
 	q.owe(-q.readBytes)
-	q.sendCQ.push(sc...)
+	q.sendCQ.Push(sc...)
 	var rc []verbs.Completion
 	if q.cur != nil {
 		s := verbs.StatusWRFlush
@@ -842,7 +842,7 @@ func (q *qp) dieWith(sendStatus, recvStatus verbs.Status, err error) {
 	for _, r := range rq {
 		rc = append(rc, verbs.Completion{WRID: r.ID, Status: verbs.StatusWRFlush, Op: verbs.OpRecv, QPN: q.qpn})
 	}
-	q.recvCQ.push(rc...)
+	q.recvCQ.Push(rc...)
 	q.dev.unregister(q)
 	close(q.done)
 }
