@@ -12,6 +12,7 @@ package verbs
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -173,6 +174,35 @@ type QPConfig struct {
 	// "" lets the provider choose (the device's own address, or the
 	// routing table's). Passive QPs ignore it.
 	LocalAddr string
+}
+
+// DefaultQPWR is the send or receive queue depth of a QPConfig that
+// asks for none (capped at the device's Caps.MaxQPWR).
+const DefaultQPWR = 256
+
+// Resolve is c as a provider applies it on a device with caps: a queue
+// depth of 0 becomes DefaultQPWR, one over caps.MaxQPWR is refused
+// (ErrInvalid); an ORD or IRD of 0 or over caps.MaxReadsPerQP becomes
+// the device maximum. Every provider calls it, so they agree.
+func (c QPConfig) Resolve(caps Caps) (QPConfig, error) {
+	if c.MaxSendWR <= 0 {
+		c.MaxSendWR = min(DefaultQPWR, caps.MaxQPWR)
+	}
+	if c.MaxRecvWR <= 0 {
+		c.MaxRecvWR = min(DefaultQPWR, caps.MaxQPWR)
+	}
+	if c.MaxSendWR > caps.MaxQPWR || c.MaxRecvWR > caps.MaxQPWR {
+		return c, fmt.Errorf("%w: queue depth over %d", ErrInvalid, caps.MaxQPWR)
+	}
+	clamp := func(v int) int {
+		if v <= 0 || v > caps.MaxReadsPerQP {
+			return caps.MaxReadsPerQP
+		}
+		return v
+	}
+	c.MaxReadsOut = clamp(c.MaxReadsOut)
+	c.MaxReadsIn = clamp(c.MaxReadsIn)
+	return c, nil
 }
 
 // ConnParam is what one side offers when connecting or accepting.

@@ -121,24 +121,10 @@ func (d *device) newQP(cid *cmID, p verbs.PD, cfg verbs.QPConfig) (*qp, error) {
 	if !ok1 || !ok2 || scq.d != d || rcq.d != d {
 		return nil, opErr("create_qp", fmt.Errorf("%w: send and receive CQs must come from this device", verbs.ErrInvalid))
 	}
-	caps := d.caps
-	if cfg.MaxSendWR <= 0 {
-		cfg.MaxSendWR = 256
+	cfg, err := cfg.Resolve(d.caps)
+	if err != nil {
+		return nil, opErr("create_qp", err)
 	}
-	if cfg.MaxRecvWR <= 0 {
-		cfg.MaxRecvWR = 256
-	}
-	if cfg.MaxSendWR > caps.MaxQPWR || cfg.MaxRecvWR > caps.MaxQPWR {
-		return nil, opErr("create_qp", fmt.Errorf("%w: queue depth over %d", verbs.ErrInvalid, caps.MaxQPWR))
-	}
-	clamp := func(v int) int {
-		if v <= 0 || v > caps.MaxReadsPerQP {
-			return caps.MaxReadsPerQP
-		}
-		return v
-	}
-	cfg.MaxReadsOut = clamp(cfg.MaxReadsOut)
-	cfg.MaxReadsIn = clamp(cfg.MaxReadsIn)
 
 	d.lifeMu.Lock()
 	if d.closed || mp.closed {

@@ -121,24 +121,15 @@ func newQP(d *device, p *pd, cfg verbs.QPConfig) (*qp, error) {
 	if !ok1 || !ok2 {
 		return nil, opErr("create_qp", fmt.Errorf("%w: completion queues of another provider", verbs.ErrInvalid))
 	}
-	caps := d.Caps()
+	cfg, err := cfg.Resolve(d.Caps())
+	if err != nil {
+		return nil, opErr("create_qp", err)
+	}
 	q := &qp{dev: d, pd: p, sendCQ: scq, recvCQ: rcq,
 		maxSend: cfg.MaxSendWR, maxRecv: cfg.MaxRecvWR,
 		offer: reads{out: cfg.MaxReadsOut, in: cfg.MaxReadsIn},
 		in:    make(chan inPacket, 8192), kick: make(chan struct{}, 1), stopCh: make(chan error, 1),
 		done: make(chan struct{})}
-	if q.maxSend <= 0 || q.maxSend > caps.MaxQPWR {
-		q.maxSend = caps.MaxQPWR
-	}
-	if q.maxRecv <= 0 || q.maxRecv > caps.MaxQPWR {
-		q.maxRecv = caps.MaxQPWR
-	}
-	if q.offer.out <= 0 || q.offer.out > d.cfg.MaxReads {
-		q.offer.out = d.cfg.MaxReads
-	}
-	if q.offer.in <= 0 || q.offer.in > d.cfg.MaxReads {
-		q.offer.in = d.cfg.MaxReads
-	}
 	q.qpn = d.newQPN()
 	q.nextPSN = randPSN()
 	q.una = q.nextPSN
