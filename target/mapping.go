@@ -196,7 +196,7 @@ func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP, devs []*
 		}
 		w.mws[i] = mw
 		mr := mrOn(w.mr, d)
-		wr := verbs.SendWR{ID: uint64(i), Op: verbs.OpBindMW, MW: mw, BindMR: mr,
+		wr := verbs.SendWR{ID: bindMark | uint64(i), Op: verbs.OpBindMW, MW: mw, BindMR: mr,
 			BindAddr: mr.Addr(), BindLen: mr.Len(), BindAccess: verbs.AccessRemoteRead}
 		if _, err := qp.PostSend([]verbs.SendWR{wr}); err != nil {
 			if dead(qp) {
@@ -214,6 +214,13 @@ func (ss *session) bind(ctx context.Context, w *window, qps []verbs.QP, devs []*
 	return nil
 }
 
+// bindMark marks the work request ID of a bind: bindMark | the data
+// QP's index. The session's data send CQs have one other user, the READ
+// engine of a push (reads/), whose IDs carry bit 63; a completion of its
+// still in a CQ (a READ flushed after its engine ended) is not a bind's,
+// and waitBinds passes over it rather than failing the Map.
+const bindMark = 1 << 62
+
 // waitBinds waits for n bind completions of qps' on cq, their device's
 // data send CQ.
 func waitBinds(ctx context.Context, cq verbs.CQ, qps []verbs.QP, n int) error {
@@ -221,19 +228,23 @@ func waitBinds(ctx context.Context, cq verbs.CQ, qps []verbs.QP, n int) error {
 	defer cancel()
 	comps := make([]verbs.Completion, n)
 	for got := 0; got < n; {
-		k, err := cq.Poll(comps[got:])
+		k, err := cq.Poll(comps[:n-got])
 		if err != nil {
 			return err
 		}
-		for _, c := range comps[got : got+k] {
-			if c.WRID >= uint64(len(qps)) {
+		for _, c := range comps[:k] {
+			if c.WRID&bindMark == 0 {
+				continue // not a bind's
+			}
+			i := c.WRID &^ bindMark
+			if i >= uint64(len(qps)) {
 				return fmt.Errorf("bind: completion for unknown request %#x", c.WRID)
 			}
-			if c.Status != verbs.StatusSuccess && !dead(qps[c.WRID]) {
-				return fmt.Errorf("bind on data QP %d: %w", c.WRID, c.Status)
+			if c.Status != verbs.StatusSuccess && !dead(qps[i]) {
+				return fmt.Errorf("bind on data QP %d: %w", i, c.Status)
 			}
+			got++
 		}
-		got += k
 		if k == 0 {
 			if err := cq.Wait(ctx); err != nil {
 				return err
