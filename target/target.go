@@ -141,66 +141,68 @@ type Config struct {
 	Logger    *slog.Logger   // default: discard
 }
 
+// Defaults is the target's configuration where nothing says otherwise:
+// the one place its defaults are written. Fields that depend on others
+// (WindowBudget at least MaxWindow, MinWindowShare, the per-address
+// limits) are derived in setDefaults from what the caller set.
+func Defaults() Config {
+	return Config{
+		ChunkSize:            chunker.DefaultChunkSize,
+		MaxWindow:            32 << 20,
+		WindowBudget:         1 << 30,
+		RevokeAfter:          5 * time.Second,
+		MaxDigestMemory:      64 << 20,
+		IdleTimeout:          5 * time.Minute,
+		SendTimeout:          30 * time.Second,
+		MaxWindowsPerSession: 8,
+		MaxSessions:          64,
+		MaxSessionsPerAddr:   16,
+		SuspectRate:          16 << 20,
+		MaxHandshakes:        128,
+		MaxHandshakesPerAddr: 16,
+		MaxDataQPs:           16,
+		MaxHandles:           256,
+		HelloTimeout:         5 * time.Second,
+		PushDepth:            4,
+		DrainTimeout:         5 * time.Second,
+	}
+}
+
+// defaultCacheBytes is the in-memory digest cache of a target given none.
+const defaultCacheBytes = 64 << 20
+
+// orDefault sets *v to def if it is the zero value.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// setDefaults fills c's zero fields from Defaults, and derives the rest.
 func (c *Config) setDefaults() {
-	if c.ChunkSize == 0 {
-		c.ChunkSize = chunker.DefaultChunkSize
-	}
-	if c.MaxWindow == 0 {
-		c.MaxWindow = 32 << 20
-	}
-	if c.WindowBudget == 0 {
-		c.WindowBudget = max(1<<30, c.MaxWindow)
-	}
-	if c.RevokeAfter == 0 {
-		c.RevokeAfter = 5 * time.Second
-	}
-	if c.MaxDigestMemory == 0 {
-		c.MaxDigestMemory = 64 << 20
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 5 * time.Minute
-	}
-	if c.SendTimeout == 0 {
-		c.SendTimeout = 30 * time.Second
-	}
-	if c.MaxWindowsPerSession == 0 {
-		c.MaxWindowsPerSession = 8
-	}
-	if c.MaxSessions == 0 {
-		c.MaxSessions = 64
-	}
-	if c.SuspectRate == 0 {
-		c.SuspectRate = 16 << 20
-	}
-	if c.MinWindowShare == 0 {
-		c.MinWindowShare = min(2*c.MaxWindow, c.WindowBudget/uint64(max(c.MaxSessions, 1)))
-	}
-	if c.MaxSessionsPerAddr == 0 {
-		c.MaxSessionsPerAddr = min(16, max(c.MaxSessions, 1))
-	}
-	if c.MaxHandshakes == 0 {
-		c.MaxHandshakes = 128
-	}
-	if c.MaxHandshakesPerAddr == 0 {
-		c.MaxHandshakesPerAddr = min(16, max(c.MaxHandshakes, 1))
-	}
-	if c.MaxDataQPs == 0 {
-		c.MaxDataQPs = 16
-	}
-	if c.MaxHandles == 0 {
-		c.MaxHandles = 256
-	}
-	if c.HelloTimeout == 0 {
-		c.HelloTimeout = 5 * time.Second
-	}
-	if c.PushDepth == 0 {
-		c.PushDepth = 4
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = 5 * time.Second
-	}
+	d := Defaults()
+	orDefault(&c.ChunkSize, d.ChunkSize)
+	orDefault(&c.MaxWindow, d.MaxWindow)
+	orDefault(&c.WindowBudget, max(d.WindowBudget, c.MaxWindow))
+	orDefault(&c.RevokeAfter, d.RevokeAfter)
+	orDefault(&c.MaxDigestMemory, d.MaxDigestMemory)
+	orDefault(&c.IdleTimeout, d.IdleTimeout)
+	orDefault(&c.SendTimeout, d.SendTimeout)
+	orDefault(&c.MaxWindowsPerSession, d.MaxWindowsPerSession)
+	orDefault(&c.MaxSessions, d.MaxSessions)
+	orDefault(&c.SuspectRate, d.SuspectRate)
+	orDefault(&c.MinWindowShare, min(2*c.MaxWindow, c.WindowBudget/uint64(max(c.MaxSessions, 1))))
+	orDefault(&c.MaxSessionsPerAddr, min(d.MaxSessionsPerAddr, max(c.MaxSessions, 1)))
+	orDefault(&c.MaxHandshakes, d.MaxHandshakes)
+	orDefault(&c.MaxHandshakesPerAddr, min(d.MaxHandshakesPerAddr, max(c.MaxHandshakes, 1)))
+	orDefault(&c.MaxDataQPs, d.MaxDataQPs)
+	orDefault(&c.MaxHandles, d.MaxHandles)
+	orDefault(&c.HelloTimeout, d.HelloTimeout)
+	orDefault(&c.PushDepth, d.PushDepth)
+	orDefault(&c.DrainTimeout, d.DrainTimeout)
 	if c.Cache == nil {
-		c.Cache = chunker.NewCache(64<<20, 2)
+		c.Cache = chunker.NewCache(defaultCacheBytes, 2)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -231,3 +231,13 @@ func TestCheckListen(t *testing.T) {
 		}
 	}
 }
+
+// Defaults are the ones docs/guide.md's serve table and serve --help
+// promise (serve's flags take theirs from Defaults).
+func TestDefaultsAsDocumented(t *testing.T) {
+	d := target.Defaults()
+	if d.ChunkSize != 4<<20 || d.MaxWindow != 32<<20 || d.WindowBudget != 1<<30 || d.IdleTimeout != 5*time.Minute ||
+		d.MaxSessions != 64 || d.MaxHandshakes != 128 || d.MaxDataQPs != 16 {
+		t.Errorf("Defaults() = %+v: not the documented defaults", d)
+	}
+}

@@ -41,3 +41,17 @@ func formatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.2f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
+
+// flagSize prints n as a size flag's default: a whole number of the
+// largest binary unit that divides it ("32MiB"), which parseSize reads.
+func flagSize[T int64 | uint64](n T) string {
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
+		if n != 0 && n%(T(1)<<u.shift) == 0 {
+			return fmt.Sprintf("%d%s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprint(n)
+}
