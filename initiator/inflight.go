@@ -3,7 +3,7 @@ package initiator
 // Bytes in flight follow the path. A session measures the round trip at
 // connect (its Hello), and from it plans how many data QPs to join, how
 // deep each may go and how large a window to ask the target for; during
-// a transfer the READ engine's Window (reads/inflight.go) starts at the
+// a transfer the READ engine's Budget (reads/inflight.go) starts at the
 // short-path figure and grows, like slow start, while throughput grows,
 // up to the plan's cap.
 //
@@ -101,7 +101,7 @@ func planPath(in planInput) pathPlan {
 	}
 	p.Inflight = int64(p.QPs) * int64(p.Depth) * rs
 	// Each QP starts at the short-path depth, as every QP always did:
-	// below that, the window's slow start only lagged TCP's own (a
+	// below that, the budget's slow start only lagged TCP's own (a
 	// 16 MiB start over 16 QPs took 4 s to fill a 200 ms path).
 	p.Start = min(p.Inflight, floor)
 	if p.Fixed {
@@ -156,20 +156,20 @@ func (s *Session) measureHello(rtt time.Duration) {
 	s.cfg.QPs, s.cfg.Depth = s.plan.QPs, s.plan.Depth
 }
 
-// window is the session's in-flight window, made on first use from what
+// budget is the session's in-flight budget, made on first use from what
 // join negotiated (the target and each QP may cap the depth) and shared
 // by the session's engines one after another.
-func (s *Session) window() *reads.Window {
-	s.winOnce.Do(func() {
+func (s *Session) budget() *reads.Budget {
+	s.inflightOnce.Do(func() {
 		rs := int64(s.cfg.ReadSize)
 		hi := int64(s.nqps) * int64(s.reads) * rs
 		lo := min(s.plan.Start, hi)
 		if s.plan.Fixed {
 			lo = hi
 		}
-		s.win = reads.NewWindow(lo, hi, s.plan.RTT)
+		s.inflight = reads.NewBudget(lo, hi, s.plan.RTT)
 	})
-	return s.win
+	return s.inflight
 }
 
 // InFlight is what the session's window settled on: the RTT, the bytes
@@ -183,9 +183,9 @@ type InFlight struct {
 	Losses     int  // times a QP's failure halved it
 }
 
-// InFlight reports the session's in-flight window.
+// InFlight reports the session's in-flight budget.
 func (s *Session) InFlight() InFlight {
-	st := s.window().Stats()
+	st := s.budget().Stats()
 	return InFlight{ConnectRTT: s.plan.RTT, RTT: st.RTT, Bytes: st.Bytes, Min: st.Min, Max: st.Max, Growing: st.Growing, Losses: st.Losses}
 }
 

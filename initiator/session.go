@@ -38,7 +38,7 @@ type Config struct {
 	// up to 16 (inflight.go).
 	QPs int
 	// Depth is the READs in flight per data QP, fixed; 0 (the default)
-	// starts at 4 and lets the in-flight window grow with the path, up
+	// starts at 4 and lets the in-flight budget grow with the path, up
 	// to a cap planned from the RTT (at most 256 MiB in all). Either is
 	// capped by what the connection negotiated.
 	Depth int
@@ -227,13 +227,13 @@ type Session struct {
 	skippedRails []SkippedRail
 	slotRail     []atomic.Int32
 	// plan is what the session settled on for its path at connect, from
-	// the user's QPs and Depth (0: automatic); win the in-flight window
+	// the user's QPs and Depth (0: automatic); inflight the READ budget
 	// its engines share (inflight.go).
 	plan               pathPlan
 	userQPs, userDepth int
 	capped             []Capped // noteGrant
-	win                *reads.Window
-	winOnce            sync.Once
+	inflight           *reads.Budget
+	inflightOnce       sync.Once
 	pace               paceState // the rate cap: pace.go
 
 	bytesRead atomic.Int64
@@ -764,8 +764,8 @@ func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, 
 	}
 	cfg.CQ, cfg.CQs, cfg.QPs, cfg.Depth, cfg.Timeout = s.dataCQ, s.moreSendCQs(), railQPs{s.qps, s}, s.reads, s.cfg.Timeout
 	cfg.Lost, cfg.LostErr = s.ch.QP().Done(), errControlLost
-	if w := s.window(); w.Growing() {
-		cfg.Window = w // a window that can't grow is the depth already
+	if w := s.budget(); w.Growing() {
+		cfg.Budget = w // a budget that can't grow is the depth already
 	}
 	cfg.Pace = s.pace.bucket(s.cfg.BwLimit)
 	return reads.New(ctx, cfg)

@@ -12,7 +12,7 @@ import (
 // quarter RTT, what the window lets out (no more than the path carries)
 // completes, with READs always queued behind the window when held is
 // set. It returns the bytes delivered.
-func path(w *Window, now *time.Time, rate float64, rtt, dur time.Duration, held bool) float64 {
+func path(w *Budget, now *time.Time, rate float64, rtt, dur time.Duration, held bool) float64 {
 	step := rtt / 4
 	total := 0.0
 	for t := time.Duration(0); t < dur; t += step {
@@ -32,7 +32,7 @@ func TestWindowGrowsWhileThroughputGrows(t *testing.T) {
 	const rate = 100e6 // 100 MB/s at 100 ms: 10 MB in flight fills it
 	rtt := 100 * time.Millisecond
 	bdp := int64(rate * rtt.Seconds())
-	w := NewWindow(1<<20, 1<<30, rtt)
+	w := NewBudget(1<<20, 1<<30, rtt)
 	now := time.Unix(1000, 0)
 	path(w, &now, rate, rtt, 10*time.Second, true)
 	got := w.Limit()
@@ -53,7 +53,7 @@ func TestWindowGrowsWhileThroughputGrows(t *testing.T) {
 
 func TestWindowStopsAtItsMax(t *testing.T) {
 	const max = 64 << 20
-	w := NewWindow(1<<20, max, 10*time.Millisecond)
+	w := NewBudget(1<<20, max, 10*time.Millisecond)
 	now := time.Unix(1000, 0)
 	// A path far faster than the window can fill.
 	path(w, &now, 1e12, 10*time.Millisecond, 2*time.Second, true)
@@ -69,7 +69,7 @@ func TestWindowStopsAtItsMax(t *testing.T) {
 }
 
 func TestWindowDoesNotGrowWhenNotTheLimit(t *testing.T) {
-	w := NewWindow(1<<20, 1<<30, 10*time.Millisecond)
+	w := NewBudget(1<<20, 1<<30, 10*time.Millisecond)
 	now := time.Unix(1000, 0)
 	// The work queued, not the window, is what limits: never held.
 	path(w, &now, 1e12, 10*time.Millisecond, 2*time.Second, false)
@@ -81,7 +81,7 @@ func TestWindowDoesNotGrowWhenNotTheLimit(t *testing.T) {
 func TestWindowHalvesOnLossAndGrowsAgain(t *testing.T) {
 	const lo = 1 << 20
 	rtt := 50 * time.Millisecond
-	w := NewWindow(lo, 256<<20, rtt)
+	w := NewBudget(lo, 256<<20, rtt)
 	now := time.Unix(1000, 0)
 	path(w, &now, 200e6, rtt, 5*time.Second, true)
 	before := w.Limit()
@@ -109,7 +109,7 @@ func TestWindowHalvesOnLossAndGrowsAgain(t *testing.T) {
 
 func TestWindowHoldsOnAStall(t *testing.T) {
 	rtt := 20 * time.Millisecond
-	w := NewWindow(4<<20, 256<<20, rtt)
+	w := NewBudget(4<<20, 256<<20, rtt)
 	now := time.Unix(1000, 0)
 	w.Tick(now, true)
 	// Epochs with READs out and none completing: nothing learnt.
@@ -124,7 +124,7 @@ func TestWindowHoldsOnAStall(t *testing.T) {
 }
 
 func TestWindowLearnsTheRTTFromREADs(t *testing.T) {
-	w := NewWindow(1, 2, 0)
+	w := NewBudget(1, 2, 0)
 	w.Done(1, 30*time.Millisecond)
 	w.Done(1, 10*time.Millisecond)
 	w.Done(1, 20*time.Millisecond)
@@ -139,8 +139,8 @@ func TestEngineKeepsWithinItsWindow(t *testing.T) {
 	cq := newFakeCQ()
 	qps := []*fakeQP{newFakeQP(cq, 0, false), newFakeQP(cq, 1, false), newFakeQP(cq, 2, false)}
 	set := NewSet([]verbs.QP{qps[0], qps[1], qps[2]}, nil, nil)
-	w := NewWindow(300, 1200, time.Millisecond) // 3 to 12 READs of 100 bytes
-	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4, Window: w})
+	w := NewBudget(300, 1200, time.Millisecond) // 3 to 12 READs of 100 bytes
+	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4, Budget: w})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,14 +111,14 @@ type Config struct {
 	CQs   []verbs.CQ
 	QPs   QPs
 	Depth int // READs in flight per QP, at most
-	// Window, if set, bounds the bytes of READs in flight over all QPs
+	// Budget, if set, bounds the bytes of READs in flight over all QPs
 	// together (within Depth per QP) and learns from the completions
 	// how large that bound should be (inflight.go). It may outlive the
 	// engine: a session's engines share one, so what the first file
 	// learnt holds for the next.
-	Window *Window
+	Budget *Budget
 	// Pace, if set, caps the rate READs are posted at, over all QPs
-	// together (pace.go). Like Window it may outlive the engine and be
+	// together (pace.go). Like Budget it may outlive the engine and be
 	// shared by several.
 	Pace *Pace
 	// Timeout: a QP with READs out and no completion for this long is
@@ -332,7 +332,7 @@ func (e *Engine) Step() (bool, error) {
 	default:
 	}
 	now := time.Now()
-	if w := e.cfg.Window; w != nil {
+	if w := e.cfg.Budget; w != nil {
 		w.Tick(now, e.out > 0)
 	}
 	e.deadlines(now)
@@ -366,7 +366,7 @@ func (e *Engine) fail(q int, err error) {
 	}
 	s.dead = true
 	e.failures++
-	if w := e.cfg.Window; w != nil {
+	if w := e.cfg.Budget; w != nil {
 		w.Lost()
 	}
 	e.cfg.QPs.Failed(q, s.gen, err)
@@ -466,7 +466,7 @@ func (e *Engine) noPath() error {
 func (e *Engine) postOn(q int) (int, error) {
 	s := &e.slots[q]
 	room := min(e.cfg.Depth-s.inflight, len(e.free))
-	budget := e.windowRoom(s)
+	budget := e.budgetRoom(s)
 	now := time.Now()
 	paced := false
 	dev := e.dev(q)
@@ -493,7 +493,7 @@ func (e *Engine) postOn(q int) (int, error) {
 	e.queue = keep
 	e.wrs, e.idx = wrs, idx // reused: providers copy what they are posted
 	if budget.held {
-		e.cfg.Window.Held()
+		e.cfg.Budget.Held()
 	}
 	if len(wrs) == 0 {
 		return 0, nil
@@ -523,22 +523,22 @@ func (e *Engine) postOn(q int) (int, error) {
 	return n, nil
 }
 
-// room is what the window lets one batch post.
+// room is what the budget lets one batch post.
 type room struct {
-	on    bool  // there is a window
+	on    bool  // there is a budget
 	left  int64 // bytes it has room for
 	first bool  // nothing is out: one READ may go whatever its size
 	held  bool  // it kept a READ back
 }
 
-// windowRoom is what the window leaves slot s: its share of the window
-// (an even split over the live QPs, so that a small window still keeps
-// every QP's connection busy), within what the window leaves in all.
-func (e *Engine) windowRoom(s *slot) room {
-	if e.cfg.Window == nil {
+// budgetRoom is what the budget leaves slot s: its share of the budget
+// (an even split over the live QPs, so that a small budget still keeps
+// every QP's connection busy), within what the budget leaves in all.
+func (e *Engine) budgetRoom(s *slot) room {
+	if e.cfg.Budget == nil {
 		return room{}
 	}
-	limit := e.cfg.Window.Limit()
+	limit := e.cfg.Budget.Limit()
 	live := int64(0)
 	for i := range e.slots {
 		if !e.slots[i].dead && e.slots[i].qp != nil {
@@ -650,7 +650,7 @@ func (e *Engine) complete(c verbs.Completion) {
 	e.bytes += int64(p.Local.Length)
 	p.CRC = c.Sum
 	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
-	if w := e.cfg.Window; w != nil {
+	if w := e.cfg.Budget; w != nil {
 		w.Done(int64(p.Local.Length), lat)
 	}
 	if e.cfg.Done != nil {
