@@ -336,7 +336,7 @@ func (e *Engine) Step() (bool, error) {
 		w.Tick(now, e.out > 0)
 	}
 	e.deadlines(now)
-	e.stalls(now) // a QP stalled while the others go on: rails.go
+	e.stalls(now) // a QP stalled while the others go on: stalls.go
 	if err := e.orphans(now); err != nil {
 		return n > 0, err
 	}
@@ -628,7 +628,7 @@ func (e *Engine) complete(c verbs.Completion) {
 	s := &e.slots[q]
 	current := s.gen == gen
 	if current {
-		e.completed(q) // before s.last moves: rails.go
+		e.completed(q) // before s.last moves: stalls.go
 		s.inflight--
 		s.inbytes -= int64(p.Local.Length)
 		s.last = time.Now()
@@ -649,7 +649,7 @@ func (e *Engine) complete(c verbs.Completion) {
 	}
 	e.bytes += int64(p.Local.Length)
 	p.CRC = c.Sum
-	e.carried(q, p.Local.Length) // per slot, for rails: rails.go
+	e.carried(q, p.Local.Length) // per slot, for rails: stalls.go
 	if w := e.cfg.Budget; w != nil {
 		w.Done(int64(p.Local.Length), lat)
 	}

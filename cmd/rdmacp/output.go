@@ -123,7 +123,7 @@ type manySummary struct {
 	ExitCode  int     `json:"exit_code"`
 	// Recoveries: data QPs replaced and sessions re-established.
 	Recoveries int              `json:"recoveries"`
-	Rails      []initiator.Rail `json:"rails,omitempty"` // see rails.go
+	Rails      []initiator.Rail `json:"rails,omitempty"` // see railflags.go
 	// RailsSkipped are the target's rail addresses not dialled, and why.
 	RailsSkipped []initiator.SkippedRail `json:"rails_skipped,omitempty"`
 }

@@ -288,7 +288,7 @@ func TestRailDownMidCopy(t *testing.T) {
 	addr := l.serveOn(t, dir, 7364)
 	dst := filepath.Join(t.TempDir(), "f")
 	// Default flags: the engine fails a rail's stalled QPs once the other
-	// rail's go on (reads/rails.go), not after --timeout's 30 s.
+	// rail's go on (reads/stalls.go), not after --timeout's 30 s.
 	start := time.Now()
 	sum := l.cp(t, 3*time.Minute, func() { l.Down(l.ini[1]) }, addr+":data/f", dst)
 	if el := time.Since(start); el > 20*time.Second {

@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+// Rails, as the engine sees them: what each slot's READs carried
+// (Carrier), and a slot whose READs stop while the others' go on, failed
+// early (Staller) rather than after the whole timeout.
+
 // Carrier is a QPs that wants to know what each slot's READs moved (a
 // session counting bytes per rail). The engine tells it of every READ
 // that completes, from its own goroutine: Carried must be quick.
