@@ -77,9 +77,10 @@ type Result struct {
 	Retries   int // chunks read again after failing their digest
 	Algorithm chunker.Algorithm
 	Digest    string // whole-file digest, e.g. "crc32c:0a1b2c3d"
-	// BytesRead is what this copy pulled over RDMA READs: less than
-	// Bytes when a resumed copy found chunks already in place, 0 for a
-	// skipped file.
+	// BytesRead is what this copy pulled over RDMA READs (a push's: the
+	// target's READs, on the session that finished it): less than Bytes
+	// when a resumed copy found chunks already in place, 0 for a skipped
+	// file.
 	BytesRead int64
 	// Skipped: SkipSame found the destination already matching, or
 	// QuickCheck found it unchanged (Unchanged).

@@ -3,13 +3,13 @@ package initiator
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
@@ -31,9 +31,6 @@ type PutOptions struct {
 	Window int64
 }
 
-// ErrNoPush: the target does not take pushed files (it predates push).
-var ErrNoPush = errors.New("the target does not support push (it is older than this rdmacp); upgrade it")
-
 // defaultPushWindow is PutOptions.Window's default.
 const defaultPushWindow = 32 << 20
 
@@ -46,16 +43,23 @@ const defaultPushWindow = 32 << 20
 // and src is seen unchanged. A failed push leaves nothing at dst.
 //
 // A session that breaks on the way is re-established (bounded by
-// RetryFor) and the push starts over: the target removed what it had of
-// it when the old session went.
+// RetryFor) and the push goes on from what the target had verified and
+// written: it keeps a lost session's push for a while, and this side
+// names the push with the same token (protocol.Push.Token) again.
 func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
+	ps := &pushState{}
+	if _, err := rand.Read(ps.token[:]); err != nil {
+		return &Result{Source: src, Dest: dst}, err
+	}
 	for {
-		t0 := time.Now()
-		res, err := s.put(ctx, src, dst, opt)
+		t0, before := time.Now(), ps.confirmed
+		res, err := s.put(ctx, src, dst, opt, ps)
 		if err != nil && recoverable(ctx, err) {
-			s.spent += time.Since(t0) // a push starts over: all of it counts against --retry-for
+			if ps.confirmed == before {
+				s.spent += time.Since(t0) // no progress: it counts against --retry-for
+			}
 			if rerr := s.reconnect(ctx, err); rerr == nil {
-				s.cfg.Logger.Warn("session re-established; the push starts over", "path", src)
+				s.cfg.Logger.Warn("session re-established; the push goes on", "path", src, "bytes_confirmed", ps.confirmed)
 				continue
 			} else {
 				err = rerr
@@ -68,6 +72,14 @@ func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 	}
 }
 
+// pushState is what a push keeps across the sessions it needs: its
+// token, and the windows the target confirmed (their chunk digests).
+type pushState struct {
+	token     [16]byte
+	confirmed int64  // bytes from the start the target confirmed
+	sums      []byte // their chunks' digests
+}
+
 // pushErr words an error of a push to dst.
 func pushErr(dst string, err error) error {
 	var pe *protocol.Error
@@ -77,26 +89,13 @@ func pushErr(dst string, err error) error {
 	return fmt.Errorf("push to %s: %w", dst, err)
 }
 
-// noPush tells a target that does not know Push by its answer: a target
-// that knows the type but not the request says "unexpected Push", one
-// that can't decode it (under RequestID 0 before DecodeError) "unknown
-// message type".
-func noPush(err error) error {
-	var pe *protocol.Error
-	if errors.As(err, &pe) && (pe.Code == protocol.CodeUnsupported || pe.Code == protocol.CodeBadRequest) &&
-		(strings.Contains(pe.Message, "unexpected Push") || strings.Contains(pe.Message, "unknown message type")) {
-		return fmt.Errorf("%w (%v)", ErrNoPush, pe)
-	}
-	return err
-}
-
 // refusal shows a target's refusal as the target worded it.
 type refusal struct{ pe *protocol.Error }
 
 func (r *refusal) Error() string { return r.pe.Message }
 func (r *refusal) Unwrap() error { return r.pe }
 
-func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
+func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions, ps *pushState) (*Result, error) {
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	// The user named src (a symlink is followed), but it may have become
 	// a FIFO since the CLI looked: that is refused, not waited on.
@@ -118,10 +117,10 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 	m, err := s.retryBusy(ctx, nil, &protocol.Push{
 		Algorithm: uint8(s.cfg.Algorithm), ChunkSize: uint32(s.cfg.ChunkSize), Retries: uint8(min(max(s.cfg.Retries, 0), 255)),
 		Size: uint64(fi.Size()), Mode: unixMode(fi.Mode()), MtimeNs: fi.ModTime().UnixNano(),
-		Path: dst, Name: filepath.Base(src),
+		Path: dst, Name: filepath.Base(src), Token: ps.token,
 	})
 	if err != nil {
-		return res, noPush(err)
+		return res, err
 	}
 	pr, ok := m.(*protocol.PushReply)
 	if !ok {
@@ -136,7 +135,11 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions) (*Re
 	res.Dest = pr.Path
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 	u := &upload{s: s, f: f, fi: fi, src: src, handle: pr.Handle, layout: layout, alg: alg, progress: opt.Progress, res: res,
-		winSize: cmp.Or(opt.Window, defaultPushWindow)}
+		winSize: cmp.Or(opt.Window, defaultPushWindow), state: ps}
+	if err := u.resume(int64(pr.Resumed)); err != nil {
+		s.abandon(ctx, pr.Handle)
+		return res, err
+	}
 	sums, err := u.run(ctx)
 	if err != nil {
 		if !u.gone {
@@ -209,7 +212,36 @@ type upload struct {
 	progress func(Progress)
 	winSize  int64 // PutOptions.Window
 	res      *Result
-	gone     bool // the target has dropped the push (it answered a window with an error)
+	gone     bool       // the target has dropped the push (it answered a window with an error)
+	state    *pushState // across sessions: what the target confirmed
+	start    int64      // where this session's windows start (PushReply.Resumed)
+}
+
+// resume starts the upload where the target says it has the file up to
+// (PushReply.Resumed), with the digests of the chunks before it: those
+// of windows it confirmed, and, for any it wrote but could not confirm
+// before its session went, hashed here again.
+func (u *upload) resume(from int64) error {
+	l, ps, ds := u.layout, u.state, int64(u.alg.Size())
+	if from < 0 || from > l.Size || (from%l.ChunkSize != 0 && from != l.Size) {
+		return fmt.Errorf("%w: the target resumes %s at byte %d of %d (chunks of %d)", protocol.ErrMalformed, u.src, from, l.Size, l.ChunkSize)
+	}
+	chunks := (from + l.ChunkSize - 1) / l.ChunkSize
+	if from <= ps.confirmed {
+		ps.confirmed, ps.sums = from, ps.sums[:chunks*ds]
+	} else {
+		buf := make([]byte, l.ChunkSize)
+		for off := ps.confirmed; off < from; off += l.ChunkSize {
+			n := min(l.ChunkSize, l.Size-off)
+			if _, err := u.f.ReadAt(buf[:n], off); err != nil {
+				return &fs.PathError{Op: "read", Path: u.src, Err: err}
+			}
+			ps.sums = chunker.AppendSum(ps.sums, u.alg, buf[:n])
+		}
+		ps.confirmed = from
+	}
+	u.start = from
+	return nil
 }
 
 // pwin is a registered window of the file.
@@ -254,9 +286,9 @@ func (u *upload) windowSize() int64 {
 
 func (u *upload) run(ctx context.Context) ([]byte, error) {
 	size := u.layout.Size
-	sums := make([]byte, 0, u.layout.Chunks()*u.alg.Size())
-	if size == 0 {
-		return sums, nil
+	ps := u.state
+	if u.start == size {
+		return ps.sums, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -269,7 +301,7 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 			w.free()
 		}
 	}()
-	var sent int64
+	sent := u.start
 	var last time.Time // the first window reports at once
 	for sent < size {
 		var w *pwin
@@ -292,14 +324,15 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 		}
 		u.res.Retries += int(r.Retries)
 		u.res.BytesRead += int64(r.BytesRead)
-		sums = append(sums, w.digests...)
+		ps.sums = append(ps.sums, w.digests...)
 		sent += w.n
+		ps.confirmed = sent
 		if u.progress != nil && time.Since(last) > 100*time.Millisecond {
 			last = time.Now()
 			u.progress(Progress{Path: u.src, Bytes: sent, Total: size, Retries: u.res.Retries})
 		}
 	}
-	return sums, nil
+	return ps.sums, nil
 }
 
 // send offers w to the target and waits until it has written it.
@@ -353,7 +386,7 @@ func (u *upload) prepare(ctx context.Context, out chan<- *pwin) {
 	// error, not a crash.
 	debug.SetPanicOnFault(true)
 	step := u.windowSize()
-	for off := int64(0); off < u.layout.Size; off += step {
+	for off := u.start; off < u.layout.Size; off += step {
 		w := u.window(off, min(step, u.layout.Size-off))
 		select {
 		case out <- w:

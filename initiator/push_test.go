@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,8 +236,10 @@ func TestPushSurvivesADroppedDataQP(t *testing.T) {
 	leftovers(t, e.dir, "f")
 }
 
+// An initiator gone for good mid-push leaves nothing: the target keeps
+// the push for its --keep-push, then removes it.
 func TestPushInitiatorGoneMidPush(t *testing.T) {
-	e := startTarget(t, writable)
+	e := startTarget(t, func(c *target.Config) { writable(c); c.KeepPush = 300 * time.Millisecond })
 	s := e.dial(t, func(c *initiator.Config) { c.RetryFor = -1 }) // gone for good
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 4<<20)
@@ -255,16 +258,30 @@ func TestPushInitiatorGoneMidPush(t *testing.T) {
 	eventually(t, e.dir)
 }
 
-func TestPushStartsOverOnANewSession(t *testing.T) {
-	e := startTarget(t, writable)
+// A push whose session breaks goes on, on a new session, from the
+// windows the target kept: it READs only the rest.
+func TestPushGoesOnOnANewSession(t *testing.T) {
+	kept := make(chan struct{}, 1)
+	e := startTarget(t, func(c *target.Config) {
+		writable(c)
+		c.Logger = slog.New(onMessage{"push kept", kept})
+	})
 	s := e.dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
-	want := randomFile(t, src, 4<<20)
+	const size = 4 << 20
+	want := randomFile(t, src, size)
 	var once sync.Once
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := s.Put(ctx, src, "data/f", initiator.PutOptions{Window: 128 << 10, Progress: func(initiator.Progress) {
-		once.Do(func() { initiator.HangUp(s) })
+	res, err := s.Put(ctx, src, "data/f", initiator.PutOptions{Window: 128 << 10, Progress: func(initiator.Progress) {
+		once.Do(func() {
+			initiator.HangUp(s)
+			select { // the target keeps the push before this side comes back
+			case <-kept:
+			case <-time.After(10 * time.Second):
+				t.Error("the target did not keep the push")
+			}
+		})
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -272,11 +289,34 @@ func TestPushStartsOverOnANewSession(t *testing.T) {
 	if s.Reconnects() != 1 {
 		t.Errorf("%d reconnects, want 1", s.Reconnects())
 	}
+	if res.BytesRead >= size || res.BytesRead < size-1<<20 {
+		t.Errorf("the new session READ %d bytes of %d: want all but the window(s) kept", res.BytesRead, size)
+	}
 	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
 		t.Fatal("pushed file differs from the source")
 	}
 	eventually(t, e.dir, "f")
 }
+
+// onMessage is a slog handler that signals on ch each message that
+// starts with prefix.
+type onMessage struct {
+	prefix string
+	ch     chan struct{}
+}
+
+func (h onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h onMessage) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		select {
+		case h.ch <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h onMessage) WithGroup(string) slog.Handler      { return h }
 
 func TestPushSourceChanged(t *testing.T) {
 	e := startTarget(t, writable)
@@ -297,18 +337,6 @@ func TestPushSourceChanged(t *testing.T) {
 		t.Fatalf("err = %v, want ErrChanged", err)
 	}
 	eventually(t, e.dir)
-}
-
-func TestPushToOldTarget(t *testing.T) {
-	e := startTarget(t, func(c *target.Config) { writable(c); c.NoPush = true })
-	s := e.dial(t, nil)
-	src := filepath.Join(t.TempDir(), "f")
-	randomFile(t, src, 10)
-	_, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{})
-	if !errors.Is(err, initiator.ErrNoPush) {
-		t.Fatalf("err = %v, want ErrNoPush", err)
-	}
-	leftovers(t, e.dir)
 }
 
 func TestPushManyDigests(t *testing.T) {

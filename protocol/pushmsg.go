@@ -18,6 +18,12 @@ type Push struct {
 	MtimeNs   int64
 	Path      string
 	Name      string
+	// Token names this push across sessions: random, made by the
+	// initiator for one file and sent again, unchanged, when it pushes
+	// the file again on a new session after losing one. A target that
+	// kept the lost session's push (the same identity, token, path and
+	// source) goes on from what it verified: see PushReply.Resumed.
+	Token [16]byte
 }
 
 // PushReply answers Push with a handle for the push and the chunking in
@@ -29,6 +35,11 @@ type PushReply struct {
 	Algorithm uint8
 	Chunks    uint32
 	Path      string
+	// Resumed is how many bytes from the start of the file the target
+	// already has, verified and written, from a lost session's push of
+	// the same Token: a whole number of chunks (or the whole file). The
+	// initiator's first PushWindow starts there. 0 for a new push.
+	Resumed uint64
 }
 
 // PushWindow offers the next range of a pushed file for the target to
@@ -108,6 +119,7 @@ func (m *Push) encode(e *encoder) {
 	e.i64(m.MtimeNs)
 	e.str(m.Path)
 	e.str(m.Name)
+	e.raw(m.Token[:])
 }
 
 func (m *Push) decode(d *decoder) {
@@ -119,6 +131,7 @@ func (m *Push) decode(d *decoder) {
 	m.MtimeNs = d.i64()
 	m.Path = d.str()
 	m.Name = d.str()
+	d.array(m.Token[:])
 }
 
 func (m *PushReply) encode(e *encoder) {
@@ -127,6 +140,7 @@ func (m *PushReply) encode(e *encoder) {
 	e.u8(m.Algorithm)
 	e.u32(m.Chunks)
 	e.str(m.Path)
+	e.u64(m.Resumed)
 }
 
 func (m *PushReply) decode(d *decoder) {
@@ -135,6 +149,7 @@ func (m *PushReply) decode(d *decoder) {
 	m.Algorithm = d.u8()
 	m.Chunks = d.u32()
 	m.Path = d.str()
+	m.Resumed = d.u64()
 }
 
 func (m *PushWindow) encode(e *encoder) {

@@ -52,9 +52,12 @@ type push struct {
 	slots    int // staging slots of one chunk each
 	buf      *verbs.Buffer
 	mr       verbs.MR
-	reserved uint64 // bytes of the window budget the slots hold
-	done     bool   // committed
-	landed   int64  // bytes pulled, verified and written, for the access log
+	reserved uint64    // bytes of the window budget the slots hold
+	done     bool      // committed
+	landed   int64     // bytes pulled, verified and written, for the access log
+	token    [16]byte  // Push.Token: the push may be kept and resumed (keptpush.go)
+	keptAt   time.Time // when it was kept, while it is
+	keep     bool      // its session was lost: keep it when freed
 }
 
 // singleName reports whether s is one path element, as a file name must be.
@@ -132,7 +135,7 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 		return perr
 	}
 	p := &push{x: x, dst: dst, layout: layout, alg: alg, retries: min(int(m.Retries), maxPushRetries),
-		mode: m.Mode & 0o777, mtime: m.MtimeNs, qps: qps, depth: depth}
+		mode: m.Mode & 0o777, mtime: m.MtimeNs, qps: qps, depth: depth, token: m.Token}
 	if perr := ss.pushSetup(p); perr != nil {
 		p.free(ss)
 		return perr
@@ -143,12 +146,48 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 	ss.pushStarted(h)
 	ss.log.Debug("push", "path", h.path, "size", m.Size, "chunk", cs, "alg", alg.String(), "tmp", p.tmp)
 	return &protocol.PushReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
-		Chunks: uint32(layout.Chunks()), Path: h.path}
+		Chunks: uint32(layout.Chunks()), Path: h.path, Resumed: uint64(p.next)}
 }
 
-// pushSetup creates p's temporary file and its staging slots.
+// pushSetup gives p its temporary file (a kept push's, where p resumes
+// one: see keptpush.go) and its staging slots.
 func (ss *session) pushSetup(p *push) *protocol.Error {
-	cfg := &ss.srv.cfg
+	if perr := ss.resumeKept(p); perr != nil {
+		return perr
+	}
+	if p.tmp == "" {
+		if perr := ss.pushTemp(p); perr != nil {
+			return perr
+		}
+	}
+	return ss.pushStaging(p)
+}
+
+// resumeKept takes over the kept push of p's identity and token, if
+// there is one: its temporary file, digests and progress when it is the
+// same push; else the kept one goes, and p starts afresh.
+func (ss *session) resumeKept(p *push) *protocol.Error {
+	if p.token == ([16]byte{}) {
+		return nil
+	}
+	k := ss.srv.takeKept(ss.identity(), p.token)
+	if k == nil {
+		return nil
+	}
+	if !k.sameSource(p) {
+		ss.log.Info("push: a kept push of this token was of another source; starting over", "path", p.x.Name+"/"+p.dst)
+		k.removeTemp(ss.srv)
+		return nil
+	}
+	p.dir, p.tmp, p.f = k.dir, k.tmp, k.f
+	p.next, p.sums, p.landed = k.next, k.sums, 0
+	ss.log.Info("push resumed", "path", p.x.Name+"/"+p.dst, "from", p.next)
+	return nil
+}
+
+// pushTemp creates p's temporary file beside its destination, with its
+// space reserved.
+func (ss *session) pushTemp(p *push) *protocol.Error {
 	// The temporary file lives in the destination's directory as it is
 	// now, held open: a rename or a symlink swapped in for the directory
 	// later can't send its removal or its rename anywhere else.
@@ -176,6 +215,13 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 	if err := allocate(f, p.layout.Size); err != nil {
 		return writeError(p, "reserving", err)
 	}
+	return nil
+}
+
+// pushStaging sizes p's READs and sets up its staging slots.
+func (ss *session) pushStaging(p *push) *protocol.Error {
+	cfg := &ss.srv.cfg
+	var err error
 	cs := p.layout.ChunkSize
 	p.readSize = int(min(int64(pushReadSize), cs, int64(min(cfg.Device.Caps().MaxMsgSize, 1<<30))))
 	// Enough slots for the READs in flight and one more, within a window.
@@ -224,8 +270,20 @@ func writeError(p *push, op string, err error) *protocol.Error {
 	return errf(protocol.CodeInternal, "%s %s: %v", op, dst, err)
 }
 
-// free releases p's staging and, unless p was committed, its temporary file.
+// free releases p's staging and, unless p was committed or is to be
+// kept for its initiator to resume (keptpush.go), its temporary file.
 func (p *push) free(ss *session) {
+	p.freeStaging(ss)
+	if p.keep {
+		p.keep = false
+		ss.srv.keepPush(ss.identity(), p)
+		return
+	}
+	p.removeTemp(ss.srv)
+}
+
+// freeStaging releases what p holds of its session: staging and budget.
+func (p *push) freeStaging(ss *session) {
 	if p.mr != nil {
 		p.mr.Close()
 		p.mr = nil
@@ -237,20 +295,6 @@ func (p *push) free(ss *session) {
 	if p.reserved > 0 {
 		ss.srv.release(ss, p.reserved)
 		p.reserved = 0
-	}
-	if p.f != nil {
-		p.f.Close()
-		p.f = nil
-	}
-	if !p.done && p.tmp != "" {
-		if err := p.dir.Remove(p.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			ss.log.Warn("push: removing the temporary file", "path", path.Join(path.Dir(p.dst), p.tmp), "err", err)
-		}
-		p.tmp = ""
-	}
-	if p.dir != nil {
-		p.dir.Close()
-		p.dir = nil
 	}
 }
 

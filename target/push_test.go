@@ -320,14 +320,6 @@ func TestPushGoneWithTheSession(t *testing.T) {
 	}
 }
 
-func TestNoPushAnswersUnsupported(t *testing.T) {
-	dir := t.TempDir()
-	addr := serve(t, target.Config{NoPush: true, Exports: []target.Export{{Name: "data", Path: dir, Writable: true}}})
-	p := newPeer(t, addr)
-	_, err := p.call(&protocol.Push{Path: "data/x", Size: 1})
-	wantCode(t, "push to a target without push", err, protocol.CodeUnsupported)
-}
-
 // A directory swapped for a symlink while a push into it is under way
 // can't make the push leave its temporary file behind, in either place.
 func TestPushDirectorySwappedForASymlink(t *testing.T) {

@@ -336,9 +336,6 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 	case *protocol.WalkNext:
 		return ss.walkNext(ctx, m)
 	case *protocol.Push:
-		if ss.srv.cfg.NoPush {
-			break
-		}
 		return ss.pushFile(m)
 	case *protocol.PushWindow:
 		return ss.pushWindow(ctx, m)
@@ -408,6 +405,13 @@ func (ss *session) release() {
 	ss.closeQPs()
 	ss.hmu.Lock()
 	for _, h := range ss.handles {
+		// A push the lost session left half done is kept for its
+		// initiator to resume (keptpush.go); not when the target stops
+		// the session itself (shutting down, keys revoked).
+		if p := h.push; p != nil && p.keepable() && !ss.stopped() {
+			p.keep = true
+			h.acc.result = "kept: the session ended; its initiator may resume it"
+		}
 		ss.closeHandle(h)
 	}
 	ss.spare.drop()

@@ -126,12 +126,13 @@ type Config struct {
 	// NoWalk answers Walk with Unsupported, as a target from before Walk
 	// would.
 	NoWalk bool
-	// NoPush answers Push with Unsupported, as a target from before Push
-	// would.
-	NoPush bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int
+	// KeepPush is how long a push whose session was lost is kept for its
+	// initiator to resume (keptpush.go); default 2 minutes, the
+	// initiator's default --retry-for.
+	KeepPush time.Duration
 	// DataAddrs are the addresses ("ip:port") data QPs may join a
 	// session at, told to initiators that ask (feature rails): the
 	// listen addresses of a target on several NICs. Empty: none told,
@@ -164,6 +165,7 @@ func Defaults() Config {
 		MaxHandles:           256,
 		HelloTimeout:         5 * time.Second,
 		PushDepth:            4,
+		KeepPush:             2 * time.Minute,
 		DrainTimeout:         5 * time.Second,
 	}
 }
@@ -200,6 +202,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.MaxHandles, d.MaxHandles)
 	orDefault(&c.HelloTimeout, d.HelloTimeout)
 	orDefault(&c.PushDepth, d.PushDepth)
+	orDefault(&c.KeepPush, d.KeepPush)
 	orDefault(&c.DrainTimeout, d.DrainTimeout)
 	if c.Cache == nil {
 		c.Cache = chunker.NewCache(defaultCacheBytes, 2)
@@ -340,6 +343,9 @@ type Server struct {
 	met        *metrics
 
 	serverKeys // the identities and their rights; see identity.go
+
+	keptMu sync.Mutex
+	kept   map[keptKey]*keptPush // pushes of lost sessions: keptpush.go
 }
 
 // Fair shares of the window budget. Every authenticated session is
@@ -364,7 +370,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{},
-		slots: map[*session]*slot{}, accounts: map[*session]*account{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs)}
+		slots: map[*session]*slot{}, accounts: map[*session]*account{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs),
+		kept: map[keptKey]*keptPush{}}
 	switch {
 	case cfg.Keys != nil:
 		s.keys = cfg.Keys
@@ -498,6 +505,7 @@ func (s *Server) Serve(ctx context.Context, ln verbs.Listener) error {
 	case <-time.After(s.cfg.DrainTimeout):
 		log.Warn("sessions still open after drain timeout")
 	}
+	s.dropKept()
 	return nil
 }
 

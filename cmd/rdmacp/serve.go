@@ -48,6 +48,7 @@ func serveCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-sessions-per-addr", Value: target.Defaults().MaxSessionsPerAddr, Usage: "authenticated sessions from one IP address (at most --max-sessions)"},
 			&cli.IntFlag{Name: "max-handshakes", Value: target.Defaults().MaxHandshakes, Usage: "control connections accepted and not yet authenticated; more are refused at once"},
 			&cli.IntFlag{Name: "max-handshakes-per-addr", Value: target.Defaults().MaxHandshakesPerAddr, Usage: "handshakes in progress from one IP address (at most --max-handshakes)"},
+			&cli.DurationFlag{Name: "keep-push", Value: target.Defaults().KeepPush, Usage: "keep a push whose session was lost (its temporary file and what it verified) this long, for its initiator to resume"},
 			&cli.DurationFlag{Name: "hello-timeout", Value: target.Defaults().HelloTimeout, Usage: "a connection that has not authenticated this long after it was accepted is dropped"},
 			&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
@@ -159,6 +160,7 @@ type serveFile struct {
 	MaxHandshakes        int    `json:"max_handshakes"`
 	MaxHandshakesPerAddr int    `json:"max_handshakes_per_addr"`
 	HelloTimeout         string `json:"hello_timeout"` // a Go duration: "5s"
+	KeepPush             string `json:"keep_push"`     // a Go duration: "2m"
 	Exports              []struct {
 		Name     string `json:"name"`
 		Path     string `json:"path"`
@@ -369,7 +371,16 @@ func servePolicy(c *cli.Context, file serveFile) (target.Config, error) {
 	if err != nil {
 		return target.Config{}, err
 	}
-	return target.Config{ChunkSize: cs, Algorithm: alg,
+	keepPush := c.Duration("keep-push")
+	if !c.IsSet("keep-push") && file.KeepPush != "" {
+		if keepPush, err = time.ParseDuration(file.KeepPush); err != nil {
+			return target.Config{}, usagef("--config: keep_push %q: %v", file.KeepPush, err)
+		}
+	}
+	if keepPush <= 0 {
+		return target.Config{}, usagef("--keep-push %v: want more than 0", keepPush)
+	}
+	return target.Config{ChunkSize: cs, Algorithm: alg, KeepPush: keepPush,
 		MaxWindow: uint64(mw), WindowBudget: uint64(budget), IdleTimeout: c.Duration("idle-timeout"),
 		MinWindowShare: uint64(share), MaxDigestMemory: uint64(digestMem), BwLimit: bwlimit,
 		DrainTimeout: drainTimeout,

@@ -33,6 +33,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"max-handshakes":          {"11", `11`},
 	"max-handshakes-per-addr": {"4", `4`},
 	"hello-timeout":           {"3s", `"3s"`},
+	"keep-push":               {"90s", `"90s"`},
 	"log-format":              {"json", `"json"`},
 	"log-level":               {"debug", `"debug"`},
 	"quiet":                   {"true", `true`},
