@@ -4,7 +4,7 @@
 # `tar | nc`, and prints each one's time and the others' time divided by
 # rdmacp's.
 #
-#   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR | -e] [-R]
+#   bench/smallfiles.sh [-n FILES] [-k KiB] [-r RUNS] [-d DIR | -e] [-R] [-o BIN]
 #
 # Both ends are on this machine; the tree is page-cached. Each copy goes
 # into a new empty directory, DIR/out.N (DIR defaults to a new directory in
@@ -25,13 +25,18 @@
 # memory and 0.38-0.48 s into fresh, rsync+sync 0.45 s and 0.8 s. Both
 # figures are real; they answer different questions (a nightly job into
 # a long-lived tmpfs, or the first copy after boot), so quote which.
+#
+# -o BIN adds BIN (another rdmacp, say a build of main) as "before", with
+# its own daemon, run in turn with the others in every round: a before and
+# after under the same load. Each rdmacp's CPU (user + system seconds per
+# 1,000 files, of cp and of its daemon) is printed too.
 set -euo pipefail
-files=10000 kib=4 runs=3 dir= ext4= reuse=
-while getopts n:k:r:d:eR o; do
-  case $o in n) files=$OPTARG ;; k) kib=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; e) ext4=1 ;; R) reuse=1 ;; *) exit 2 ;; esac
+files=10000 kib=4 runs=3 dir= ext4= reuse= old=
+while getopts n:k:r:d:eRo: o; do
+  case $o in n) files=$OPTARG ;; k) kib=$OPTARG ;; r) runs=$OPTARG ;; d) dir=$OPTARG ;; e) ext4=1 ;; R) reuse=1 ;; o) old=$(realpath "$OPTARG") ;; *) exit 2 ;; esac
 done
 cd "$(dirname "$0")/.."
-for c in rsync tar nc; do
+for c in rsync tar nc /usr/bin/time; do
   command -v $c >/dev/null || { echo "$c is not installed" >&2; exit 1; }
 done
 if [ -n "$ext4" ] && [ -n "$dir" ]; then
@@ -66,6 +71,14 @@ sync # the new tree's own writeback would slow the first runs down
 port=$((20000 + RANDOM % 20000))
 rport=$((port + 1)) tport=$((port + 2))
 "$bin" serve --transport iwarp-soft --listen 127.0.0.1:$port --export data="$dir/export" --log-level warn &
+spid=$!
+oport=$((port + 3)) opid=
+if [ -n "$old" ]; then
+  "$old" serve --transport iwarp-soft --listen 127.0.0.1:$oport --export data="$dir/export" --log-level warn &
+  opid=$!
+fi
+# cpu PID: its user + system clock ticks so far
+cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 cat >"$dir/rsyncd.conf" <<CONF
 port = $rport
 address = 127.0.0.1
@@ -93,17 +106,27 @@ fresh() {
 declare -A res
 warm=1 # the first round is a warm-up, not recorded
 record() { [ $warm = 1 ] || res[$1]="${res[$1]:-} $2"; }
+declare -A cpcpu dcpu
+hz=$(getconf CLK_TCK)
 run() { # name command...
   local name=$1; shift
   fresh
-  local t0 t1; t0=$(now); "$@" >/dev/null; t1=$(now)
+  local d=${daemon:-} d0=0 d1=0
+  [ -z "$d" ] || d0=$(cpu "$d")
+  local t0 t1; t0=$(now); /usr/bin/time -f '%U %S' -o "$dir/cp.cpu" "$@" >/dev/null; t1=$(now)
+  [ -z "$d" ] || d1=$(cpu "$d")
   [ "$(find "$dir/out/" -type f | wc -l)" -eq "$files" ] || { echo "$name: wrong file count" >&2; exit 1; }
   record "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
+  if [ $warm = 0 ] && [ -n "$d" ]; then
+    cpcpu[$name]=$(awk -v a="${cpcpu[$name]:-0}" '{ printf "%.3f", a + $1 + $2 }' "$dir/cp.cpu")
+    dcpu[$name]=$(awk -v a="${dcpu[$name]:-0}" -v t=$((d1 - d0)) -v hz="$hz" 'BEGIN { printf "%.3f", a + t / hz }')
+  fi
 }
 for round in $(seq 0 "$runs"); do
   [ "$round" = 0 ] || warm=0
-  run rdmacp "$bin" cp -r -q --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
-  run rdmacp-no-pack "$bin" cp -r -q --no-pack --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
+  daemon=$spid run rdmacp "$bin" cp -r -q --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
+  [ -z "$old" ] || daemon=$opid run before "$old" cp -r -q --transport iwarp-soft 127.0.0.1:$oport:data/tree "$dir/out/"
+  daemon=$spid run rdmacp-no-pack "$bin" cp -r -q --no-pack --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
   run rsync rsync -a rsync://127.0.0.1:$rport/data/tree "$dir/out/"
   run rsync+sync sh -c "rsync -a rsync://127.0.0.1:$rport/data/tree '$dir/out/' && sync -f '$dir/out'"
   for sync in 0 1; do
@@ -125,12 +148,18 @@ done
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "$files files x $kib KiB into $(df --output=fstype "$dir" | tail -1)$([ -n "$img" ] && echo " (fresh, in a loop file)")$([ -n "$reuse" ] && echo " (-R: into memory the last copy freed)"), $runs runs after a warm-up round, median seconds:"
 declare -A med
-for k in rdmacp rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+sync; do
+for k in rdmacp ${old:+before} rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+sync; do
   med[$k]=$(echo "${res[$k]}" | median)
   printf '  %-16s %8ss   (runs:%s)\n' "$k" "${med[$k]}" "${res[$k]}"
+done
+for k in rdmacp ${old:+before} rdmacp-no-pack; do
+  awk -v k="$k" -v c="${cpcpu[$k]}" -v d="${dcpu[$k]}" -v n=$((runs * files)) -v r="$(ps -o rss= -p "$([ "$k" = before ] && echo "$opid" || echo "$spid")")" \
+    'BEGIN { printf "  %-16s CPU s per 1k files: cp %.4f, daemon %.4f (daemon RSS now %d MiB)\n", k, c / n * 1000, d / n * 1000, r / 1024 }'
 done
 awk -v r="${med[rsync]}" -v rs="${med[rsync+sync]}" -v t="${med[tar|nc]}" -v ts="${med[tar|nc+sync]}" \
   -v p="${med[rdmacp]}" -v np="${med[rdmacp-no-pack]}" 'BEGIN {
   printf "rsync / rdmacp: %.2fx (rsync+sync / rdmacp: %.2fx)\n", r / p, rs / p
   printf "tar|nc / rdmacp: %.2fx (tar|nc+sync / rdmacp: %.2fx)\n", t / p, ts / p
   printf "rdmacp --no-pack / rdmacp: %.2fx\n", np / p }'
+[ -z "$old" ] || awk -v r="${med[rsync]}" -v rs="${med[rsync+sync]}" -v b="${med[before]}" -v p="${med[rdmacp]}" 'BEGIN {
+  printf "before: rsync / before: %.2fx (rsync+sync / before: %.2fx); before / rdmacp: %.2fx\n", r / b, rs / b, b / p }'

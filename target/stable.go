@@ -74,8 +74,9 @@ func stableError(p, why string) *protocol.Error {
 }
 
 // stableFd refuses (as stableError) the open file fd, named p in replies,
-// whose fstat is st, unless its size can be trusted. Pack and Walk, which
-// open with openat and fstat, call it with what they have.
+// whose fstat is st, unless its size can be trusted. Pack, which opens
+// with openat and fstat, calls it with what it has; Walk calls unstable
+// through its walker, which remembers the file systems it checked.
 func stableFd(p string, fd int, st *unix.Stat_t) *protocol.Error {
 	if why := unstable(fd, st); why != "" {
 		return stableError(p, why)

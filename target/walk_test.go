@@ -632,6 +632,39 @@ func TestWalkRefusesPseudoFiles(t *testing.T) {
 	}
 }
 
+// A sysfs file (4096 bytes by its size, whatever it holds) bind-mounted
+// among plain files is refused, though the walk has checked and
+// remembered the plain files' file system just before it: what the walk
+// remembers is per file system, not per directory.
+func TestWalkRefusesPseudoFileAfterPlain(t *testing.T) {
+	const sys = "/sys/kernel/mm/transparent_hugepage/enabled"
+	var st unix.Stat_t
+	if err := unix.Stat(sys, &st); err != nil || st.Size == 0 {
+		t.Skipf("SKIP: %s: %v, size %d", sys, err, st.Size)
+	}
+	dir := t.TempDir()
+	for _, n := range []string{"a", "b-sys", "c"} {
+		mkfile(t, filepath.Join(dir, "t", n), []byte(n))
+	}
+	if err := unix.Mount(sys, filepath.Join(dir, "t", "b-sys"), "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("SKIP: bind mount of a sysfs file: %v (needs root)", err)
+	}
+	defer unix.Unmount(filepath.Join(dir, "t", "b-sys"), unix.MNT_DETACH)
+	x := testExport(t, dir)
+	got := map[string]walked{}
+	for _, g := range walkAll(t, startWalk(t, x, "t", protocol.Walk{PackMax: 1 << 20, MaxEntries: 100}), nil) {
+		got[g.rel] = g
+	}
+	if h := got["b-sys"]; h.e.Packed || h.e.Code != protocol.CodeUnsupported || !strings.Contains(h.e.Message, "is on sysfs") {
+		t.Errorf("b-sys: packed %v, code %v, %q; want refused as a pseudo-file", h.e.Packed, h.e.Code, h.e.Message)
+	}
+	for _, n := range []string{"a", "c"} {
+		if p := got[n]; !p.e.Packed || string(p.data) != n {
+			t.Errorf("%s: packed %v, %q", n, p.e.Packed, p.data)
+		}
+	}
+}
+
 // An excluded directory is not entered: its entries are never read (the
 // walk's work counter counts every entry read).
 func TestWalkerSkipsExcluded(t *testing.T) {
