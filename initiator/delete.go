@@ -1,9 +1,10 @@
 package initiator
 
 import (
-	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"strings"
+
+	"github.com/rdmacp/rdmacp/leftover"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )

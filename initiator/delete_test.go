@@ -2,7 +2,6 @@ package initiator_test
 
 import (
 	"context"
-	"github.com/rdmacp/rdmacp/filter"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmacp/rdmacp/filter"
+
 	"github.com/rdmacp/rdmacp/initiator"
-	"github.com/rdmacp/rdmacp/target"
 )
 
 func listTree(t *testing.T, root string) []string {
@@ -37,7 +37,7 @@ func TestGetTreeIncremental(t *testing.T) {
 }
 
 func testGetTreeIncremental(t *testing.T, noWalk bool) {
-	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
+	e := startTarget(t, nil)
 	src := filepath.Join(e.dir, "t")
 	for _, p := range []string{"a", "big", "skip.o", "sub/b", "cache/c", "cache/deep/d"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
@@ -48,6 +48,9 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 		randomFile(t, filepath.Join(src, p), n)
 	}
 	s := e.dial(t, nil)
+	if noWalk {
+		initiator.ListTrees(s)
+	}
 	ctx := context.Background()
 	out := t.TempDir()
 	var f filter.Filter

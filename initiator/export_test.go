@@ -107,3 +107,8 @@ func SetDirCacheMax(n int) (restore func()) {
 	dirCacheMax = n
 	return func() { dirCacheMax = old }
 }
+
+// ListTrees makes s take in trees by listing them (List, directory by
+// directory, and Pack), as it does when a quick check runs against an
+// existing destination, instead of walking them on the target (Walk).
+func ListTrees(s *Session) { s.lister = s }

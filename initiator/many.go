@@ -44,7 +44,7 @@ func (s *Session) GetMany(ctx context.Context, jobs []FileJob, fn func(i int, fr
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if s.noPack || !newOrRegular(DestPath(jobs[i].Src, jobs[i].Dst)) {
+		if !newOrRegular(DestPath(jobs[i].Src, jobs[i].Dst)) {
 			if err := one(i); err != nil {
 				return err
 			}
@@ -68,10 +68,6 @@ func (s *Session) GetMany(ctx context.Context, jobs []FileJob, fn func(i int, fr
 		}
 		done, refused, err := s.packRun(ctx, jobs[i:i+len(paths)], paths, func(k int, fr FileResult) { fn(i+k, fr) })
 		switch {
-		case errors.Is(err, errNoPack):
-			s.noPack = true
-			s.cfg.Logger.Info("the target does not pack files; copying them one by one")
-			continue
 		case err != nil && (ctx.Err() != nil || errors.Is(err, ErrConnect)):
 			return err
 		case err != nil: // the target would not pack this run: its first job goes alone

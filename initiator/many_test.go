@@ -125,14 +125,4 @@ func TestGetMany(t *testing.T) {
 	if err := s.GetMany(ctx, jobs[:3], func(int, initiator.FileResult) {}, func(int) error { return stop }); err != stop {
 		t.Errorf("one's error: %v", err)
 	}
-
-	// A target without Pack gets every job one by one.
-	old := startTarget(t, func(c *target.Config) { c.NoPack, c.NoWalk = true, true })
-	var ones []int
-	err = old.dial(t, nil).GetMany(ctx, jobs[:3], func(i int, fr initiator.FileResult) {
-		t.Errorf("job %d packed by a target without Pack: %+v", i, fr)
-	}, func(i int) error { ones = append(ones, i); return nil })
-	if err != nil || fmt.Sprint(ones) != "[0 1 2]" {
-		t.Errorf("without Pack: %v, %v", ones, err)
-	}
 }

@@ -11,9 +11,6 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
-// errNoPack: the target does not know Pack (an older one).
-var errNoPack = errors.New("target does not pack files")
-
 // packMax is the largest file a tree copy packs: small files gain most
 // from sharing a round trip, and a pack's window holds at most the
 // target's window limit.
@@ -132,10 +129,6 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, []uint32, error) {
 	gens := s.gens() // before the request: see reads.Set.Gens
 	m, err := s.retryBusy(ctx, nil, p)
-	var pe *protocol.Error
-	if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
-		return nil, nil, fmt.Errorf("%w: %w", errNoPack, err)
-	}
 	if err != nil {
 		return nil, nil, err
 	}

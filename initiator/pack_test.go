@@ -12,7 +12,6 @@ import (
 
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
-	"github.com/rdmacp/rdmacp/target"
 )
 
 // smallTree makes n small files (some empty) in sub-directories of dir,
@@ -44,11 +43,11 @@ func checkTree(t *testing.T, src, dst string, files map[string][]byte) {
 	}
 }
 
-// Small files come many at a time, with Walk, or with Pack from a target
-// that does not walk.
+// Small files come many at a time, with Walk, or with Pack when the tree
+// is listed.
 func TestGetTreePacksSmallFiles(t *testing.T) {
 	for _, noWalk := range []bool{false, true} {
-		e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk }) // 256 KiB windows: several packs
+		e := startTarget(t, nil) // 256 KiB windows: several packs
 		src := filepath.Join(e.dir, "t")
 		files := smallTree(t, src, 400)
 		var total int64
@@ -57,6 +56,9 @@ func TestGetTreePacksSmallFiles(t *testing.T) {
 		}
 		for _, noPack := range []bool{false, true} {
 			s := e.dial(t, nil)
+			if noWalk {
+				initiator.ListTrees(s)
+			}
 			out := t.TempDir()
 			tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{NoPack: noPack})
 			if err != nil || tr.Failed != 0 {
@@ -73,20 +75,6 @@ func TestGetTreePacksSmallFiles(t *testing.T) {
 			}
 		}
 	}
-}
-
-// A target that knows neither Walk nor Pack gets the files one by one.
-func TestGetTreeWithoutPackOnTarget(t *testing.T) {
-	e := startTarget(t, func(c *target.Config) { c.NoPack, c.NoWalk = true, true })
-	src := filepath.Join(e.dir, "t")
-	files := smallTree(t, src, 30)
-	s := e.dial(t, nil)
-	out := t.TempDir()
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
-	if err != nil || tr.Failed != 0 || initiator.PacksOf(s) != 0 {
-		t.Fatalf("%v %+v", err, tr)
-	}
-	checkTree(t, src, filepath.Join(out, "t"), files)
 }
 
 func TestPackEdgeCases(t *testing.T) {

@@ -3,11 +3,12 @@ package initiator
 import (
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+
+	"github.com/rdmacp/rdmacp/leftover"
 )
 
 // Where a copy lands follows rsync, so that the same command run twice

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"time"
+
+	"github.com/rdmacp/rdmacp/leftover"
 
 	"golang.org/x/sys/unix"
 
@@ -184,19 +185,14 @@ func (c *treeCopy) keep(it item) bool {
 // data: with Walk where the target has it, else listing it directory by
 // directory.
 func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) error) error {
-	if c.s.lister == nil && !c.s.noWalk {
-		err := c.s.walk(ctx, c.src, 0, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
+	if c.s.lister == nil {
+		return c.s.walk(ctx, c.src, 0, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
 			items := make([]item, len(batch))
 			for i, w := range batch {
 				items[i] = w.it
 			}
 			return emit(items)
 		})
-		if !errors.Is(err, errNoWalk) {
-			return err
-		}
-		c.s.noWalk = true
-		c.s.cfg.Logger.Info("the target does not walk trees; listing them directory by directory")
 	}
 	var keep func(item) bool
 	if !c.opt.Filter.Empty() {

@@ -238,8 +238,6 @@ type Session struct {
 
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
-	noPack    bool   // the target does not know Pack
-	noWalk    bool   // the target does not know Walk
 	packs     int    // Packs answered, and walk batches with packed files
 	closeOnce sync.Once
 	packBuf   *verbs.Buffer

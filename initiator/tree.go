@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/filter"
-	"github.com/rdmacp/rdmacp/leftover"
 	"hash/fnv"
 	"io"
 	"io/fs"
@@ -21,6 +19,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/rdmacp/rdmacp/filter"
+	"github.com/rdmacp/rdmacp/leftover"
 
 	"golang.org/x/sys/unix"
 
@@ -798,21 +799,17 @@ func (c *treeCopy) place(it item) bool {
 
 // packs reports whether the tree's small files are copied many at a time.
 func (c *treeCopy) packs() bool {
-	return !c.opt.NoPack && !c.opt.SkipSame && !c.s.noPack
+	return !c.opt.NoPack && !c.opt.SkipSame
 }
 
 // fill takes in the whole tree but the files too large to pack, which it
 // leaves in c.large: with Walk where the target has it, else listing it
 // with l and packing its small files with Pack.
 func (c *treeCopy) fill(l lister) error {
-	if c.s.lister == nil && !c.s.noWalk && !c.quick() {
-		err := c.viaWalk()
-		if !errors.Is(err, errNoWalk) {
-			return err
-		}
-		c.s.noWalk = true
-		c.s.cfg.Logger.Info("the target does not walk trees; listing them directory by directory")
+	if c.s.lister == nil && !c.quick() {
+		return c.viaWalk()
 	}
+	c.s.cfg.Logger.Debug("listing the tree directory by directory", "path", c.src, "quick", c.quick())
 	return c.viaList(l)
 }
 
@@ -970,11 +967,6 @@ func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 		c.writeJobs(jobs)
 		return nil
 	})
-	if errors.Is(err, errNoPack) {
-		s.noPack = true
-		s.cfg.Logger.Info("the target does not pack files; copying them one by one")
-		return feed.each(one)
-	}
 	if err != nil {
 		return err
 	}

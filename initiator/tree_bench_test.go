@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/rdmacp/rdmacp/initiator"
-	"github.com/rdmacp/rdmacp/target"
 )
 
 // BenchmarkTreeSmallFiles copies a tree of 10,000 files of 4 KiB (100
@@ -38,7 +37,10 @@ func BenchmarkTreeSmallFiles(b *testing.B) {
 	ctx := context.Background()
 	for _, tp := range treePaths {
 		b.Run(tp.name, func(b *testing.B) {
-			s := inProcess(b, src, initiator.Config{}, func(c *target.Config) { c.NoWalk = tp.noWalk })
+			s := inProcess(b, src, initiator.Config{}, nil)
+			if tp.noWalk {
+				initiator.ListTrees(s)
+			}
 			out := memDir(b)
 			b.SetBytes(files * size)
 			n := 0

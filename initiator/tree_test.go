@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
-	"github.com/rdmacp/rdmacp/target"
 )
 
 // makeTree fills dir with a tree exercising what -r must keep; it returns
@@ -59,10 +58,13 @@ func TestGetTree(t *testing.T) {
 }
 
 func testGetTree(t *testing.T, noWalk bool) {
-	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
+	e := startTarget(t, nil)
 	src := filepath.Join(e.dir, "tree")
 	files := makeTree(t, src)
 	s, log := dialLogged(t, e)
+	if noWalk {
+		initiator.ListTrees(s)
+	}
 	out := t.TempDir()
 	var seen []initiator.FileResult
 	before := s.BytesRead()
@@ -182,7 +184,7 @@ func TestGetTreeShards(t *testing.T) {
 // testGetTreeShards copies shards 0..n-1 of a tree and returns the files
 // each one copied, sorted.
 func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
-	e := startTarget(t, func(c *target.Config) { c.NoWalk = noWalk })
+	e := startTarget(t, nil)
 	var all []string
 	for i := range 40 {
 		rel := filepath.Join("d"+string(rune('0'+i%3)), "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
@@ -194,6 +196,9 @@ func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
 	all = append(all, "top")
 	sort.Strings(all)
 	s, log := dialLogged(t, e)
+	if noWalk {
+		initiator.ListTrees(s)
+	}
 	out := t.TempDir()
 	var got []string
 	shards := make([][]string, n)
@@ -302,7 +307,7 @@ func TestGetTreeManyDirectories(t *testing.T) {
 	defer initiator.SetDirCacheMax(2)()
 	for _, tp := range treePaths {
 		t.Run(tp.name, func(t *testing.T) {
-			e := startTarget(t, func(c *target.Config) { c.NoWalk = tp.noWalk })
+			e := startTarget(t, nil)
 			src := filepath.Join(e.dir, "t")
 			files := map[string][]byte{}
 			for i := range 30 {
@@ -316,6 +321,9 @@ func TestGetTreeManyDirectories(t *testing.T) {
 				files[rel] = randomFile(t, filepath.Join(src, rel), 300<<10)
 			}
 			s := e.dial(t, nil)
+			if tp.noWalk {
+				initiator.ListTrees(s)
+			}
 			out := t.TempDir()
 			for _, what := range []string{"new", "existing"} {
 				tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})

@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/filter"
 	"math"
 	"sync"
+
+	"github.com/rdmacp/rdmacp/filter"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 )
-
-// errNoWalk: the target does not know Walk (an older one).
-var errNoWalk = errors.New("target does not walk trees")
 
 // walked is one entry of a walk: its item (err set if it was refused, or
 // failed on the target) and, for a packed file, its verified bytes.
@@ -47,10 +45,6 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 	}
 	b, gens, err := s.walkCall(ctx, req, nil)
 	if err != nil {
-		var pe *protocol.Error
-		if errors.As(err, &pe) && pe.Code == protocol.CodeUnsupported {
-			return fmt.Errorf("%w: %w", errNoWalk, err)
-		}
 		return err
 	}
 	type answer struct {

@@ -405,21 +405,6 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 	}
 }
 
-// A target that does not know Walk is told apart from one that failed.
-func TestWalkUnsupported(t *testing.T) {
-	s, tch := fakeTarget(t)
-	done := make(chan error, 1)
-	go func() {
-		done <- s.walk(context.Background(), "data/t", 0, Shard{}, nil, func([]walked) error { return nil })
-	}()
-	answer(t, tch, func(m *protocol.Walk) protocol.Message {
-		return &protocol.Error{Code: protocol.CodeUnsupported, Message: "unexpected Walk"}
-	})
-	if err := <-done; !errors.Is(err, errNoWalk) {
-		t.Fatalf("walk: %v, want errNoWalk", err)
-	}
-}
-
 // A walked tree whose target says a directory failed, or sends a name
 // that is not one, copies the rest: what is refused is reported failed,
 // nothing is made for it or under it, and nothing lands outside DEST.

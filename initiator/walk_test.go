@@ -37,11 +37,11 @@ func (l *logBuffer) Write(p []byte) (int, error) {
 }
 
 // walked checks that the session's trees were walked (want), or listed
-// because the target does not walk.
+// (ListTrees).
 func (l *logBuffer) walked(t *testing.T, want bool) {
 	t.Helper()
 	l.mu.Lock()
-	listed := strings.Contains(l.b.String(), "does not walk trees")
+	listed := strings.Contains(l.b.String(), "listing the tree directory by directory")
 	l.mu.Unlock()
 	if listed == want {
 		t.Errorf("tree walked %v, want %v", !listed, want)
@@ -51,7 +51,9 @@ func (l *logBuffer) walked(t *testing.T, want bool) {
 func dialLogged(t *testing.T, e *env) (*initiator.Session, *logBuffer) {
 	t.Helper()
 	log := &logBuffer{}
-	s := e.dial(t, func(c *initiator.Config) { c.Logger = slog.New(slog.NewTextHandler(log, nil)) })
+	s := e.dial(t, func(c *initiator.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
 	return s, log
 }
 
@@ -62,12 +64,14 @@ func TestGetTreeTightBudget(t *testing.T) {
 	for _, tp := range treePaths {
 		t.Run(tp.name, func(t *testing.T) {
 			e := startTarget(t, func(c *target.Config) {
-				c.NoWalk = tp.noWalk
 				c.MaxWindow, c.WindowBudget = 256<<10, 256<<10
 			})
 			src := filepath.Join(e.dir, "t")
 			files := smallTree(t, src, 400) // about 1 MiB of small files
 			s, log := dialLogged(t, e)
+			if tp.noWalk {
+				initiator.ListTrees(s)
+			}
 			// Much less than the minute a walk waits for the budget.
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()

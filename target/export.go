@@ -3,7 +3,6 @@ package target
 import (
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/blockdev"
 	"io/fs"
 	"os"
 	"path"
@@ -11,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/rdmacp/rdmacp/blockdev"
 
 	"golang.org/x/sys/unix"
 

@@ -62,9 +62,10 @@ func (o *outcome) failed(rel string) []initiator.FileResult {
 }
 
 // hostileRun serves a copy of tree (made by mk in dir "t" of an export)
-// through rw, copies data/t with GetTree (walked, or listed with
-// noWalk), and checks that nothing outside DEST changed and that the
-// copy ended within hostileBound.
+// through rw, copies data/t with GetTree (walked, or with noWalk listed
+// directory by directory, as a quick check into an existing DEST is),
+// and checks that nothing outside DEST changed and that the copy ended
+// within hostileBound.
 func hostileRun(t *testing.T, mk func(t *testing.T, dir string), noWalk bool, rw rewrite) *outcome {
 	t.Helper()
 	src := t.TempDir()
@@ -83,7 +84,12 @@ func hostileRun(t *testing.T, mk func(t *testing.T, dir string), noWalk bool, rw
 
 	restore := target.SetReplyHook(rw)
 	t.Cleanup(restore)
-	addr := serve(t, target.Config{Exports: []target.Export{{Name: "data", Path: src}}, NoWalk: noWalk})
+	addr := serve(t, target.Config{Exports: []target.Export{{Name: "data", Path: src}}})
+	if noWalk {
+		if err := os.Mkdir(dest, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), hostileBound)
 	defer cancel()
 	s, err := initiator.Dial(ctx, addr, initiator.Config{Device: device(t), QPs: 1, Depth: 4, RetryFor: -1, Timeout: 5 * time.Second})
@@ -94,7 +100,7 @@ func hostileRun(t *testing.T, mk func(t *testing.T, dir string), noWalk bool, rw
 	o := &outcome{dest: dest}
 	var mu sync.Mutex
 	start := time.Now()
-	_, o.err = s.GetTree(ctx, "data/t", dest, initiator.TreeOptions{Contents: true, File: func(fr initiator.FileResult) {
+	_, o.err = s.GetTree(ctx, "data/t", dest, initiator.TreeOptions{Contents: true, QuickCheck: noWalk, File: func(fr initiator.FileResult) {
 		mu.Lock()
 		o.files = append(o.files, fr)
 		mu.Unlock()
@@ -387,9 +393,7 @@ func TestHostileDepthOverCap(t *testing.T) {
 			if !errors.Is(o.err, protocol.ErrMalformed) || !strings.Contains(o.err.Error(), "depth of 1025 levels, over the protocol's cap of 1024 levels") {
 				t.Fatalf("got %v, want the depth cap", o.err)
 			}
-			if _, err := os.Lstat(o.dest); !errors.Is(err, fs.ErrNotExist) {
-				t.Errorf("a tree that failed appeared at DEST: %v", err)
-			}
+			destUntouched(t, o.dest, noWalk)
 		})
 	}
 }
@@ -438,5 +442,20 @@ func TestHostileTypes(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// destUntouched checks that a tree that failed left nothing at dest,
+// when dest did not exist before (walked: the tree is staged beside
+// it). Listed into an existing dest, a copy works in place and what it
+// made before it failed stays, as with rsync; hostileRun has checked
+// that nothing outside dest changed.
+func destUntouched(t *testing.T, dest string, existed bool) {
+	t.Helper()
+	if existed {
+		return
+	}
+	if _, err := os.Lstat(dest); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a tree that failed appeared at DEST: %v", err)
 	}
 }

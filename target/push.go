@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/leftover"
 	"io/fs"
 	"math"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/rdmacp/rdmacp/leftover"
 
 	"golang.org/x/sys/unix"
 

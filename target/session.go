@@ -324,14 +324,8 @@ func (ss *session) serve(ctx context.Context, m protocol.Message) protocol.Messa
 	case *protocol.Map:
 		return ss.mapWindow(ctx, m)
 	case *protocol.Pack:
-		if ss.srv.cfg.NoPack {
-			break
-		}
 		return ss.pack(ctx, m)
 	case *protocol.Walk:
-		if ss.srv.cfg.NoWalk {
-			break
-		}
 		return ss.walk(ctx, m)
 	case *protocol.WalkNext:
 		return ss.walkNext(ctx, m)

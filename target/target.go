@@ -120,12 +120,6 @@ type Config struct {
 	// they hold after its context is cancelled and their QPs are closed
 	// (which waits for no peer); default 5 s.
 	DrainTimeout time.Duration
-	// NoPack answers Pack with Unsupported, as a target from before Pack
-	// would (for tests and for comparisons).
-	NoPack bool
-	// NoWalk answers Walk with Unsupported, as a target from before Walk
-	// would.
-	NoWalk bool
 	// PushDepth is the READs in flight per data QP while pulling a
 	// pushed file; default 4, capped by what each connection negotiated.
 	PushDepth int

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/rdmacp/rdmacp/filter"
 	"hash/fnv"
 	"io/fs"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+
+	"github.com/rdmacp/rdmacp/filter"
 
 	"golang.org/x/sys/unix"
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"github.com/rdmacp/rdmacp/filter"
 	"hash/fnv"
 	"os"
 	"path"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rdmacp/rdmacp/filter"
 
 	"golang.org/x/sys/unix"
 

@@ -293,19 +293,6 @@ func TestWalkRefused(t *testing.T) {
 	}
 }
 
-// A target without Walk answers Unsupported, as one from before Walk.
-func TestWalkNoWalk(t *testing.T) {
-	dir := t.TempDir()
-	walkTree(t, filepath.Join(dir, "t"), 3)
-	cfg := walkConfig(dir)
-	cfg.NoWalk = true
-	p := newPeer(t, serve(t, cfg))
-	_, err := p.call(&protocol.Walk{Path: "data/t"})
-	walkCode(t, err, protocol.CodeUnsupported, "walk of a target without Walk")
-	_, err = p.call(&protocol.WalkNext{Handle: 1})
-	walkCode(t, err, protocol.CodeBadRequest, "next of a target without Walk")
-}
-
 // While the target has no room for a batch's window, Walk and WalkNext
 // are answered TooMany, and the entries are kept for the next try: the
 // walk as a whole loses none and repeats none.
