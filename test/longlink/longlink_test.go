@@ -147,25 +147,55 @@ func (l *link) serve(b bins, dir, secret string, extra ...string) {
 // cp copies x/f to /dev/null (verified chunk by chunk) and returns the
 // summary's MB/s.
 func (l *link) cp(b bins, secret string, flags ...string) float64 {
+	return l.copyRun(b, secret, flags...).mbps
+}
+
+// copyRun is one cp's figures: the summary's rate, the steady rate (from
+// the status line past a quarter of the file to the end, as the issue
+// measures it) and the command's wall time, dial and all.
+type copyRun struct {
+	mbps, steady float64
+	wall         time.Duration
+}
+
+func (l *link) copyRun(b bins, secret string, flags ...string) copyRun {
 	l.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	args := append([]string{"cp", "--json", "--secret-file", secret}, flags...)
+	t0 := time.Now()
 	out, err := l.in(ctx, "a", b.rdmacp, append(args, "10.77.0.2:x/f", "/dev/null")...).CombinedOutput()
+	r := copyRun{wall: time.Since(t0)}
 	if err != nil {
 		l.t.Fatalf("cp: %v\n%s", err, out)
 	}
+	var from struct {
+		bytes int64
+		secs  float64
+	}
 	for _, line := range strings.Split(string(out), "\n") {
 		var s struct {
-			Type string  `json:"message_type"`
-			MBps float64 `json:"mb_per_s"`
+			Type    string  `json:"message_type"`
+			MBps    float64 `json:"mb_per_s"`
+			Bytes   int64   `json:"bytes"`
+			Total   int64   `json:"total"`
+			Seconds float64 `json:"seconds"`
 		}
-		if json.Unmarshal([]byte(line), &s) == nil && s.Type == "summary" {
-			return s.MBps
+		if json.Unmarshal([]byte(line), &s) != nil {
+			continue
+		}
+		switch {
+		case s.Type == "status" && from.secs == 0 && s.Total > 0 && s.Bytes >= s.Total/4:
+			from.bytes, from.secs = s.Bytes, s.Seconds
+		case s.Type == "status" && from.secs > 0 && s.Seconds > from.secs:
+			r.steady = float64(s.Bytes-from.bytes) / 1e6 / (s.Seconds - from.secs)
+		case s.Type == "summary":
+			r.mbps = s.MBps
+			return r
 		}
 	}
 	l.t.Fatalf("cp printed no summary:\n%s", out)
-	return 0
+	return r
 }
 
 // source makes a file of size bytes of data (not sparse: a target
@@ -233,18 +263,32 @@ const longTBF = "1600mbit"
 func TestLongRTT(t *testing.T) {
 	b := setup(t)
 	dir, secret := source(t, b, copySize)
-	rate := func(delay string) float64 {
+	run := func(delay string) copyRun {
 		l := newLink(t, b, longTBF, "-delay", delay)
 		l.serve(b, dir, secret, serveFlags...)
-		return l.cp(b, secret)
+		return l.copyRun(b, secret)
 	}
-	near := rate("0s")
-	far := rate("100ms")
-	t.Logf("no added delay: %.1f MB/s; 200 ms RTT: %.1f MB/s; ratio %.2f", near, far, far/near)
-	if far < ratioBound()*near {
-		t.Errorf("200 ms RTT: %.1f MB/s, %.2fx the %.1f MB/s of the same link with no delay; want at least %.2fx", far, far/near, near, ratioBound())
+	near := run("0s")
+	far := run("100ms")
+	const rtt = 200 * time.Millisecond
+	extra := far.wall - near.wall
+	t.Logf("no added delay: %.1f MB/s (steady %.1f) in %v; 200 ms RTT: %.1f MB/s (steady %.1f) in %v; ratio %.2f, steady %.2f; %.1f RTTs longer",
+		near.mbps, near.steady, near.wall.Round(time.Millisecond), far.mbps, far.steady, far.wall.Round(time.Millisecond),
+		far.mbps/near.mbps, far.steady/near.steady, float64(extra)/float64(rtt))
+	if far.mbps < ratioBound()*near.mbps {
+		t.Errorf("200 ms RTT: %.1f MB/s, %.2fx the %.1f MB/s of the same link with no delay; want at least %.2fx", far.mbps, far.mbps/near.mbps, near.mbps, ratioBound())
+	}
+	// The issue asks for at most 20 RTTs; a loaded host's no-delay copy
+	// swings by seconds, so the bound here is looser, and the figure is
+	// in the log.
+	if extra > maxExtraRTTs*rtt {
+		t.Errorf("the 200 ms copy took %v longer than with no delay: more than %d RTTs", extra.Round(time.Millisecond), maxExtraRTTs)
 	}
 }
+
+// maxExtraRTTs bounds how much longer, in RTTs, the 200 ms copy may take
+// than the same copy with no delay (TestLongRTT).
+const maxExtraRTTs = 40
 
 // competeShare is the least share of its rate the competing flow must
 // keep during the copy (TestCompetingFlow).
