@@ -286,6 +286,30 @@ func TestLongRTT(t *testing.T) {
 	}
 }
 
+// TestLossGuard: 1% of frames dropped at random on a 50 ms RTT link
+// costs the copy little (BBR, these hosts' congestion control, does not
+// take random loss for congestion): the guard is 0.9x the
+// lossless rate; the bound here leaves room for a loaded host.
+func TestLossGuard(t *testing.T) {
+	b := setup(t)
+	dir, secret := source(t, b, copySize)
+	run := func(extra ...string) copyRun {
+		l := newLink(t, b, longTBF, append([]string{"-delay", "25ms"}, extra...)...)
+		l.serve(b, dir, secret, serveFlags...)
+		return l.copyRun(b, secret)
+	}
+	clean := run()
+	lossy := run("-loss", "0.01")
+	t.Logf("50 ms RTT: %.1f MB/s (steady %.1f); with 1%% loss: %.1f MB/s (steady %.1f); ratio %.2f, steady %.2f",
+		clean.mbps, clean.steady, lossy.mbps, lossy.steady, lossy.mbps/clean.mbps, lossy.steady/clean.steady)
+	if lossy.mbps < lossBound*clean.mbps {
+		t.Errorf("1%% loss at 50 ms RTT: %.1f MB/s, %.2fx the lossless %.1f MB/s; want at least %.2fx", lossy.mbps, lossy.mbps/clean.mbps, clean.mbps, lossBound)
+	}
+}
+
+// lossBound is TestLossGuard's bound on lossy / lossless.
+const lossBound = 0.7
+
 // maxExtraRTTs bounds how much longer, in RTTs, the 200 ms copy may take
 // than the same copy with no delay (TestLongRTT).
 const maxExtraRTTs = 40

@@ -2,10 +2,12 @@
 # test/longlink/run.sh - rdmacp over a long link: real serve and cp in two
 # network namespaces joined through test/linkemu (the project's userspace
 # link emulator: delay below the socket; this kernel has no sch_netem),
-# with tbf for a rate. Three cases: 200 ms RTT against the same link with
-# no delay; the same with a competing TCP flow taking 5% of a 100 MB/s
-# link; and a copy capped at 50 MiB/s by cp --bwlimit and by serve
-# --bwlimit. About 3 minutes on the 2-core host; bounded at 7.
+# with tbf for a rate. Four cases: 200 ms RTT against the same link with
+# no delay (whole-copy and steady rates, and the extra time in RTTs); the
+# same with a competing TCP flow taking 5% of a 100 MB/s link; 1% random
+# loss at 50 ms RTT against none; and a copy capped at 50 MiB/s by cp
+# --bwlimit and by serve --bwlimit. About 3.5 minutes on the 2-core
+# host; bounded at 7.
 #
 # usage: test/longlink/run.sh [go test flags, e.g. -run TestLongRTT]
 #   RDMACP_BIN=/path/to/rdmacp     test that binary instead of building ./cmd/rdmacp
