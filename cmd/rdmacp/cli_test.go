@@ -496,3 +496,22 @@ func TestServeReloadsExportsOnSIGHUP(t *testing.T) {
 		t.Fatalf("after reload: exit %d, %q", code, out)
 	}
 }
+
+// --log-level shows the session's internals on stderr (none without
+// it); a level that is none is a usage error.
+func TestCpLogLevel(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 1<<20)
+	s := serve(t, dir, nil)
+	_, errs, code := run(t, "cp", "--log-level", "debug", s.addr+":data/f", os.DevNull)
+	if code != 0 || !strings.Contains(errs, `msg="session open"`) {
+		t.Errorf("cp --log-level debug: exit %d, stderr %q: want the session's debug lines", code, errs)
+	}
+	if _, errs, _ := run(t, "cp", s.addr+":data/f", os.DevNull); strings.Contains(errs, "level=") {
+		t.Errorf("cp without --log-level logged: %q", errs)
+	}
+	if _, errs, code := run(t, "cp", "--log-level", "loud", s.addr+":data/f", os.DevNull); code != 2 || !strings.Contains(errs, "--log-level") {
+		t.Errorf("cp --log-level loud: exit %d, %q; want a usage error (2)", code, errs)
+	}
+}

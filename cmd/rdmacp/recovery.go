@@ -20,6 +20,7 @@ func timeoutFlags() []cli.Flag {
 		&cli.StringFlag{Name: "timeout", Value: initiator.Defaults().Timeout.String(), Usage: "I/O timeout: a queue pair or the control connection that makes no progress for this `DURATION` is dead"},
 		&cli.StringFlag{Name: "contimeout", Value: initiator.Defaults().ConnectTimeout.String(), Usage: "bound on each connection setup (dial, handshake, hello), a `DURATION`"},
 		&cli.StringFlag{Name: "retry-for", Value: initiator.Defaults().RetryFor.String(), Usage: "time spent re-establishing a broken session, all attempts together (`DURATION`; 0: never)"},
+		&cli.StringFlag{Name: "log-level", Usage: "log the session's internals to stderr from this `LEVEL` up: debug, info, warn or error (default: none)"},
 	}
 }
 
@@ -27,6 +28,11 @@ func timeoutFlags() []cli.Flag {
 // recoveries that writes to stdout (JSON) or stderr.
 func timeoutConfig(c *cli.Context, cfg *initiator.Config) error {
 	var err error
+	if level := c.String("log-level"); level != "" {
+		if cfg.Logger, err = newLogger("text", level); err != nil {
+			return err
+		}
+	}
 	if cfg.Timeout, err = parseDuration(c.String("timeout")); err != nil {
 		return usagef("--timeout: %v", err)
 	}
