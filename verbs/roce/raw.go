@@ -109,13 +109,15 @@ func readRaw(rc syscall.RawConn, b []byte) (int, error) {
 	return n, rerr
 }
 
-// icrcMode names how received ICRCs are checked, for the transport line.
+// icrcMode names how received ICRCs are checked, for the transport line,
+// in the words of rdmacp's --roce-icrc: id0 (over IP ID 0, on the UDP
+// socket), raw (over the ID on the wire, on the raw socket) or off.
 func (d *device) icrcMode() string {
 	switch {
 	case d.cfg.NoICRCCheck:
 		return "off"
 	case d.raw != nil:
-		return "on (raw socket: any IP ID)"
+		return "raw"
 	}
-	return "on (IP ID 0)"
+	return "id0"
 }
