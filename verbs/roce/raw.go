@@ -20,6 +20,9 @@ import (
 // IP header, so the ICRC can be checked against the ID on the wire. The
 // UDP socket stays bound (it holds the port, and the kernel answers
 // nothing with ICMP port-unreachable) but a filter drops all it gets.
+// The raw socket gets datagrams before UDP checks their checksum; the
+// ICRC covers every byte the UDP checksum does, so a corrupt one is
+// still dropped here.
 
 var errIPHeader = errors.New("roce: IPv4 header not a RoCEv2 one (options, fragment, or not UDP)")
 
