@@ -38,6 +38,7 @@ func transportFlags() []cli.Flag {
 		&cli.IntFlag{Name: "ib-port", Aliases: []string{"i"}, Usage: "device port; 0 picks the first active one"},
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
 		&cli.IntFlag{Name: "roce-port", Value: roce.UDPPort, Usage: "roce-soft: the UDP port this end receives RoCEv2 packets on (peers learn it at connection setup); 0 lets the kernel pick one"},
+		&cli.StringFlag{Name: "roce-icrc", Value: "id0", Usage: "roce-soft: how received ICRCs are checked: id0 (over IP ID 0, what roce-soft peers send), raw (on a raw socket, any IP ID: a kernel rxe peer; needs root) or off (chunk digests still check the data end to end)"},
 		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
 	}
 }
@@ -64,6 +65,15 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	rs := roce.Config{Port: c.Int("roce-port"), RetransmitTimeout: 250 * time.Millisecond}
 	if rs.Port == 0 {
 		rs.Port = -1
+	}
+	switch c.String("roce-icrc") {
+	case "id0", "":
+	case "raw":
+		rs.RawICRC = true
+	case "off":
+		rs.NoICRCCheck = true
+	default:
+		return nil, "", usagef("--roce-icrc %q: want id0, raw or off", c.String("roce-icrc"))
 	}
 	reg := registryWith(soft, rs)
 	dc := verbs.DeviceConfig{Name: deviceNames(c)[0], Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}

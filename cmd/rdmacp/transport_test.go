@@ -67,3 +67,34 @@ func TestRoceSoftExplicit(t *testing.T) {
 		t.Errorf("auto against a roce-soft target: exit %d, %q", code, errs)
 	}
 }
+
+// TestRoceICRC: --roce-icrc raw (the check a kernel rxe peer needs)
+// pulls byte-exact over the raw receive path and says so on the
+// transport line; an unknown mode is a usage error.
+func TestRoceICRC(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: --roce-icrc raw needs CAP_NET_RAW (run as root)")
+	}
+	dir := t.TempDir()
+	want := writeFile(t, filepath.Join(dir, "f"), 1<<20+3)
+	s := serve(t, dir, nil, "--transport", "roce-soft", "--roce-port", "0", "--roce-icrc", "raw")
+	dst := filepath.Join(t.TempDir(), "f")
+	out, errs, code := run(t, "cp", "--json", "--transport", "roce-soft", "--roce-port", "0", "--roce-icrc", "raw", s.addr+":data/f", dst)
+	if code != 0 {
+		t.Fatalf("cp --roce-icrc raw: exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var sum struct{ Transport string }
+	json.Unmarshal([]byte(lines[len(lines)-1]), &sum)
+	if !strings.Contains(sum.Transport, "icrc=raw") {
+		t.Errorf("transport %q, want icrc=raw", sum.Transport)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("copy differs (%d of %d bytes, %v)", len(got), len(want), err)
+	}
+	if _, _, code := run(t, "cp", "--transport", "roce-soft", "--roce-icrc", "maybe", "h:x/y", t.TempDir()); code != exitUsage {
+		t.Errorf("--roce-icrc maybe: exit %d", code)
+	}
+}

@@ -434,7 +434,7 @@ func (q *qp) establish(c net.Conn, peer cmParams) error {
 		ReadsOut: q.readsOut, ReadsIn: q.readsIn, PrivateData: peer.private,
 		Local:  verbs.Endpoint{Provider: Name, Addr: netip.AddrPortFrom(local, q.dev.port).String(), QPN: q.qpn},
 		Remote: verbs.Endpoint{Provider: Name, Addr: q.remote.String(), QPN: peer.qpn},
-		Detail: fmt.Sprintf("rocev2 udp mtu=%d icrc=%s", q.mtu, map[bool]string{true: "off", false: "on"}[q.dev.cfg.NoICRCCheck]),
+		Detail: fmt.Sprintf("rocev2 udp mtu=%d icrc=%s", q.mtu, q.dev.icrcMode()),
 	}
 	q.start(peer.psn)
 	go q.watchCM()

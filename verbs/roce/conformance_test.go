@@ -1,6 +1,7 @@
 package roce_test
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -25,4 +26,14 @@ func BenchmarkConformance(b *testing.B) { verbstest.RunBench(b, config()) }
 // jumbo-frame network (loopback's MTU is 64 KiB).
 func BenchmarkMTU4096(b *testing.B) {
 	verbstest.RunBench(b, verbstest.Config{Provider: roce.New(roce.Config{Port: -1, MTU: 4096}), ListenAddr: "127.0.0.1:0"})
+}
+
+// TestConformanceRawICRC: the suite with both ends receiving on the raw
+// socket (Config.RawICRC), checking each ICRC against the IP ID on the
+// wire; needs CAP_NET_RAW.
+func TestConformanceRawICRC(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIP: the raw receive path needs CAP_NET_RAW (run as root)")
+	}
+	verbstest.Run(t, verbstest.Config{Provider: roce.New(roce.Config{Port: -1, RetransmitTimeout: time.Second, RawICRC: true}), ListenAddr: "127.0.0.1:0"})
 }

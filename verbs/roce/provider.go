@@ -61,6 +61,11 @@ type Config struct {
 	// NoICRCCheck accepts packets without checking their ICRC, for peers
 	// whose IP header this side cannot reconstruct (see icrc).
 	NoICRCCheck bool
+	// RawICRC receives on a raw IPPROTO_UDP socket (needs CAP_NET_RAW),
+	// which shows each datagram's IP header, so that the ICRC of a kernel
+	// peer (rxe writes a non-zero IP ID, which the ICRC covers and a UDP
+	// socket never shows) is checked rather than skipped; see raw.go.
+	RawICRC bool
 	// SetupTimeout bounds connection setup when the context has no
 	// deadline; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
@@ -147,6 +152,12 @@ func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Devi
 	}
 	d := &device{cfg: p.cfg, conn: conn, port: uint16(conn.LocalAddr().(*net.UDPAddr).Port),
 		keys: map[uint32]*mr{}, qps: map[uint32]*qp{}, stop: make(chan struct{}), readLimit: int64(max(rcvbuf/4, 64<<10))}
+	if p.cfg.RawICRC {
+		if d.raw, err = openRaw(conn, d.port); err != nil {
+			conn.Close()
+			return nil, opErr("open", err)
+		}
+	}
 	d.keySeq.Store(rand.Uint32())
 	d.qpn.Store(rand.Uint32N(1<<23) + 16)
 	d.wg.Add(1)
@@ -198,6 +209,7 @@ func (d *device) readBudget(n uint64, alone bool) bool {
 type device struct {
 	cfg  Config
 	conn *net.UDPConn
+	raw  *net.IPConn // the raw receive path, with Config.RawICRC
 	port uint16
 
 	mu     sync.RWMutex
@@ -259,6 +271,9 @@ func (d *device) Close() error {
 		q.Close()
 	}
 	close(d.stop)
+	if d.raw != nil {
+		d.raw.Close()
+	}
 	err := d.conn.Close()
 	d.wg.Wait()
 	return err
@@ -268,10 +283,13 @@ func (d *device) Close() error {
 // Anything that does not decode is dropped and counted, never answered.
 func (d *device) receive() {
 	defer d.wg.Done()
-	oob := make([]byte, 128)
+	read := d.readUDP()
+	if d.raw != nil {
+		read = d.readRaw()
+	}
 	for {
 		buf := getBuf()
-		n, oobn, _, src, err := d.conn.ReadMsgUDPAddrPort(buf.b[:], oob)
+		a, b, err := read(buf)
 		if err != nil {
 			putBuf(buf)
 			select {
@@ -282,16 +300,12 @@ func (d *device) receive() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			if errors.Is(err, errDropped) {
+				d.dropped.Add(1)
+			}
 			continue
 		}
-		dst, ok := pktinfoDst(oob[:oobn])
-		if !ok || !src.Addr().Unmap().Is4() {
-			d.dropped.Add(1)
-			putBuf(buf)
-			continue
-		}
-		a := addrs{src: src.Addr().Unmap(), dst: dst, srcPort: src.Port(), dstPort: d.port}
-		p, err := decode(buf.b[:n], a, !d.cfg.NoICRCCheck)
+		p, err := decode(b, a, !d.cfg.NoICRCCheck)
 		if err != nil {
 			d.dropped.Add(1)
 			putBuf(buf)
@@ -306,6 +320,46 @@ func (d *device) receive() {
 			continue
 		}
 		q.deliver(inPacket{packet: p, buf: buf})
+	}
+}
+
+// errDropped marks a datagram read but not taken (not IPv4, a header
+// RoCEv2 never has): counted as dropped, like a bad ICRC.
+var errDropped = errors.New("roce: datagram dropped")
+
+// readUDP reads from the UDP socket; the IP ID it cannot see is taken to
+// be 0, what Linux writes for this provider's datagrams.
+func (d *device) readUDP() func(*dgram) (addrs, []byte, error) {
+	oob := make([]byte, 128)
+	return func(buf *dgram) (addrs, []byte, error) {
+		n, oobn, _, src, err := d.conn.ReadMsgUDPAddrPort(buf.b[:], oob)
+		if err != nil {
+			return addrs{}, nil, err
+		}
+		dst, ok := pktinfoDst(oob[:oobn])
+		if !ok || !src.Addr().Unmap().Is4() {
+			return addrs{}, nil, errDropped
+		}
+		return addrs{src: src.Addr().Unmap(), dst: dst, srcPort: src.Port(), dstPort: d.port}, buf.b[:n], nil
+	}
+}
+
+// readRaw reads from the raw socket, IP header and all.
+func (d *device) readRaw() func(*dgram) (addrs, []byte, error) {
+	rc, err := d.raw.SyscallConn()
+	return func(buf *dgram) (addrs, []byte, error) {
+		if err != nil {
+			return addrs{}, nil, err
+		}
+		n, rerr := readRaw(rc, buf.b[:])
+		if rerr != nil {
+			return addrs{}, nil, rerr
+		}
+		a, b, perr := parseIPv4(buf.b[:n])
+		if perr != nil || a.dstPort != d.port {
+			return addrs{}, nil, errDropped
+		}
+		return a, b, nil
 	}
 }
 

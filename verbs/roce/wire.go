@@ -129,6 +129,10 @@ var (
 type addrs struct {
 	src, dst         netip.Addr
 	srcPort, dstPort uint16
+	// ipID is the IPv4 header's identification field. It is 0 for what
+	// this provider sends and reads on its UDP socket; a receiver on the
+	// raw socket (Config.RawICRC) fills in the one on the wire.
+	ipID uint16
 }
 
 // icrc computes the invariant CRC of a RoCEv2 packet (BTH to the end of
@@ -139,10 +143,11 @@ type addrs struct {
 // little-endian, the bit order the IBTA defines and rxe_icrc.c writes.
 //
 // A sender on a UDP socket cannot see its IP header, so this assumes the
-// one Linux writes for an unconnected datagram with DF set: IHL 5, ID 0,
-// flags DF. That holds for every packet this provider sends; a kernel
-// peer (rxe) sets a non-zero ID, which a UDP socket cannot read back, so
-// its ICRC cannot be checked here (Config.NoICRCCheck).
+// one Linux writes for an unconnected datagram with DF set: IHL 5, flags
+// DF, ID a.ipID (0 for everything this provider sends). A kernel peer
+// (rxe) sets a non-zero ID, which a UDP socket cannot read back; the raw
+// receive path (Config.RawICRC) reads it from the header, or
+// Config.NoICRCCheck skips the check.
 func icrc(a addrs, pkt []byte) uint32 {
 	var ph [8 + 20 + 8 + bthLen]byte
 	for i := range 8 {
@@ -153,7 +158,7 @@ func icrc(a addrs, pkt []byte) uint32 {
 	ip[0] = 0x45
 	ip[1] = 0xff // TOS, masked
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+udpLen))
-	// ip[4:6] ID 0
+	binary.BigEndian.PutUint16(ip[4:], a.ipID)
 	binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF
 	ip[8] = 0xff                               // TTL, masked
 	ip[9] = 17                                 // UDP
