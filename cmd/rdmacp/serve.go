@@ -154,6 +154,7 @@ type serveFile struct {
 	GIDIndex  int    `json:"gid_index"`
 	MPACRC    string `json:"mpa_crc"`
 	RocePort  int    `json:"roce_port"`
+	RoceICRC  string `json:"roce_icrc"`
 	// Admission limits (target.Config); absent: the flag's value.
 	MaxSessions          int    `json:"max_sessions"`
 	MaxSessionsPerAddr   int    `json:"max_sessions_per_addr"`
@@ -371,12 +372,7 @@ func servePolicy(c *cli.Context, file serveFile) (target.Config, error) {
 	if err != nil {
 		return target.Config{}, err
 	}
-	keepPush := c.Duration("keep-push")
-	if !c.IsSet("keep-push") && file.KeepPush != "" {
-		if keepPush, err = time.ParseDuration(file.KeepPush); err != nil {
-			return target.Config{}, usagef("--config: keep_push %q: %v", file.KeepPush, err)
-		}
-	}
+	keepPush := c.Duration("keep-push") // or --config's keep_push: applyConfigKeys
 	if keepPush <= 0 {
 		return target.Config{}, usagef("--keep-push %v: want more than 0", keepPush)
 	}

@@ -48,6 +48,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"gid-index":               {"3", `3`},
 	"mpa-crc":                 {"on", `"on"`},
 	"roce-port":               {"4792", `4792`},
+	"roce-icrc":               {"off", `"off"`},
 }
 
 // resolvedFlags runs serve's flag parsing and config (readServeFile,
