@@ -38,7 +38,7 @@ func ZeroDigest(alg Algorithm, n int64) []byte {
 	var d []byte
 	switch alg {
 	case CRC32C:
-		d = binary.BigEndian.AppendUint32(nil, crcZeros(n))
+		d = binary.BigEndian.AppendUint32(nil, crc32c.Zeros(n))
 	case BLAKE3:
 		h := blake3.New(32, nil)
 		for left := n; left > 0; {
@@ -53,6 +53,3 @@ func ZeroDigest(alg Algorithm, n int64) []byte {
 	zeroSums.Store(k, d)
 	return d
 }
-
-// crcZeros is the CRC-32C of n zero bytes.
-func crcZeros(n int64) uint32 { return crc32c.Zeros(n) }

@@ -136,7 +136,7 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions, ps *
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 	u := &upload{s: s, f: f, fi: fi, src: src, handle: pr.Handle, layout: layout, alg: alg, progress: opt.Progress, res: res,
 		winSize: cmp.Or(opt.Window, defaultPushWindow), state: ps}
-	if err := u.resume(int64(pr.Resumed)); err != nil {
+	if err := u.resume(ctx, int64(pr.Resumed)); err != nil {
 		s.abandon(ctx, pr.Handle)
 		return res, err
 	}
@@ -221,26 +221,22 @@ type upload struct {
 // (PushReply.Resumed), with the digests of the chunks before it: those
 // of windows it confirmed, and, for any it wrote but could not confirm
 // before its session went, hashed here again.
-func (u *upload) resume(from int64) error {
+func (u *upload) resume(ctx context.Context, from int64) error {
 	l, ps, ds := u.layout, u.state, int64(u.alg.Size())
 	if from < 0 || from > l.Size || (from%l.ChunkSize != 0 && from != l.Size) {
 		return fmt.Errorf("%w: the target resumes %s at byte %d of %d (chunks of %d)", protocol.ErrMalformed, u.src, from, l.Size, l.ChunkSize)
 	}
-	chunks := (from + l.ChunkSize - 1) / l.ChunkSize
+	have, chunks := int(ps.confirmed/l.ChunkSize), int((from+l.ChunkSize-1)/l.ChunkSize)
 	if from <= ps.confirmed {
-		ps.confirmed, ps.sums = from, ps.sums[:chunks*ds]
+		ps.sums = ps.sums[:int64(chunks)*ds]
 	} else {
-		buf := make([]byte, l.ChunkSize)
-		for off := ps.confirmed; off < from; off += l.ChunkSize {
-			n := min(l.ChunkSize, l.Size-off)
-			if _, err := u.f.ReadAt(buf[:n], off); err != nil {
-				return &fs.PathError{Op: "read", Path: u.src, Err: err}
-			}
-			ps.sums = chunker.AppendSum(ps.sums, u.alg, buf[:n])
+		more, err := chunker.HashRange(ctx, u.f, l, have, chunks, u.alg, 1, nil)
+		if err != nil {
+			return &fs.PathError{Op: "read", Path: u.src, Err: err}
 		}
-		ps.confirmed = from
+		ps.sums = append(ps.sums, more...)
 	}
-	u.start = from
+	ps.confirmed, u.start = from, from
 	return nil
 }
 

@@ -23,6 +23,7 @@ type keptKey struct {
 // keptPush is a push kept after its session, until taken or expired.
 type keptPush struct {
 	p     *push
+	at    time.Time // when it was kept
 	timer *time.Timer
 }
 
@@ -47,14 +48,13 @@ func (s *Server) keepPush(identity string, p *push) {
 		var oldest keptKey
 		var at time.Time
 		for key, kp := range s.kept {
-			if at.IsZero() || kp.p.keptAt.Before(at) {
-				oldest, at = key, kp.p.keptAt
+			if at.IsZero() || kp.at.Before(at) {
+				oldest, at = key, kp.at
 			}
 		}
 		s.dropKeptLocked(oldest, s.kept[oldest], "too many kept")
 	}
-	p.keptAt = time.Now()
-	kp := &keptPush{p: p}
+	kp := &keptPush{p: p, at: time.Now()}
 	kp.timer = time.AfterFunc(s.cfg.KeepPush, func() {
 		s.keptMu.Lock()
 		defer s.keptMu.Unlock()
@@ -98,8 +98,8 @@ func (s *Server) dropKeptLocked(k keptKey, kp *keptPush, why string) {
 	s.cfg.Logger.Info("kept push dropped", "path", kp.p.x.Name+"/"+kp.p.dst, "why", why)
 }
 
-// sameSource reports whether m's push is the one p was: the same file
-// from the same source, to the same place, chunked the same way.
+// sameSource reports whether q is the push p was: the same file from
+// the same source, to the same place, chunked the same way.
 func (p *push) sameSource(q *push) bool {
 	return p.x == q.x && p.dst == q.dst && p.layout == q.layout && p.alg == q.alg && p.mode == q.mode && p.mtime == q.mtime
 }

@@ -12,11 +12,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/rdmacp/rdmacp/leftover"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/leftover"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/reads"
 	"github.com/rdmacp/rdmacp/verbs"
@@ -53,12 +52,11 @@ type push struct {
 	slots    int // staging slots of one chunk each
 	buf      *verbs.Buffer
 	mr       verbs.MR
-	reserved uint64    // bytes of the window budget the slots hold
-	done     bool      // committed
-	landed   int64     // bytes pulled, verified and written, for the access log
-	token    [16]byte  // Push.Token: the push may be kept and resumed (keptpush.go)
-	keptAt   time.Time // when it was kept, while it is
-	keep     bool      // its session was lost: keep it when freed
+	reserved uint64   // bytes of the window budget the slots hold
+	done     bool     // committed
+	landed   int64    // bytes pulled, verified and written, for the access log
+	token    [16]byte // Push.Token: the push may be kept and resumed (keptpush.go)
+	keep     bool     // its session was lost: keep it when freed
 }
 
 // singleName reports whether s is one path element, as a file name must be.
@@ -153,9 +151,7 @@ func (ss *session) pushFile(m *protocol.Push) protocol.Message {
 // pushSetup gives p its temporary file (a kept push's, where p resumes
 // one: see keptpush.go) and its staging slots.
 func (ss *session) pushSetup(p *push) *protocol.Error {
-	if perr := ss.resumeKept(p); perr != nil {
-		return perr
-	}
+	ss.resumeKept(p)
 	if p.tmp == "" {
 		if perr := ss.pushTemp(p); perr != nil {
 			return perr
@@ -167,23 +163,22 @@ func (ss *session) pushSetup(p *push) *protocol.Error {
 // resumeKept takes over the kept push of p's identity and token, if
 // there is one: its temporary file, digests and progress when it is the
 // same push; else the kept one goes, and p starts afresh.
-func (ss *session) resumeKept(p *push) *protocol.Error {
+func (ss *session) resumeKept(p *push) {
 	if p.token == ([16]byte{}) {
-		return nil
+		return
 	}
 	k := ss.srv.takeKept(ss.identity(), p.token)
 	if k == nil {
-		return nil
+		return
 	}
 	if !k.sameSource(p) {
 		ss.log.Info("push: a kept push of this token was of another source; starting over", "path", p.x.Name+"/"+p.dst)
 		k.removeTemp(ss.srv)
-		return nil
+		return
 	}
 	p.dir, p.tmp, p.f = k.dir, k.tmp, k.f
 	p.next, p.sums, p.landed = k.next, k.sums, 0
 	ss.log.Info("push resumed", "path", p.x.Name+"/"+p.dst, "from", p.next)
-	return nil
 }
 
 // pushTemp creates p's temporary file beside its destination, with its
