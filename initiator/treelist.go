@@ -1,0 +1,251 @@
+package initiator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+
+	"github.com/rdmacp/rdmacp/protocol"
+)
+
+// A tree copy's plan: the entries of the source, from Walk (or List
+// for a quick check into an existing DEST), in the order they are copied.
+
+// lister is what planning a tree needs from a session.
+type lister interface {
+	List(ctx context.Context, path string) ([]protocol.Entry, error)
+	Stat(ctx context.Context, path string) (protocol.Entry, error)
+}
+
+// item is one entry of a tree's plan.
+type item struct {
+	rel     string // '/'-separated, relative to the tree's root
+	entry   protocol.Entry
+	err     error // the entry is refused
+	existed bool  // a directory that was at the destination already
+}
+
+// walkTree lists the remote directory src recursively with List, parents
+// before their children, and hands each item to emit as soon as it is
+// known. Names that are not single path elements, and names a directory
+// lists twice, are refused (items with err set); the rest of the tree
+// goes on. Directories are kept whatever the shard; other entries only if
+// the shard has them. An error emit returns stops the walk.
+func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(item) error) error {
+	return walkTreeKeep(ctx, l, src, sh, nil, emit)
+}
+
+// walkTreeKeep is walkTree leaving out, when keep is set, the entries
+// keep is false for: a directory left out is not listed.
+func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func(item) bool, emit func(item) error) error {
+	// Listings are fetched ahead, several at once: a directory's
+	// subdirectories are all asked for before the first is walked.
+	type listing struct {
+		ents []protocol.Entry
+		err  error
+		done chan struct{}
+	}
+	sem := make(chan struct{}, listAhead)
+	start := func(remote string) *listing {
+		ls := &listing{done: make(chan struct{})}
+		go func() {
+			defer close(ls.done)
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				ls.err = ctx.Err()
+				return
+			}
+			ls.ents, ls.err = l.List(ctx, remote)
+			<-sem
+		}()
+		return ls
+	}
+	var walk func(remote, rel string, depth int, ls *listing) error
+	walk = func(remote, rel string, depth int, ls *listing) error {
+		<-ls.done
+		if ls.err != nil {
+			return ls.err
+		}
+		seen := make(map[string]bool, len(ls.ents))
+		items := make([]item, len(ls.ents))
+		kids := map[string]*listing{}
+		for i, e := range ls.ents {
+			items[i] = listed(rel, e, seen)
+			if err := overCap(src, items[i].rel, depth+1, e.Type); err != nil {
+				return err
+			}
+			if items[i].err == nil && keep != nil && !keep(items[i]) {
+				items[i].err = errLeftOut
+				continue
+			}
+			if items[i].err == nil && e.Type == protocol.FileDir {
+				kids[e.Name] = start(remote + "/" + e.Name)
+			}
+		}
+		for i, e := range ls.ents {
+			it := items[i]
+			if it.err == errLeftOut {
+				continue
+			}
+			if it.err != nil {
+				if err := emit(it); err != nil {
+					return err
+				}
+				continue
+			}
+			if e.Type == protocol.FileDir {
+				if err := emit(it); err != nil {
+					return err
+				}
+				if err := walk(remote+"/"+e.Name, it.rel, depth+1, kids[e.Name]); err != nil {
+					return err
+				}
+				continue
+			}
+			if sh.Has(remote + "/" + e.Name) {
+				if err := emit(it); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(src, "", 0, start(src))
+}
+
+// listed is the item for entry e of directory dir (a tree's rel), with
+// err set if its name is not one path element (its rel then quotes it)
+// or seen already has it; it adds the name to seen.
+func listed(dir string, e protocol.Entry, seen map[string]bool) item {
+	it := item{rel: path.Join(dir, e.Name), entry: e}
+	if err := ValidName(e.Name); err != nil {
+		it.err, it.rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
+	} else if seen[e.Name] {
+		it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
+	}
+	seen[e.Name] = true
+	return it
+}
+
+// errLeftOut marks, within walkTreeKeep, an entry keep left out.
+var errLeftOut = errors.New("left out")
+
+// listAhead is how many List requests a tree copy keeps outstanding.
+const listAhead = 8
+
+// fill takes in the whole tree but the files too large to pack, which it
+// leaves in c.large: with Walk where the target has it, else listing it
+// with l and packing its small files with Pack.
+func (c *treeCopy) fill(l lister) error {
+	if c.s.lister == nil && !c.quick() {
+		return c.viaWalk()
+	}
+	c.s.cfg.Logger.Debug("listing the tree directory by directory", "path", c.src, "quick", c.quick())
+	return c.viaList(l)
+}
+
+// viaWalk takes in the tree with Walk: each batch's packed files are
+// written while the target makes the next batch.
+func (c *treeCopy) viaWalk() error {
+	packMax := int64(0)
+	if c.packs() {
+		packMax = c.s.packMax()
+	}
+	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
+		c.dr.trim()
+		jobs := c.jobs[:0]
+		defer func() { clear(jobs); c.jobs = jobs[:0] }() // kept for the next batch: written by then
+		for _, w := range batch {
+			if c.excluded(w.it) || !c.place(w.it) {
+				continue
+			}
+			if !w.packed {
+				c.large.add(w.it)
+				continue
+			}
+			dir, err := c.dr.dir(w.it.rel)
+			if err != nil {
+				c.report(FileResult{Path: w.it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+				continue
+			}
+			jobs = append(jobs, packedJob{rel: w.it.rel, dir: dir, name: c.dr.fileName(w.it.rel),
+				f: packedFile{entry: w.it.entry, data: w.data, digest: w.digest}})
+		}
+		c.writeJobs(jobs)
+		return c.maybeSettle()
+	})
+}
+
+// viaList takes in the tree by listing it with l, directory by directory,
+// while a packer copies its small files with Pack.
+func (c *treeCopy) viaList(l lister) error {
+	c.s.sharing.Add(1) // the lister runs beside the copies
+	defer c.s.sharing.Add(-1)
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	items := make(chan []item, 16) // in batches: a hand-over per entry costs more than a quick check
+	var planErr error
+	planned := make(chan struct{})
+	go func() {
+		defer close(planned)
+		defer close(items)
+		planErr = c.entries(ctx, l, func(batch []item) error {
+			select {
+			case items <- batch:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	feed := &treeFeed{in: make(chan item, 1024), src: c.src, ctx: ctx}
+	packErr := make(chan error, 1)
+	go func() {
+		err := c.packed(ctx, feed)
+		if err != nil {
+			cancel() // the tree stops: no more listing, no more feeding
+		}
+		packErr <- err
+	}()
+	packing := true
+	defer func() { // stop both, on the way out early
+		cancel()
+		if packing {
+			feed.close()
+			<-packErr
+		}
+		<-planned
+	}()
+	defer c.closeStatDirs()
+take:
+	for batch := range items {
+		for _, it := range batch {
+			if c.excluded(it) || !c.place(it) || c.unchanged(it) {
+				continue
+			}
+			if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
+				if !feed.put(it) { // the packer stopped: its error says why
+					break take
+				}
+				continue
+			}
+			c.large.add(it)
+		}
+		if err := c.maybeSettle(); err != nil {
+			return err
+		}
+	}
+	feed.close()
+	err := <-packErr
+	packing = false
+	<-planned
+	if err == nil {
+		err = planErr
+	}
+	if err == nil {
+		err = c.ctx.Err()
+	}
+	return err
+}
