@@ -344,3 +344,14 @@ type sameDigest struct{ digest []byte }
 
 func (e *sameDigest) Error() string        { return errSame.Error() }
 func (e *sameDigest) Is(target error) bool { return target == errSame }
+
+// zeros gives the landings land opens opt's -S and --zero.
+func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*landing, error)) func(*protocol.OpenReply, chunker.Layout) (*landing, error) {
+	return func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+		l, err := land(or, layout)
+		if l != nil {
+			l.sparse, l.zero = opt.Sparse, opt.Zero
+		}
+		return l, err
+	}
+}

@@ -7,8 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-
-	"github.com/rdmacp/rdmacp/leftover"
 )
 
 // Where a copy lands follows rsync, so that the same command run twice
@@ -96,43 +94,4 @@ func makeTreeDest(dst, top string, opt TreeOptions) error {
 		err = destDirExists(top)
 	}
 	return err
-}
-
-// replaceDir retries a file's rename onto dst, which failed with err, as
-// rsync -a would: an empty directory at dst goes; a non-empty one stays
-// and is refused by name (the rename said only "file exists").
-func replaceDir(tmp, dst string, err error) error {
-	d, oerr := os.OpenRoot(filepath.Dir(dst))
-	if oerr != nil {
-		return err
-	}
-	defer d.Close()
-	switch werr := makeWay(d, filepath.Base(dst), false); {
-	case werr == nil:
-		return os.Rename(tmp, dst)
-	case errors.Is(werr, errInTheWay):
-		return fmt.Errorf("%w: %s: %w: remove it first (rsync -a leaves it too)", ErrDest, dst, werr)
-	}
-	return err
-}
-
-// errInTheWay: a non-empty directory is where a file is to go.
-var errInTheWay = errors.New("a non-empty directory is in the way")
-
-// makeWay removes a directory at base in d, where a file is to go: an
-// empty one always, a non-empty one (all of it, through d) with del, as
-// rsync does with --delete. Anything else at base is left for the
-// rename's own error to say (fs.ErrExist).
-func makeWay(d *os.Root, base string, del bool) error {
-	fi, err := d.Lstat(base)
-	if err != nil || !fi.IsDir() {
-		return fs.ErrExist
-	}
-	if d.Remove(base) == nil {
-		return nil
-	}
-	if !del {
-		return errInTheWay
-	}
-	return leftover.Remove(d, base)
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
+	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // Sparse destinations. Bytes the source holds as zeros (a hole the
@@ -433,4 +435,52 @@ func isZero(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// extentMap is where a source file's data is, as the target's Extents
+// said: sorted, not overlapping. Past upTo (when the list was cut short
+// at maxExtents) everything counts as data.
+type extentMap struct {
+	xs   []protocol.Extent
+	upTo int64 // 0: the list is complete
+	size int64
+}
+
+// end is where the last extent listed ends.
+func (em *extentMap) end() int64 {
+	if len(em.xs) == 0 {
+		return 0
+	}
+	x := em.xs[len(em.xs)-1]
+	return int64(x.Offset + x.Length)
+}
+
+// data reports whether [off, off+n) holds any data.
+func (em *extentMap) data(off, n int64) bool {
+	if em == nil || (em.upTo > 0 && off+n > em.upTo) {
+		return true
+	}
+	// The first extent ending after off.
+	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
+	return i < len(em.xs) && int64(em.xs[i].Offset) < off+n
+}
+
+// nextData is the first chunk from first on of layout l that holds data
+// (l.Chunks() if none).
+func (em *extentMap) nextData(l chunker.Layout, first int) int {
+	if em == nil {
+		return first
+	}
+	off := int64(first) * l.ChunkSize
+	if em.upTo > 0 && off >= em.upTo {
+		return first
+	}
+	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
+	if i == len(em.xs) {
+		if em.upTo > 0 {
+			return int(em.upTo / l.ChunkSize)
+		}
+		return l.Chunks()
+	}
+	return max(first, int(int64(em.xs[i].Offset)/l.ChunkSize))
 }

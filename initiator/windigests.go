@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -15,15 +14,6 @@ import (
 // with more is treated as data past them, which costs READs of zeros,
 // never a wrong byte.
 const maxExtents = 1 << 16
-
-// extentMap is where a source file's data is, as the target's Extents
-// said: sorted, not overlapping. Past upTo (when the list was cut short
-// at maxExtents) everything counts as data.
-type extentMap struct {
-	xs   []protocol.Extent
-	upTo int64 // 0: the list is complete
-	size int64
-}
 
 // listExtents asks for the data extents of handle h, page by page, up to
 // maxExtents.
@@ -57,45 +47,6 @@ func (s *Session) listExtents(ctx context.Context, h uint32, size int64) (*exten
 		}
 		next = r.Next
 	}
-}
-
-// end is where the last extent listed ends.
-func (em *extentMap) end() int64 {
-	if len(em.xs) == 0 {
-		return 0
-	}
-	x := em.xs[len(em.xs)-1]
-	return int64(x.Offset + x.Length)
-}
-
-// data reports whether [off, off+n) holds any data.
-func (em *extentMap) data(off, n int64) bool {
-	if em == nil || (em.upTo > 0 && off+n > em.upTo) {
-		return true
-	}
-	// The first extent ending after off.
-	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
-	return i < len(em.xs) && int64(em.xs[i].Offset) < off+n
-}
-
-// nextData is the first chunk from first on of layout l that holds data
-// (l.Chunks() if none).
-func (em *extentMap) nextData(l chunker.Layout, first int) int {
-	if em == nil {
-		return first
-	}
-	off := int64(first) * l.ChunkSize
-	if em.upTo > 0 && off >= em.upTo {
-		return first
-	}
-	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
-	if i == len(em.xs) {
-		if em.upTo > 0 {
-			return int(em.upTo / l.ChunkSize)
-		}
-		return l.Chunks()
-	}
-	return max(first, int(int64(em.xs[i].Offset)/l.ChunkSize))
 }
 
 // holeChunk reports whether chunk i lies wholly in a hole of the source.
