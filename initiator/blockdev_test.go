@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/rdmacp/rdmacp/target"
 )
 
@@ -73,10 +74,10 @@ func TestBlockDeviceExport(t *testing.T) {
 		t.Fatal("image differs from the device")
 	}
 	// Onto another device: only with Force, never a smaller one.
-	if _, err := s.Get(ctx, "disk0", big, initiator.GetOptions{}); !errors.Is(err, initiator.ErrDest) {
+	if _, err := s.Get(ctx, "disk0", big, initiator.GetOptions{}); !errors.Is(err, local.ErrDest) {
 		t.Fatalf("device without Force: %v", err)
 	}
-	if _, err := s.Get(ctx, "disk0", small, initiator.GetOptions{Force: true}); !errors.Is(err, initiator.ErrDest) || !strings.Contains(err.Error(), "bytes") {
+	if _, err := s.Get(ctx, "disk0", small, initiator.GetOptions{Force: true}); !errors.Is(err, local.ErrDest) || !strings.Contains(err.Error(), "bytes") {
 		t.Fatalf("smaller device: %v", err)
 	}
 	res, err := s.Get(ctx, "disk0", big, initiator.GetOptions{Force: true})
@@ -121,7 +122,7 @@ func TestBlockDeviceMountedRefused(t *testing.T) {
 	randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
 	s := e.dial(t, nil)
 	_, err := s.Get(context.Background(), "data/f", dev, initiator.GetOptions{Force: true})
-	if !errors.Is(err, initiator.ErrDest) || !strings.Contains(err.Error(), "mounted") {
+	if !errors.Is(err, local.ErrDest) || !strings.Contains(err.Error(), "mounted") {
 		t.Fatalf("mounted device: %v", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/blockdev"
@@ -63,7 +65,7 @@ type GetOptions struct {
 	// block device only where Zero is not ZeroWrite (sparse.go).
 	Sparse bool
 	// Zero is how zeros land on a block device DEST (--zero).
-	Zero ZeroMode
+	Zero local.ZeroMode
 }
 
 // Result describes a finished copy.
@@ -125,13 +127,13 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		return r, err
 	}
 	if opt.DryRun && opt.SkipSame {
-		return s.dryChecksum(ctx, src, dst, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) })
+		return s.dryChecksum(ctx, src, dst, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) })
 	}
 	if opt.DryRun {
 		e, err := s.Stat(ctx, src)
 		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), entry: e}, err
 	}
-	cleaned := cleanLeftovers(filepath.Dir(dst))
+	cleaned := local.CleanLeftovers(filepath.Dir(dst))
 	sp := s.getSpec(ctx, src, dst, discard, opt)
 	res, land, err := s.pull(ctx, src, dst, sp)
 	res.Cleaned = cleaned
@@ -141,11 +143,11 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	if err != nil {
 		return res, err
 	}
-	if err := land.commit(res.entry); err != nil {
-		land.abort()
+	if err := land.Commit(res.entry); err != nil {
+		land.Abort()
 		return res, err
 	}
-	if !land.device {
+	if !land.Device {
 		if err := s.fileMeta(res.Dest, res.entry); err != nil {
 			return res, err
 		}
@@ -168,7 +170,7 @@ func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 		return dst, false, err
 	}
 	top := DestPath(src, dst)
-	dst, discard, err := destOf(top, filepath.Clean(top) == filepath.Clean(dst))
+	dst, discard, err := local.DestOf(top, filepath.Clean(top) == filepath.Clean(dst))
 	if err != nil {
 		return dst, false, err
 	}
@@ -187,17 +189,17 @@ func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 // run resumes, or a fresh temporary beside dst.
 func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, opt GetOptions) pullSpec {
 	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
-	var rs *resumer
-	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+	var rs *local.Resumer
+	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		if discard { // verified, and thrown away
 			f, err := os.OpenFile(dst, os.O_WRONLY, 0)
 			if err != nil {
 				return nil, err
 			}
-			return &landing{f: f, dst: dst, device: true, discard: true}, nil
+			return &local.Landing{File: f, Dst: dst, Device: true, Discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegular(dst, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err // errSame too, by window
 			} else if same {
 				return nil, errSame
@@ -210,29 +212,29 @@ func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, op
 					return nil, err
 				}
 				rs = r
-				return &landing{f: rs.f, dst: dst, partial: rs}, nil
+				return &local.Landing{File: rs.File, Dst: dst, Partial: rs}, nil
 			}
 		}
-		return openDest(dst, layout.Size, opt.Force)
+		return local.OpenDest(dst, layout.Size, opt.Force)
 	}
-	sp.resume = func() *resumer { return rs }
+	sp.resume = func() *local.Resumer { return rs }
 	sp.land = opt.zeros(sp.land)
 	return sp
 }
 
 // partialLanding opens --partial's temporary for dst, and what a
 // previous run left in it (resume.go).
-func (s *Session) partialLanding(ctx context.Context, src, dst string, or *protocol.OpenReply, layout chunker.Layout) (*resumer, error) {
+func (s *Session) partialLanding(ctx context.Context, src, dst string, or *protocol.OpenReply, layout chunker.Layout) (*local.Resumer, error) {
 	dir, err := os.OpenRoot(filepath.Dir(dst))
 	if err != nil {
 		return nil, err
 	}
-	rs, err := openResumer(ctx, dir, filepath.Base(dst), src, or, layout, s.cfg.Logger)
+	rs, err := local.OpenResumer(ctx, dir, filepath.Base(dst), src, or, layout, s.cfg.Logger)
 	if err != nil {
 		dir.Close()
 		return nil, err
 	}
-	rs.ownDir = true
+	rs.OwnDir = true
 	return rs, nil
 }
 
@@ -267,7 +269,7 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	}
 	mask := s.cfg.Archive.modeMask()
 	if want := e.Mode & mask; st.Mode&mask != want {
-		f, err := openRegular(dst, openMode{flag: os.O_RDONLY}) // not a link put there since
+		f, err := local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) // not a link put there since
 		if err != nil {
 			return err
 		}
@@ -286,7 +288,7 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 // DEST, as open opens it, is the same. Nothing is READ or written.
 func (s *Session) dryChecksum(ctx context.Context, src, dst string, open func() (*os.File, error)) (*Result, error) {
 	var size int64
-	sp := pullSpec{land: func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+	sp := pullSpec{land: func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		size = layout.Size
 		same, err := s.sameFile(ctx, open, or, layout)
 		if err != nil {
@@ -346,11 +348,11 @@ func (e *sameDigest) Error() string        { return errSame.Error() }
 func (e *sameDigest) Is(target error) bool { return target == errSame }
 
 // zeros gives the landings land opens opt's -S and --zero.
-func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*landing, error)) func(*protocol.OpenReply, chunker.Layout) (*landing, error) {
-	return func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*local.Landing, error)) func(*protocol.OpenReply, chunker.Layout) (*local.Landing, error) {
+	return func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		l, err := land(or, layout)
 		if l != nil {
-			l.sparse, l.zero = opt.Sparse, opt.Zero
+			l.Sparse, l.Zero = opt.Sparse, opt.Zero
 		}
 		return l, err
 	}

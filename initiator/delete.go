@@ -4,6 +4,8 @@ import (
 	"io/fs"
 	"strings"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/leftover"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -73,7 +75,7 @@ func (c *treeCopy) deleteExtra() ([]FileResult, error) {
 // ours reports whether name is one of rdmacp's own: a temporary file or
 // staged tree, or a --partial copy's sidecar or temporary file.
 func ours(name string) bool {
-	return leftover.Is(name) || strings.HasSuffix(name, PartialSuffix) || strings.HasSuffix(name, PartialSuffix+".part")
+	return leftover.Is(name) || strings.HasSuffix(name, local.PartialSuffix) || strings.HasSuffix(name, local.PartialSuffix+".part")
 }
 
 // underIn reports whether a directory above rel is in set.

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 )
 
 // A destination that is not a regular file is never replaced: cp as
@@ -47,7 +48,7 @@ func TestGetSpecialDestinations(t *testing.T) {
 	unix.Mkfifo(fifo, 0o644)
 	for _, dst := range []string{zero, fifo} {
 		err := get(dst)
-		if !errors.Is(err, initiator.ErrDest) {
+		if !errors.Is(err, local.ErrDest) {
 			t.Errorf("copy to %s: %v, want ErrDest", filepath.Base(dst), err)
 		}
 		fi, _ := os.Lstat(dst)
@@ -73,7 +74,7 @@ func TestGetSpecialDestinations(t *testing.T) {
 	// One that leads nowhere is refused.
 	dangling := filepath.Join(out, "dangling")
 	os.Symlink("nowhere", dangling)
-	if err := get(dangling); !errors.Is(err, initiator.ErrDest) {
+	if err := get(dangling); !errors.Is(err, local.ErrDest) {
 		t.Errorf("copy to a dangling symlink: %v, want ErrDest", err)
 	}
 	if _, err := os.Stat(filepath.Join(out, "nowhere")); err == nil {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/rdmacp/rdmacp/target"
 )
 
@@ -149,7 +150,7 @@ func TestDirectLandingTmpfs(t *testing.T) {
 // through the plain file) and then refuses with EINVAL, as a file system
 // that turns O_DIRECT down only at write time does.
 type refusing struct {
-	d     initiator.DirectFile
+	d     local.DirectFile
 	f     *os.File
 	ok    int32
 	half  bool
@@ -182,26 +183,26 @@ func TestDirectFallback(t *testing.T) {
 	s := e.dial(t, nil)
 	cases := []struct {
 		name string
-		open func(*os.File) (initiator.DirectFile, error)
+		open func(*os.File) (local.DirectFile, error)
 	}{
-		{"open EINVAL", func(f *os.File) (initiator.DirectFile, error) {
+		{"open EINVAL", func(f *os.File) (local.DirectFile, error) {
 			return nil, &os.PathError{Op: "open", Path: f.Name(), Err: syscall.EINVAL}
 		}},
-		{"first write EINVAL", func(f *os.File) (initiator.DirectFile, error) {
+		{"first write EINVAL", func(f *os.File) (local.DirectFile, error) {
 			d, err := initiator.OpenDirect(f)
 			if err != nil {
 				return nil, err
 			}
 			return &refusing{d: d, f: f}, nil
 		}},
-		{"third write EINVAL", func(f *os.File) (initiator.DirectFile, error) {
+		{"third write EINVAL", func(f *os.File) (local.DirectFile, error) {
 			d, err := initiator.OpenDirect(f)
 			if err != nil {
 				return nil, err
 			}
 			return &refusing{d: d, f: f, ok: 2}, nil
 		}},
-		{"EINVAL after a short write", func(f *os.File) (initiator.DirectFile, error) {
+		{"EINVAL after a short write", func(f *os.File) (local.DirectFile, error) {
 			d, err := initiator.OpenDirect(f)
 			if err != nil {
 				return nil, err
@@ -224,7 +225,7 @@ func TestDirectFallback(t *testing.T) {
 // ioError is an O_DIRECT descriptor whose writes fail with EIO after
 // ok real ones: not a refusal, so the copy fails.
 type ioError struct {
-	d     initiator.DirectFile
+	d     local.DirectFile
 	ok    int32
 	calls atomic.Int32
 }
@@ -250,7 +251,7 @@ func TestDirectPartialResume(t *testing.T) {
 	want := randomFile(t, filepath.Join(e.dir, "f"), n)
 	dst := filepath.Join(out, "copy")
 	func() {
-		defer initiator.SetOpenDirect(func(f *os.File) (initiator.DirectFile, error) {
+		defer initiator.SetOpenDirect(func(f *os.File) (local.DirectFile, error) {
 			d, err := initiator.OpenDirect(f)
 			if err != nil {
 				return nil, err
@@ -262,7 +263,7 @@ func TestDirectPartialResume(t *testing.T) {
 			t.Fatalf("first run: %v, want EIO", err)
 		}
 	}()
-	if _, err := os.Stat(initiator.SidecarPath(dst)); err != nil {
+	if _, err := os.Stat(local.SidecarPath(dst)); err != nil {
 		t.Fatalf("no sidecar: %v", err)
 	}
 	// A rerun, as of the command: a new session.
@@ -281,7 +282,7 @@ func TestDirectPartialResume(t *testing.T) {
 	if sha256.Sum256(got) != sha256.Sum256(want) {
 		t.Fatal("resumed copy differs")
 	}
-	if _, err := os.Stat(initiator.SidecarPath(dst)); !os.IsNotExist(err) {
+	if _, err := os.Stat(local.SidecarPath(dst)); !os.IsNotExist(err) {
 		t.Errorf("sidecar left: %v", err)
 	}
 	res, err = s.Get(context.Background(), "data/f", dst, initiator.GetOptions{SkipSame: true})

@@ -5,6 +5,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -58,17 +60,17 @@ func MappedLanding(r *Result) bool { return r.mapped }
 func DirectBytes(r *Result) int64 { return r.directBytes }
 
 // DirectFile is what an O_DIRECT open hook returns.
-type DirectFile = directFile
+type DirectFile = local.DirectFile
 
 // OpenDirect is the real O_DIRECT open.
-var OpenDirect = openDirect
+var OpenDirect = local.OpenDirect
 
 // SetOpenDirect replaces how the O_DIRECT descriptor is opened until the
 // returned function is called.
 func SetOpenDirect(fn func(*os.File) (DirectFile, error)) (restore func()) {
-	old := openDirect
-	openDirect = fn
-	return func() { openDirect = old }
+	old := local.OpenDirect
+	local.OpenDirect = fn
+	return func() { local.OpenDirect = old }
 }
 
 // DirectWhy says whether a new file in dir would be landed with O_DIRECT:
@@ -80,10 +82,10 @@ func DirectWhy(dir string) string {
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	s := newSink(f, true, nil)
-	defer s.close()
-	if s.d == nil {
-		return s.why
+	s := local.NewSink(f, true, nil)
+	defer s.Close()
+	if s.Direct == nil {
+		return s.Why
 	}
 	return ""
 }
@@ -96,7 +98,7 @@ func DirectAlign(dir string) int64 {
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	a, _ := directAlign(f)
+	a, _ := local.DirectAlign(f)
 	return a
 }
 

@@ -1,5 +1,7 @@
 package initiator
 
+import "github.com/rdmacp/rdmacp/initiator/local"
+
 // SetSettleEvery makes tree copies settle their files every n, for a
 // test; it returns the undoing.
 func SetSettleEvery(n int) func() {
@@ -9,4 +11,4 @@ func SetSettleEvery(n int) func() {
 }
 
 // JournalPath is journalPath, for tests.
-var JournalPath = journalPath
+var JournalPath = local.JournalPath

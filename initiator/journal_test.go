@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -70,7 +71,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("first run: %v, want canceled", err)
 	}
-	jp := initiator.JournalPath(dst)
+	jp := local.JournalPath(dst)
 	if _, err := os.Stat(jp); err != nil {
 		t.Fatalf("no journal after the interrupt: %v", err)
 	}
@@ -164,7 +165,7 @@ func TestJournalTornTail(t *testing.T) {
 		}
 	}})
 	cancel()
-	jp := initiator.JournalPath(dst)
+	jp := local.JournalPath(dst)
 	b, err := os.ReadFile(jp)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
@@ -26,7 +28,7 @@ func (f *fetch) setup() error {
 	if f.alg == chunker.CRC32C && s.readSums() {
 		f.readSums, f.readShift = true, crc32c.ShiftOf(int64(f.readSize))
 	}
-	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.directOn())
+	slots := PullSlots(s.nqps, s.reads, f.readSize, f.layout.ChunkSize, f.layout.Chunks(), f.out.DirectOn())
 	reg := func(b []byte) (verbs.MR, error) { return s.regMR(b, verbs.AccessLocalWrite) }
 	return f.setupLanding(slots, s.pins(), reg, s.cfg.Logger)
 }
@@ -171,7 +173,7 @@ func (f *fetch) verify(c *chunk, sum []byte) (v verdict, _ []byte) {
 			if _, fault := r.(interface{ Addr() uintptr }); !fault || c.reg == nil {
 				panic(r)
 			}
-			v = verdict{c: c, err: fmt.Errorf("%w: %s: chunk %d: %w", ErrDest, f.out.Name(), c.idx, errLandFault)}
+			v = verdict{c: c, err: fmt.Errorf("%w: %s: chunk %d: %w", local.ErrDest, f.out.Name(), c.idx, errLandFault)}
 		}
 	}()
 	sum = chunker.AppendSum(sum[:0], f.alg, c.mem)

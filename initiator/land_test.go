@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -52,14 +54,14 @@ func newLandRigOn(tb testing.TB, dir string, src []byte, chunk int64, slots int,
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := allocate(file, size); err != nil {
+	if err := local.Allocate(file, size); err != nil {
 		tb.Fatal(err)
 	}
-	if err := reserve(file, nil, layout); err != nil {
+	if err := local.Reserve(file, nil, layout); err != nil {
 		tb.Fatal(err)
 	}
-	out := newSink(file, false, nil)
-	out.kind = destFresh
+	out := local.NewSink(file, false, nil)
+	out.Kind = local.DestFresh
 	f := &fetch{out: out, layout: layout, alg: chunker.CRC32C}
 	reg := func(b []byte) (verbs.MR, error) { return pd.RegMR(b, verbs.AccessLocalWrite) }
 	if !mapped && !pins {
@@ -203,7 +205,7 @@ func TestMappedLandingTruncatedFileIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := f.verify(c, nil)
-	if !errors.Is(v.err, errLandFault) || !errors.Is(v.err, ErrDest) {
+	if !errors.Is(v.err, errLandFault) || !errors.Is(v.err, local.ErrDest) {
 		t.Fatalf("verify over a truncated mapping: %+v, want ErrDest and errLandFault", v)
 	}
 }

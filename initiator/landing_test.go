@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -89,10 +91,10 @@ func BenchmarkLanding(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := allocate(f, size); err != nil {
+		if err := local.Allocate(f, size); err != nil {
 			b.Fatal(err)
 		}
-		if err := reserve(f, nil, chunker.Layout{Size: size, ChunkSize: chunk}); err != nil {
+		if err := local.Reserve(f, nil, chunker.Layout{Size: size, ChunkSize: chunk}); err != nil {
 			b.Fatal(err)
 		}
 		return f
@@ -138,19 +140,19 @@ func BenchmarkLanding(b *testing.B) {
 				f := newFile(b)
 				b.StartTimer()
 				c0, a0 := procCPU(), machineCPU()
-				s := newSink(f, direct, slog.New(slog.DiscardHandler))
-				if direct && s.d == nil {
-					b.Fatalf("no O_DIRECT here: %s", s.why)
+				s := local.NewSink(f, direct, slog.New(slog.DiscardHandler))
+				if direct && s.Direct == nil {
+					b.Fatalf("no O_DIRECT here: %s", s.Why)
 				}
 				land(b, c.writers, func(p []byte, off int64) error { _, err := s.WriteAt(p, off); return err })
-				s.close()
+				s.Close()
 				if err := f.Sync(); err != nil {
 					b.Fatal(err)
 				}
 				cpu, all = cpu+procCPU()-c0, all+machineCPU()-a0
 				b.StopTimer()
-				if direct && s.directBytes() != size {
-					b.Fatalf("%d bytes direct, want %d", s.directBytes(), size)
+				if direct && s.DirectBytes() != size {
+					b.Fatalf("%d bytes direct, want %d", s.DirectBytes(), size)
 				}
 				f.Close()
 				os.Remove(f.Name())

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -83,33 +85,33 @@ type fileMap struct {
 // mapLanding returns the mapped landing for out, or nil and why not;
 // slots is the staging it replaces, in chunks.
 // pins says the device DMAs into pinned pages.
-func mapLanding(out *sink, layout chunker.Layout, slots int, pins bool, reg func([]byte) (verbs.MR, error), log *slog.Logger) (*fileMap, string) {
+func mapLanding(out *local.Sink, layout chunker.Layout, slots int, pins bool, reg func([]byte) (verbs.MR, error), log *slog.Logger) (*fileMap, string) {
 	switch {
-	case out.kind != destFresh && out.kind != destInPlace:
+	case out.Kind != local.DestFresh && out.Kind != local.DestInPlace:
 		return nil, "not a regular file"
-	case out.directOn():
+	case out.DirectOn():
 		return nil, "O_DIRECT lands from staging with no copy"
-	case out.sparseOn():
+	case out.SparseOn():
 		return nil, "-S looks for zero blocks before writing"
 	case layout.Size <= 0 || layout.ChunkSize <= 0:
 		return nil, "empty"
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(int(out.f.Fd()), &st); err != nil {
+	if err := unix.Fstat(int(out.File.Fd()), &st); err != nil {
 		return nil, err.Error()
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < layout.Size {
 		return nil, "file is not a regular file of the source's size"
 	}
 	var sf unix.Statfs_t
-	tmpfs := unix.Fstatfs(int(out.f.Fd()), &sf) == nil && sf.Type == unix.TMPFS_MAGIC
+	tmpfs := unix.Fstatfs(int(out.File.Fd()), &sf) == nil && sf.Type == unix.TMPFS_MAGIC
 	if pins && !tmpfs {
 		return nil, "the device would pin the page cache of a file system that tracks dirty pages"
 	}
 	if why := mapsCheaper(tmpfs, st.Dev); why != "" {
 		return nil, why
 	}
-	m := &fileMap{f: out.f, name: out.f.Name(), size: layout.Size, span: landSpan(slots, layout.ChunkSize), reg: reg, populate: true, log: log}
+	m := &fileMap{f: out.File, name: out.File.Name(), size: layout.Size, span: landSpan(slots, layout.ChunkSize), reg: reg, populate: true, log: log}
 	// Try the first region now, so that a file or device that can't be
 	// mapped or registered sends the whole fetch through staging.
 	r, err := m.mapRegion(0)

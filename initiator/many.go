@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -130,7 +132,7 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 				res.Err = fmt.Errorf("%s: %w", jobs[k].Src, err)
 				continue
 			}
-			name := filepath.Base(tempName(dst))
+			name := filepath.Base(local.TempName(dst))
 			if err := writeSmall(d, name, f.entry, f.data); err != nil {
 				res.Err = fmt.Errorf("%s: %s: %w", jobs[k].Src, dst, err)
 				continue

@@ -29,7 +29,7 @@ func (f *fetch) mapWindows(ctx context.Context, out chan<- winOrErr) { f.mapAhea
 // holesTo is where the run of whole hole chunks from first ends, at most
 // per chunks on: first if chunk first holds data.
 func (f *fetch) holesTo(first, per int) int {
-	if d := f.ext.nextData(f.layout, first); d > first {
+	if d := f.ext.NextData(f.layout, first); d > first {
 		return min(d, first+per)
 	}
 	return first

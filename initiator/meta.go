@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -377,7 +379,7 @@ func (m *treeMeta) dir(root *os.Root, rel string, e protocol.Entry) error {
 func link(root *os.Root, to, rel string) error {
 	err := root.Link(to, rel)
 	if errors.Is(err, fs.ErrExist) {
-		tmp := path.Join(path.Dir(rel), tempName(path.Base(rel)))
+		tmp := path.Join(path.Dir(rel), local.TempName(path.Base(rel)))
 		if err = root.Link(to, tmp); err == nil {
 			if err = root.Rename(tmp, rel); err != nil {
 				root.Remove(tmp)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+
+	"github.com/rdmacp/rdmacp/initiator/local"
 )
 
 // Where a copy lands follows rsync, so that the same command run twice
@@ -41,7 +43,7 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 	case err == nil:
 		return errNotDirDest(dir)
 	case !errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %w", ErrDest, err)
+		return fmt.Errorf("%w: %w", local.ErrDest, err)
 	}
 	if !mkpath {
 		if err := destDirExists(dir); err != nil {
@@ -57,7 +59,7 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 		err = os.Mkdir(dir, 0o777)
 	}
 	if err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("%w: %w", ErrDest, err)
+		return fmt.Errorf("%w: %w", local.ErrDest, err)
 	}
 	return nil
 }
@@ -65,7 +67,7 @@ func makeDestDir(dir string, mkpath, dry bool) error {
 // errNotDirDest says that DEST, which a tree or a DEST/ needs to be a
 // directory, is something else (rsync: "destination must be a directory").
 func errNotDirDest(dir string) error {
-	return fmt.Errorf("%w: %s exists and is not a directory", ErrDest, dir)
+	return fmt.Errorf("%w: %s exists and is not a directory", local.ErrDest, dir)
 }
 
 // makeParents makes the directories above p for MkPath.

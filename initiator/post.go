@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -23,7 +25,7 @@ type fetch struct {
 	handle   uint32
 	layout   chunker.Layout
 	alg      chunker.Algorithm
-	out      *sink
+	out      *local.Sink
 	src      string
 	progress func(Progress)
 
@@ -67,7 +69,7 @@ type fetch struct {
 	// without digests by window); a chunk wholly in a hole is neither
 	// mapped nor READ, and lands as a hole (landHole: the sink decides
 	// what a hole becomes).
-	ext *extentMap
+	ext *local.ExtentMap
 	// resuspected: chunks whose digest the target hashed again
 	// (Suspect) and found different; its file digest can't be had then.
 	resuspected int

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -18,9 +20,9 @@ type pullSpec struct {
 	progress func(Progress)
 	// land opens where the bytes go, once the target's layout is known.
 	// It may return errSame to skip the file.
-	land func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error)
+	land func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error)
 	// resume, if set, returns the resumer land set up, if any.
-	resume func() *resumer
+	resume func() *local.Resumer
 	// noDirect lands with buffered writes only (see direct.go).
 	noDirect bool
 }
@@ -32,7 +34,7 @@ type pullSpec struct {
 //
 // A session that breaks on the way is re-established (reconnect) and the
 // copy goes on from the chunks already verified, into the same landing.
-func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Result, *landing, error) {
+func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Result, *local.Landing, error) {
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	st := &pullState{}
 	for {
@@ -56,7 +58,7 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 			}
 		}
 		if st.land != nil {
-			st.land.abort()
+			st.land.Abort()
 		}
 		return res, nil, err
 	}
@@ -65,11 +67,11 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 // pullState is what a pull keeps across the sessions it needs: where the
 // bytes land, the source as first opened, and the chunks verified.
 type pullState struct {
-	land  *landing
+	land  *local.Landing
 	entry protocol.Entry
 	have  []bool       // chunks verified and written, by this command
 	sums  *orderedSums // their digests, combined into the file digest
-	ext   *extentMap
+	ext   *local.ExtentMap
 }
 
 func (st *pullState) verified() int {
@@ -153,18 +155,18 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 	} else if err != nil {
 		return err
 	}
-	out, err := st.land.open(f.ext, layout, !sp.noDirect && layout.Size >= directMin(layout), s.cfg.Logger)
+	out, err := st.land.Open(f.ext, layout, !sp.noDirect && layout.Size >= local.DirectMin(layout), s.cfg.Logger)
 	if err != nil {
 		return err
 	}
 	f.out = out
 	err = f.run()
-	out.close()
+	out.Close()
 	st.keep(f)
 	res.Retries += f.retries
 	res.BytesRead += f.bytesRead
 	resuspected := f.resuspected
-	res.directBytes += out.directBytes()
+	res.directBytes += out.DirectBytes()
 	res.mapped = res.mapped || f.inPages
 	if err != nil {
 		closed, err = s.explainFailure(ctx, or.Handle, src, err)
@@ -277,9 +279,9 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 	if sp.resume != nil {
 		if rs := sp.resume(); rs != nil {
 			if first {
-				f.have, f.local = rs.have, rs.sum
+				f.have, f.local = rs.Have, rs.Sum
 			}
-			f.onDone = rs.done
+			f.onDone = rs.Done
 		}
 	}
 	return nil

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -99,7 +101,7 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions, ps *
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	// The user named src (a symlink is followed), but it may have become
 	// a FIFO since the CLI looked: that is refused, not waited on.
-	f, err := openRegular(src, openMode{flag: os.O_RDONLY, follow: true})
+	f, err := local.OpenRegular(src, local.OpenMode{Flag: os.O_RDONLY, Follow: true})
 	if err != nil {
 		return res, err
 	}

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/leftover"
 
 	"golang.org/x/sys/unix"
@@ -27,7 +29,7 @@ func (c *treeCopy) quick() bool {
 }
 
 // resuming reports whether a journal names files an earlier run finished.
-func (c *treeCopy) resuming() bool { return c.jn != nil && len(c.jn.done) > 0 }
+func (c *treeCopy) resuming() bool { return c.jn != nil && len(c.jn.Done) > 0 }
 
 // sameMeta is rsync's quick check: fi, at the destination, is a regular
 // file with e's size and mtime, within window (rsync's --modify-window:
@@ -103,7 +105,7 @@ func (c *treeCopy) unchanged(it item) bool {
 	}
 	// With --ignore-times, only what the journal says an interrupted run
 	// finished is skipped.
-	done := c.jn.has(it.rel, it.entry.Size, it.entry.MtimeNs)
+	done := c.jn.Has(it.rel, it.entry.Size, it.entry.MtimeNs)
 	if !done && !c.opt.QuickCheck {
 		return false
 	}
@@ -226,11 +228,11 @@ func destDirExists(dst string) error {
 	fi, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %s: %w (the directory of %s; make it, or add --mkpath)", ErrDest, dir, ErrNoDir, dst)
+		return fmt.Errorf("%w: %s: %w (the directory of %s; make it, or add --mkpath)", local.ErrDest, dir, ErrNoDir, dst)
 	case err != nil:
 		return err
 	case !fi.IsDir():
-		return fmt.Errorf("%w: %s is not a directory (the directory of %s)", ErrDest, dir, dst)
+		return fmt.Errorf("%w: %s is not a directory (the directory of %s)", local.ErrDest, dir, dst)
 	}
 	return nil
 }
@@ -322,7 +324,7 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 func (c *treeCopy) dryChecksum(root *os.Root, it item) (string, error) {
 	remote := c.src + "/" + it.rel
 	r, err := c.s.dryChecksum(c.ctx, remote, it.rel, func() (*os.File, error) {
-		return openRegularRoot(root, it.rel, openMode{flag: os.O_RDONLY})
+		return local.OpenRegularRoot(root, it.rel, local.OpenMode{Flag: os.O_RDONLY})
 	})
 	switch {
 	case err != nil:

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/filter"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -157,10 +159,10 @@ type pending struct {
 	res    *FileResult
 	tmp    string // in the root; "" for a symlink not yet made
 	rel    string
-	link   string   // a symlink's target
-	rs     *resumer // with Partial: the sidecar to drop once renamed
-	placed bool     // already at rel, in a staged tree
-	mtime  int64    // a file's, in ns: for the journal
+	link   string         // a symlink's target
+	rs     *local.Resumer // with Partial: the sidecar to drop once renamed
+	placed bool           // already at rel, in a staged tree
+	mtime  int64          // a file's, in ns: for the journal
 }
 
 // GetTree copies the remote directory src ("EXPORT/dir") to the local
@@ -199,7 +201,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	if opt.DryRun {
 		return s.dryTree(ctx, l, src, top, opt, tr)
 	}
-	tr.Cleaned = cleanLeftovers(filepath.Dir(top)) // staged trees, and any other
+	tr.Cleaned = local.CleanLeftovers(filepath.Dir(top)) // staged trees, and any other
 	td, err := s.openTreeDest(src, dst, top, opt)
 	if err != nil {
 		return tr, err
@@ -219,7 +221,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 		return tr, err
 	}
 	if tr.Failed == 0 {
-		if err := td.jn.remove(); err != nil {
+		if err := td.jn.Remove(); err != nil {
 			return tr, err
 		}
 	}
@@ -232,7 +234,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 func (s *Session) treeSource(ctx context.Context, src string, opt TreeOptions) (lister, protocol.Entry, error) {
 	if opt.Delete && opt.Shard.N > 1 {
 		// The other shards' files are not seen, so they would look gone.
-		return nil, protocol.Entry{}, fmt.Errorf("%w: Delete with a Shard would remove the other shards' files", ErrDest)
+		return nil, protocol.Entry{}, fmt.Errorf("%w: Delete with a Shard would remove the other shards' files", local.ErrDest)
 	}
 	var l lister = s
 	if s.lister != nil {
@@ -260,7 +262,7 @@ type treeDest struct {
 	top     string
 	stage   string // "" once renamed into place, or when not staged
 	existed bool   // top was there before the copy
-	jn      *journal
+	jn      *local.Journal
 	root    *os.Root // the stage, or top
 }
 
@@ -273,15 +275,15 @@ func (s *Session) openTreeDest(src, dst, top string, opt TreeOptions) (*treeDest
 	_, err := os.Lstat(top)
 	td := &treeDest{top: top, existed: err == nil}
 	if errors.Is(err, fs.ErrNotExist) && !opt.Partial {
-		td.stage = filepath.Join(filepath.Dir(top), tempName(filepath.Base(top)))
+		td.stage = filepath.Join(filepath.Dir(top), local.TempName(filepath.Base(top)))
 		if err := os.Mkdir(td.stage, 0o700); err != nil {
 			return nil, err
 		}
 	} else {
 		// With Partial, or where a journal says DEST is an earlier
 		// run's copy still under way, the journal: what is done.
-		if opt.Partial || journalSource(journalPath(top)) == src {
-			if td.jn, err = openJournal(top, src, opt.Partial); err != nil {
+		if opt.Partial || local.JournalSource(local.JournalPath(top)) == src {
+			if td.jn, err = local.OpenJournal(top, src, opt.Partial); err != nil {
 				return nil, err
 			}
 		}
@@ -302,7 +304,7 @@ func (td *treeDest) close() {
 	if td.root != nil {
 		td.root.Close()
 	}
-	td.jn.close()
+	td.jn.Close()
 	if td.stage != "" {
 		removeStage(td.stage)
 	}
@@ -378,7 +380,7 @@ func (c *treeCopy) putInPlace() error {
 	n := c.unlanded
 	c.mu.Unlock()
 	if n > 0 {
-		return fmt.Errorf("%w: %s was not put in place: %d of its files could not be written (nothing was left there; run the command again, or add --partial to keep what lands)", ErrDest, td.top, n)
+		return fmt.Errorf("%w: %s was not put in place: %d of its files could not be written (nothing was left there; run the command again, or add --partial to keep what lands)", local.ErrDest, td.top, n)
 	}
 	if err := renameNew(td.stage, td.top); err != nil {
 		return err
@@ -437,11 +439,11 @@ type treeCopy struct {
 	open       map[string]*openDir
 	walkPath   []string
 	failedDirs map[string]bool
-	sdr        *dirRoots   // settle's: the packer has dr
-	jobs       []packedJob // viaWalk's, reused batch after batch
-	td         *treeDest   // nil in a dry run
-	jn         *journal    // nil without one
-	fresh      bool        // the destination did not exist: nothing to check in it
+	sdr        *dirRoots      // settle's: the packer has dr
+	jobs       []packedJob    // viaWalk's, reused batch after batch
+	td         *treeDest      // nil in a dry run
+	jn         *local.Journal // nil without one
+	fresh      bool           // the destination did not exist: nothing to check in it
 	// Of the main loop only: the directories Filter excluded, and with
 	// Delete every path the source has.
 	exDirs map[string]bool
@@ -622,14 +624,14 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		return pending{}, err
 	}
 	tmp := dr.fileName(it.rel)
-	var rs *resumer
-	sp := pullSpec{progress: opt.Progress, resume: func() *resumer { return rs }, noDirect: opt.NoDirect}
-	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*landing, error) {
+	var rs *local.Resumer
+	sp := pullSpec{progress: opt.Progress, resume: func() *local.Resumer { return rs }, noDirect: opt.NoDirect}
+	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		if or.Entry.Type != protocol.FileRegular {
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return openRegularRoot(d, base, openMode{flag: os.O_RDONLY}) }, or, layout); err != nil {
+			if same, err := s.sameFile(ctx, func() (*os.File, error) { return local.OpenRegularRoot(d, base, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err
 			} else if same {
 				return nil, errSame
@@ -637,22 +639,22 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		}
 		if opt.Partial {
 			var err error
-			if rs, err = openResumer(ctx, d, base, remote, or, layout, s.cfg.Logger); err != nil {
+			if rs, err = local.OpenResumer(ctx, d, base, remote, or, layout, s.cfg.Logger); err != nil {
 				return nil, err
 			}
-			tmp = rs.tmpName
-			return &landing{f: rs.f, dst: it.rel, partial: rs}, nil
+			tmp = rs.TmpName
+			return &local.Landing{File: rs.File, Dst: it.rel, Partial: rs}, nil
 		}
-		f, err := openRegularRoot(d, tmp, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
+		f, err := local.OpenRegularRoot(d, tmp, local.OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 		if err != nil {
 			return nil, err
 		}
-		if err := allocate(f, layout.Size); err != nil {
+		if err := local.Allocate(f, layout.Size); err != nil {
 			f.Close()
 			d.Remove(tmp)
 			return nil, &fs.PathError{Op: "allocate", Path: it.rel, Err: err}
 		}
-		return &landing{f: f, dst: it.rel, remove: func() { d.Remove(tmp) }}, nil
+		return &local.Landing{File: f, Dst: it.rel, Remove: func() { d.Remove(tmp) }}, nil
 	}
 	res, land, err := s.pull(ctx, remote, it.rel, sp)
 	fr.BytesRead = res.BytesRead
@@ -665,25 +667,25 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 	}
 	fr.Bytes, fr.Digest = res.Bytes, res.Digest
 	e := res.entry
-	err = land.f.Chmod(fs.FileMode(e.Mode & 0o777))
+	err = land.File.Chmod(fs.FileMode(e.Mode & 0o777))
 	if err == nil { // through the file: a link at tmp's name is not touched
-		if err = setMtime(land.f.Fd(), e.MtimeNs); err != nil {
+		if err = local.SetMtime(land.File.Fd(), e.MtimeNs); err != nil {
 			err = &fs.PathError{Op: "chtimes", Path: tmp, Err: err}
 		}
 	}
-	if cerr := land.f.Close(); err == nil {
+	if cerr := land.File.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		if rs != nil {
-			rs.save()
+			rs.Save()
 		} else {
 			d.Remove(tmp)
 		}
 		return pending{}, err
 	}
 	if rs != nil {
-		rs.save() // every chunk marked: a rerun reads none of it
+		rs.Save() // every chunk marked: a rerun reads none of it
 	}
 	if dr.final {
 		return pending{res: fr, rel: it.rel, placed: true, mtime: e.MtimeNs}, nil

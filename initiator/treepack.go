@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 	"golang.org/x/sys/unix"
@@ -355,7 +357,7 @@ func writeSmall(dir *os.File, name string, e protocol.Entry, data []byte) error 
 		op, err = "chmod", unix.Fchmod(fd, mode)
 	}
 	if err == nil {
-		op, err = "chtimes", setMtime(uintptr(fd), e.MtimeNs)
+		op, err = "chtimes", local.SetMtime(uintptr(fd), e.MtimeNs)
 	}
 	if cerr := unix.Close(fd); err == nil {
 		op, err = "close", cerr

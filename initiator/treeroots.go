@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/leftover"
 	"golang.org/x/sys/unix"
 )
@@ -71,7 +73,7 @@ func (d *dirRoots) fileName(rel string) string {
 	if d.final {
 		return path.Base(rel)
 	}
-	return path.Base(tempName(rel))
+	return path.Base(local.TempName(rel))
 }
 
 // in returns the root of rel's directory and rel's last element. The root
@@ -142,7 +144,7 @@ func replaceTopLink(top string, named bool, log *slog.Logger) error {
 		return nil
 	}
 	if err := os.Remove(top); err != nil {
-		return fmt.Errorf("%w: %s is a symlink where the tree's directory goes, and could not be removed: %w", ErrDest, top, err)
+		return fmt.Errorf("%w: %s is a symlink where the tree's directory goes, and could not be removed: %w", local.ErrDest, top, err)
 	}
 	log.Info("replaced a symlink with the tree's directory (as rsync)", "path", top)
 	return nil
@@ -161,7 +163,7 @@ func openTreeRoot(dir string, follow bool) (*os.Root, error) {
 		return nil, err
 	}
 	defer parent.Close()
-	return openDirNoFollow(parent, filepath.Dir(dir), filepath.Base(dir))
+	return local.OpenDirNoFollow(parent, filepath.Dir(dir), filepath.Base(dir))
 }
 
 // renameNew renames the staged tree stage to top, which must not exist:

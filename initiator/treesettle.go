@@ -8,6 +8,8 @@ import (
 	"path"
 	"syscall"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -67,7 +69,7 @@ func (c *treeCopy) settle(final bool) error {
 			continue
 		}
 		if p.tmp == "" {
-			tmp := tempName(p.rel)
+			tmp := local.TempName(p.rel)
 			if err := root.Symlink(p.link, tmp); err != nil {
 				p.res.Status, p.res.Err = StatusFailed, err
 				continue
@@ -79,10 +81,10 @@ func (c *treeCopy) settle(final bool) error {
 		if d, base, derr := dr.in(p.rel); derr == nil {
 			err = d.Rename(path.Base(p.tmp), base)
 			if err != nil {
-				switch werr := makeWay(d, base, c.opt.Delete); {
+				switch werr := local.MakeWay(d, base, c.opt.Delete); {
 				case werr == nil:
 					err = d.Rename(path.Base(p.tmp), base)
-				case errors.Is(werr, errInTheWay):
+				case errors.Is(werr, local.ErrInTheWay):
 					err = fmt.Errorf("%w: not replaced without --delete (rsync needs --delete or --force too)", werr)
 				}
 			}
@@ -90,7 +92,7 @@ func (c *treeCopy) settle(final bool) error {
 				d.Remove(path.Base(p.tmp))
 			}
 			if p.rs != nil {
-				p.rs.finished()
+				p.rs.Finished()
 			}
 		}
 		if err != nil {
@@ -110,10 +112,10 @@ func (c *treeCopy) settle(final bool) error {
 	done := c.meta.placed(root, waiting, final) // the hard links' results
 	for _, p := range waiting {
 		if p.res.Status == StatusOK && p.res.Type == protocol.FileRegular {
-			c.jn.add(p.rel, uint64(p.res.Bytes), p.mtime)
+			c.jn.Add(p.rel, uint64(p.res.Bytes), p.mtime)
 		}
 	}
-	if err := c.jn.sync(); err != nil {
+	if err := c.jn.Sync(); err != nil {
 		return err
 	}
 	for _, p := range waiting {
@@ -148,5 +150,5 @@ func landFailed(err error) bool {
 	var pe *fs.PathError
 	var le *os.LinkError
 	var errno syscall.Errno
-	return errors.Is(err, ErrDest) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &errno)
+	return errors.Is(err, local.ErrDest) || errors.As(err, &pe) || errors.As(err, &le) || errors.As(err, &errno)
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -17,8 +19,8 @@ const maxExtents = 1 << 16
 
 // listExtents asks for the data extents of handle h, page by page, up to
 // maxExtents.
-func (s *Session) listExtents(ctx context.Context, h uint32, size int64) (*extentMap, error) {
-	em := &extentMap{size: size}
+func (s *Session) listExtents(ctx context.Context, h uint32, size int64) (*local.ExtentMap, error) {
+	em := &local.ExtentMap{Size: size}
 	for next := uint64(0); ; {
 		m, err := s.call(ctx, &protocol.Extents{Handle: h, Offset: next})
 		if err != nil {
@@ -30,10 +32,10 @@ func (s *Session) listExtents(ctx context.Context, h uint32, size int64) (*exten
 		}
 		for _, x := range r.Extents {
 			end := x.Offset + x.Length
-			if x.Length == 0 || end < x.Offset || end > uint64(size) || int64(x.Offset) < em.end() {
-				return nil, fmt.Errorf("%w: extent %d+%d of a %d-byte file, after %d", protocol.ErrMalformed, x.Offset, x.Length, size, em.end())
+			if x.Length == 0 || end < x.Offset || end > uint64(size) || int64(x.Offset) < em.End() {
+				return nil, fmt.Errorf("%w: extent %d+%d of a %d-byte file, after %d", protocol.ErrMalformed, x.Offset, x.Length, size, em.End())
 			}
-			em.xs = append(em.xs, x)
+			em.Extents = append(em.Extents, x)
 		}
 		if r.Next == 0 {
 			return em, nil
@@ -41,8 +43,8 @@ func (s *Session) listExtents(ctx context.Context, h uint32, size int64) (*exten
 		if r.Next <= next || int64(r.Next) > size {
 			return nil, fmt.Errorf("%w: extents page after %d says the next starts at %d", protocol.ErrMalformed, next, r.Next)
 		}
-		if len(em.xs) >= maxExtents {
-			em.upTo = int64(r.Next)
+		if len(em.Extents) >= maxExtents {
+			em.UpTo = int64(r.Next)
 			return em, nil
 		}
 		next = r.Next
@@ -55,7 +57,7 @@ func (f *fetch) holeChunk(i int) bool {
 		return false
 	}
 	off, n := f.layout.Chunk(i)
-	return !f.ext.data(off, n)
+	return !f.ext.Data(off, n)
 }
 
 // landHole makes source bytes [off, off+n), zeros, so at the

@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -42,7 +44,7 @@ func TestSetMtimeWithoutProc(t *testing.T) {
 			done <- fmt.Errorf("%w: tmpfs over /proc: %v", errSkip, err)
 			return
 		}
-		done <- setMtime(f.Fd(), ns)
+		done <- local.SetMtime(f.Fd(), ns)
 	}()
 	err = <-done
 	if errors.Is(err, errSkip) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 )
 
 // jsonLines splits --json output into objects.
@@ -249,7 +250,7 @@ func TestCpPartialResumeAfterKill(t *testing.T) {
 	want := writeFile(t, filepath.Join(dir, "big"), size)
 	s := serve(t, dir, nil) // 64 KiB chunks
 	dst := filepath.Join(t.TempDir(), "big")
-	sidecar := initiator.SidecarPath(dst)
+	sidecar := local.SidecarPath(dst)
 	cp := rdmacp("cp", "--json", "--partial", "--qps", "1", "--depth", "1", "--read-size", "64K", s.addr+":data/big", dst)
 	killed, _ := runUntil(t, cp, func(line []byte) bool {
 		var st map[string]any
@@ -268,7 +269,7 @@ func TestCpPartialResumeAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var side initiator.Sidecar
+	var side local.Sidecar
 	if err := json.Unmarshal(b, &side); err != nil {
 		t.Fatal(err)
 	}
@@ -316,10 +317,10 @@ func TestCpPartialRechecksMarkedChunks(t *testing.T) {
 	// A partial copy that claims all 16 chunks, with chunk 3 corrupted.
 	bad := append([]byte(nil), want...)
 	bad[3*64<<10+5] ^= 1
-	os.WriteFile(filepath.Join(filepath.Dir(dst), ".f"+initiator.PartialSuffix+".part"), bad, 0o600)
-	side, _ := json.Marshal(initiator.Sidecar{Source: "data/f", Size: size, MtimeNs: fi.ModTime().UnixNano(), ChunkSize: 64 << 10,
-		Algorithm: "crc32c", Temp: ".f" + initiator.PartialSuffix + ".part", Bitmap: []byte{0xff, 0xff}})
-	os.WriteFile(initiator.SidecarPath(dst), side, 0o600)
+	os.WriteFile(filepath.Join(filepath.Dir(dst), ".f"+local.PartialSuffix+".part"), bad, 0o600)
+	side, _ := json.Marshal(local.Sidecar{Source: "data/f", Size: size, MtimeNs: fi.ModTime().UnixNano(), ChunkSize: 64 << 10,
+		Algorithm: "crc32c", Temp: ".f" + local.PartialSuffix + ".part", Bitmap: []byte{0xff, 0xff}})
+	os.WriteFile(local.SidecarPath(dst), side, 0o600)
 	out, errs, code := run(t, "cp", "--json", "--partial", s.addr+":data/f", dst)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -371,11 +372,11 @@ func TestCpPartialKeptOnSIGINT(t *testing.T) {
 	if code := cp.ProcessState.ExitCode(); code != exitInterrupts {
 		t.Skipf("exit %d: finished before the interrupt?", code)
 	}
-	b, err := os.ReadFile(initiator.SidecarPath(dst))
+	b, err := os.ReadFile(local.SidecarPath(dst))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var side initiator.Sidecar
+	var side local.Sidecar
 	json.Unmarshal(b, &side)
 	fi, err := os.Stat(filepath.Join(filepath.Dir(dst), side.Temp))
 	if err != nil || fi.Size() != 128<<20 {
@@ -407,7 +408,7 @@ func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
 		if p, _ := st["path"].(string); st["message_type"] != "status" || !strings.HasSuffix(p, "/b") {
 			return false
 		}
-		_, err := os.Stat(initiator.SidecarPath(filepath.Join(out, "tree", "b")))
+		_, err := os.Stat(local.SidecarPath(filepath.Join(out, "tree", "b")))
 		return err == nil
 	}, func() { cp.Process.Kill() })
 	if !killed {
@@ -415,11 +416,11 @@ func TestCpRecursivePartialResumeAfterKill(t *testing.T) {
 	}
 	marked := 0
 	for _, n := range names {
-		b, err := os.ReadFile(initiator.SidecarPath(filepath.Join(out, "tree", n)))
+		b, err := os.ReadFile(local.SidecarPath(filepath.Join(out, "tree", n)))
 		if err != nil {
 			continue
 		}
-		var side initiator.Sidecar
+		var side local.Sidecar
 		json.Unmarshal(b, &side)
 		for _, x := range side.Bitmap {
 			marked += bits.OnesCount8(x)

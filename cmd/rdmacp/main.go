@@ -20,6 +20,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -101,7 +102,7 @@ func exitCode(ctx context.Context, err error) int {
 		return exitRemote
 	case errors.Is(err, initiator.ErrConnect), errors.Is(err, errTransport):
 		return exitConnect
-	case errors.As(err, &fe), errors.As(err, &le), errors.Is(err, syscall.ENOSPC), errors.Is(err, initiator.ErrDest):
+	case errors.As(err, &fe), errors.As(err, &le), errors.Is(err, syscall.ENOSPC), errors.Is(err, local.ErrDest):
 		return exitLocalIO
 	}
 	return exitError

@@ -1,14 +1,13 @@
 package main
 
 import (
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/urfave/cli/v2"
-
-	"github.com/rdmacp/rdmacp/initiator"
 )
 
 // sparseOptions reads -S/--sparse and --zero for a single-file pull.
-func sparseOptions(c *cli.Context) (bool, initiator.ZeroMode, error) {
-	z, err := initiator.ParseZeroMode(c.String("zero"))
+func sparseOptions(c *cli.Context) (bool, local.ZeroMode, error) {
+	z, err := local.ParseZeroMode(c.String("zero"))
 	if err != nil {
 		return false, 0, usageError{err}
 	}

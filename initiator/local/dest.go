@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"errors"
@@ -19,33 +19,33 @@ import (
 // The destination of a pull: where the bytes go (a temporary file renamed
 // over DEST at the end, a block device in place, or nowhere), and its commit.
 
-// landing is where a copy's bytes go: a temporary file renamed onto
+// Landing is where a copy's bytes go: a temporary file renamed onto
 // DEST at the end, or (with Force) a block device written in place.
-type landing struct {
-	f       *os.File
-	dst     string
-	device  bool
-	discard bool     // /dev/null: nothing to sync
-	partial *resumer // with --partial: kept on failure, for a later run
-	remove  func()   // if set, how abort removes the file
+type Landing struct {
+	File    *os.File
+	Dst     string
+	Device  bool
+	Discard bool     // /dev/null: nothing to sync
+	Partial *Resumer // with --partial: kept on failure, for a later run
+	Remove  func()   // if set, how abort removes the file
 
-	sparse bool     // -S (GetOptions.Sparse)
-	zero   ZeroMode // on a device (GetOptions.Zero)
+	Sparse bool     // -S (GetOptions.Sparse)
+	Zero   ZeroMode // on a device (GetOptions.Zero)
 	ready  bool     // open has reserved the space (sparse.go)
 }
 
-// directMin is the smallest file landed with O_DIRECT: below a chunk (or
+// DirectMin is the smallest file landed with O_DIRECT: below a chunk (or
 // 1 MiB) the second descriptor costs more than the page cache does.
-func directMin(l chunker.Layout) int64 { return min(l.ChunkSize, 1<<20) }
+func DirectMin(l chunker.Layout) int64 { return min(l.ChunkSize, 1<<20) }
 
 // ErrDest reports a destination rdmacp will not write.
 var ErrDest = errors.New("destination refused")
 
-// destOf is where a copy to dst lands: dst, or the file a symlink at dst
+// DestOf is where a copy to dst lands: dst, or the file a symlink at dst
 // names (cp writes through a symlink; rdmacp does not replace it). It
 // refuses a symlink that leads nowhere and any special file but
 // /dev/null, into which a copy is verified and thrown away (discard).
-func destOf(dst string, named bool) (path string, discard bool, err error) {
+func DestOf(dst string, named bool) (path string, discard bool, err error) {
 	fi, err := os.Lstat(dst)
 	if err != nil {
 		return dst, false, nil // a new file
@@ -93,16 +93,16 @@ func specialKind(fi fs.FileInfo) string {
 	return "special file"
 }
 
-func openDest(dst string, size int64, force bool) (*landing, error) {
+func OpenDest(dst string, size int64, force bool) (*Landing, error) {
 	fi, err := os.Stat(dst)
 	if err != nil || !blockdev.Is(fi) {
 		f, err := createTemp(dst, size)
 		if err != nil {
 			return nil, err
 		}
-		return &landing{f: f, dst: dst}, nil
+		return &Landing{File: f, Dst: dst}, nil
 	}
-	refuse := func(why string) (*landing, error) {
+	refuse := func(why string) (*Landing, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrDest, dst, why)
 	}
 	if !force {
@@ -129,42 +129,42 @@ func openDest(dst string, size int64, force bool) (*landing, error) {
 		f.Close()
 		return refuse(fmt.Sprintf("holds %d bytes, the source has %d", n, size))
 	}
-	return &landing{f: f, dst: dst, device: true}, nil
+	return &Landing{File: f, Dst: dst, Device: true}, nil
 }
 
-// abort undoes what it can: a temporary file goes; a device keeps what
+// Abort undoes what it can: a temporary file goes; a device keeps what
 // was written (the copy reports failure).
-func (l *landing) abort() {
-	if l.partial != nil {
-		l.partial.keep()
+func (l *Landing) Abort() {
+	if l.Partial != nil {
+		l.Partial.keep()
 		return
 	}
-	l.f.Close()
-	if l.remove != nil {
-		l.remove()
-	} else if !l.device {
-		os.Remove(l.f.Name())
+	l.File.Close()
+	if l.Remove != nil {
+		l.Remove()
+	} else if !l.Device {
+		os.Remove(l.File.Name())
 	}
 }
 
-func (l *landing) commit(e protocol.Entry) error {
-	if l.partial != nil {
-		if err := finish(l.f, l.dst, e); err != nil {
+func (l *Landing) Commit(e protocol.Entry) error {
+	if l.Partial != nil {
+		if err := finish(l.File, l.Dst, e); err != nil {
 			return err
 		}
-		l.partial.finished()
+		l.Partial.Finished()
 		return nil
 	}
-	if !l.device {
-		return finish(l.f, l.dst, e)
+	if !l.Device {
+		return finish(l.File, l.Dst, e)
 	}
-	if l.discard {
-		return l.f.Close()
+	if l.Discard {
+		return l.File.Close()
 	}
-	if err := l.f.Sync(); err != nil {
-		return &fs.PathError{Op: "sync", Path: l.dst, Err: err}
+	if err := l.File.Sync(); err != nil {
+		return &fs.PathError{Op: "sync", Path: l.Dst, Err: err}
 	}
-	return l.f.Close()
+	return l.File.Close()
 }
 
 // createTemp makes the temporary file a copy lands in, of the source's
@@ -173,11 +173,11 @@ func (l *landing) commit(e protocol.Entry) error {
 // the source's holes take none.
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), leftover.Name(filepath.Base(dst)))
-	f, err := openRegular(name, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	f, err := OpenRegular(name, OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 	if err != nil {
 		return nil, err
 	}
-	if err := allocate(f, size); err != nil {
+	if err := Allocate(f, size); err != nil {
 		f.Close()
 		os.Remove(name)
 		return nil, &fs.PathError{Op: "truncate", Path: dst, Err: err}
@@ -185,11 +185,11 @@ func createTemp(dst string, size int64) (*os.File, error) {
 	return f, nil
 }
 
-// allocate gives a new landing file f its size, all hole: landing.open
+// Allocate gives a new landing file f its size, all hole: landing.open
 // reserves the chunks that will hold data (sparse.go's reserve), once
 // the source's extents are known. Fallocating the whole file here made
 // a 100 GiB sparse source holding 1 GiB need 100 GiB free.
-func allocate(f *os.File, size int64) error {
+func Allocate(f *os.File, size int64) error {
 	if size <= 0 {
 		return nil
 	}
@@ -205,7 +205,7 @@ func finish(tmp *os.File, dst string, e protocol.Entry) error {
 	// The mtime through the descriptor, not the name: what is at the
 	// temporary name now may be a link put there by someone who can
 	// write into the directory. Then the data, last.
-	if err := setMtime(tmp.Fd(), e.MtimeNs); err != nil {
+	if err := SetMtime(tmp.Fd(), e.MtimeNs); err != nil {
 		return &fs.PathError{Op: "chtimes", Path: tmp.Name(), Err: err}
 	}
 	if err := tmp.Sync(); err != nil {
@@ -237,23 +237,23 @@ func replaceDir(tmp, dst string, err error) error {
 		return err
 	}
 	defer d.Close()
-	switch werr := makeWay(d, filepath.Base(dst), false); {
+	switch werr := MakeWay(d, filepath.Base(dst), false); {
 	case werr == nil:
 		return os.Rename(tmp, dst)
-	case errors.Is(werr, errInTheWay):
+	case errors.Is(werr, ErrInTheWay):
 		return fmt.Errorf("%w: %s: %w: remove it first (rsync -a leaves it too)", ErrDest, dst, werr)
 	}
 	return err
 }
 
-// errInTheWay: a non-empty directory is where a file is to go.
-var errInTheWay = errors.New("a non-empty directory is in the way")
+// ErrInTheWay: a non-empty directory is where a file is to go.
+var ErrInTheWay = errors.New("a non-empty directory is in the way")
 
-// makeWay removes a directory at base in d, where a file is to go: an
+// MakeWay removes a directory at base in d, where a file is to go: an
 // empty one always, a non-empty one (all of it, through d) with del, as
 // rsync does with --delete. Anything else at base is left for the
 // rename's own error to say (fs.ErrExist).
-func makeWay(d *os.Root, base string, del bool) error {
+func MakeWay(d *os.Root, base string, del bool) error {
 	fi, err := d.Lstat(base)
 	if err != nil || !fi.IsDir() {
 		return fs.ErrExist
@@ -262,7 +262,7 @@ func makeWay(d *os.Root, base string, del bool) error {
 		return nil
 	}
 	if !del {
-		return errInTheWay
+		return ErrInTheWay
 	}
 	return leftover.Remove(d, base)
 }

@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"errors"
@@ -83,72 +83,72 @@ func (m ZeroMode) String() string {
 	return "write"
 }
 
-// destKind is what a landing writes into, as far as zeros go.
-type destKind uint8
+// DestKind is what a landing writes into, as far as zeros go.
+type DestKind uint8
 
 const (
-	destFresh   destKind = iota // a new file: unwritten bytes read as zeros
-	destInPlace                 // a kept file: unwritten bytes may be old data
+	DestFresh   DestKind = iota // a new file: unwritten bytes read as zeros
+	DestInPlace                 // a kept file: unwritten bytes may be old data
 	destDevice                  // a block device
 	destDiscard                 // /dev/null
 )
 
 // kind is what l writes into.
-func (l *landing) kind() destKind {
+func (l *Landing) kind() DestKind {
 	switch {
-	case l.discard:
+	case l.Discard:
 		return destDiscard
-	case l.device:
+	case l.Device:
 		return destDevice
-	case l.partial != nil && l.partial.kept:
-		return destInPlace
+	case l.Partial != nil && l.Partial.kept:
+		return DestInPlace
 	}
-	return destFresh
+	return DestFresh
 }
 
-// open makes the sink for one session's go at the copy. The first call
+// Open makes the sink for one session's go at the copy. The first call
 // reserves the space the source's data will take (reserve) and checks
 // that the device can do what --zero asks, so that either fails before
 // any byte moves.
-func (l *landing) open(ext *extentMap, layout chunker.Layout, want bool, log *slog.Logger) (*sink, error) {
+func (l *Landing) Open(ext *ExtentMap, layout chunker.Layout, want bool, log *slog.Logger) (*Sink, error) {
 	if !l.ready {
 		if err := l.prepare(ext, layout); err != nil {
 			return nil, err
 		}
 		l.ready = true
 	}
-	s := newSink(l.f, want, log)
-	s.kind, s.sparse, s.zero = l.kind(), l.sparse, l.zero
-	s.block = sparseBlock(l.f, s.align)
+	s := NewSink(l.File, want, log)
+	s.Kind, s.sparse, s.zero = l.kind(), l.Sparse, l.Zero
+	s.block = sparseBlock(l.File, s.align)
 	return s, nil
 }
 
 // prepare is open's first-time work.
-func (l *landing) prepare(ext *extentMap, layout chunker.Layout) error {
+func (l *Landing) prepare(ext *ExtentMap, layout chunker.Layout) error {
 	switch l.kind() {
 	case destDiscard:
 		return nil
 	case destDevice:
-		if l.zero == ZeroDiscard {
-			return discardZeroes(l.f, l.dst)
+		if l.Zero == ZeroDiscard {
+			return discardZeroes(l.File, l.Dst)
 		}
 		return nil
 	}
-	if err := reserve(l.f, ext, layout); err != nil {
+	if err := Reserve(l.File, ext, layout); err != nil {
 		return fmt.Errorf("%w: reserving space for the source's %d bytes of data: %w",
-			ErrDest, dataBytes(ext, layout), &fs.PathError{Op: "fallocate", Path: l.dst, Err: err})
+			ErrDest, dataBytes(ext, layout), &fs.PathError{Op: "fallocate", Path: l.Dst, Err: err})
 	}
 	return nil
 }
 
-// reserve fallocates the chunks of layout that hold data (all of them
+// Reserve fallocates the chunks of layout that hold data (all of them
 // when ext is nil: a target that lists no extents, or a device source),
 // so that a full disk shows up before the first byte, and the chunks
 // that stay holes take no space. Chunks are what the fetch writes, whole,
 // so the reservation is exactly what it will write. The extents are
 // already held by the fetch (at most maxExtents), so this costs no
 // memory of its own; adjacent data chunks merge into one fallocate.
-func reserve(f *os.File, ext *extentMap, layout chunker.Layout) error {
+func Reserve(f *os.File, ext *ExtentMap, layout chunker.Layout) error {
 	var err error
 	dataRanges(ext, layout, func(off, n int64) bool {
 		err = unix.Fallocate(int(f.Fd()), 0, off, n)
@@ -162,7 +162,7 @@ func reserve(f *os.File, ext *extentMap, layout chunker.Layout) error {
 
 // dataRanges calls fn for each run of chunks holding data, merged, in
 // order, until fn returns false.
-func dataRanges(ext *extentMap, layout chunker.Layout, fn func(off, n int64) bool) {
+func dataRanges(ext *ExtentMap, layout chunker.Layout, fn func(off, n int64) bool) {
 	if layout.Size <= 0 {
 		return
 	}
@@ -185,12 +185,12 @@ func dataRanges(ext *extentMap, layout chunker.Layout, fn func(off, n int64) boo
 		start, end = a, b
 		return true
 	}
-	for _, x := range ext.xs {
+	for _, x := range ext.Extents {
 		if !add(int64(x.Offset), int64(x.Length)) {
 			return
 		}
 	}
-	if ext.upTo > 0 && ext.upTo < layout.Size && !add(ext.upTo, layout.Size-ext.upTo) {
+	if ext.UpTo > 0 && ext.UpTo < layout.Size && !add(ext.UpTo, layout.Size-ext.UpTo) {
 		return
 	}
 	if start >= 0 {
@@ -199,7 +199,7 @@ func dataRanges(ext *extentMap, layout chunker.Layout, fn func(off, n int64) boo
 }
 
 // dataBytes is how much reserve asks for.
-func dataBytes(ext *extentMap, layout chunker.Layout) int64 {
+func dataBytes(ext *ExtentMap, layout chunker.Layout) int64 {
 	var n int64
 	dataRanges(ext, layout, func(_, k int64) bool { n += k; return true })
 	return n
@@ -252,14 +252,14 @@ func sparseBlock(f *os.File, align int64) int64 {
 
 // Hole makes bytes [off, off+n) of the destination zeros, as the kind
 // of destination wants (see the top of this file).
-func (s *sink) Hole(off, n int64) error {
+func (s *Sink) Hole(off, n int64) error {
 	if n <= 0 {
 		return nil
 	}
-	switch s.kind {
-	case destFresh:
+	switch s.Kind {
+	case DestFresh:
 		return nil
-	case destInPlace:
+	case DestInPlace:
 		return s.punch(off, n)
 	case destDevice:
 		return s.zeroDevice(off, n)
@@ -269,15 +269,15 @@ func (s *sink) Hole(off, n int64) error {
 
 // punch punches a hole in a regular file, or writes zeros where the file
 // system punches none and the range may hold other bytes.
-func (s *sink) punch(off, n int64) error {
-	err := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+func (s *Sink) punch(off, n int64) error {
+	err := unix.Fallocate(int(s.File.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 	if err == nil {
 		return nil
 	}
 	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
-		return &fs.PathError{Op: "punch hole", Path: s.f.Name(), Err: err}
+		return &fs.PathError{Op: "punch hole", Path: s.File.Name(), Err: err}
 	}
-	if s.kind == destFresh {
+	if s.Kind == DestFresh {
 		return nil // never written, and fallocated ranges read as zeros
 	}
 	return s.writeZeros(off, n)
@@ -286,7 +286,7 @@ func (s *sink) punch(off, n int64) error {
 // zeroDevice zeros a device's range as --zero says. The ioctl and
 // fallocate want whole logical blocks: the edges (a short last chunk)
 // are written.
-func (s *sink) zeroDevice(off, n int64) error {
+func (s *Sink) zeroDevice(off, n int64) error {
 	if s.zero == ZeroWrite {
 		return s.writeZeros(off, n)
 	}
@@ -303,11 +303,11 @@ func (s *sink) zeroDevice(off, n int64) error {
 	var err error
 	if s.zero == ZeroOut {
 		r := [2]uint64{uint64(a), uint64(b - a)}
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, s.f.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r[0]))); e != 0 {
-			err = &fs.PathError{Op: "BLKZEROOUT", Path: s.f.Name(), Err: e}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, s.File.Fd(), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r[0]))); e != 0 {
+			err = &fs.PathError{Op: "BLKZEROOUT", Path: s.File.Name(), Err: e}
 		}
-	} else if e := unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, a, b-a); e != nil {
-		err = &fs.PathError{Op: "discard (write zeroes, unmap)", Path: s.f.Name(), Err: e}
+	} else if e := unix.Fallocate(int(s.File.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, a, b-a); e != nil {
+		err = &fs.PathError{Op: "discard (write zeroes, unmap)", Path: s.File.Name(), Err: e}
 	}
 	if err != nil {
 		return err
@@ -331,7 +331,7 @@ var zeroBuf = sync.OnceValue(func() []byte {
 })
 
 // writeZeros writes n zero bytes at off.
-func (s *sink) writeZeros(off, n int64) error {
+func (s *Sink) writeZeros(off, n int64) error {
 	z := zeroBuf()
 	for done := int64(0); done < n; {
 		k := min(int64(len(z)), n-done)
@@ -343,12 +343,12 @@ func (s *sink) writeZeros(off, n int64) error {
 	return nil
 }
 
-// sparseOn reports whether -S turns zero runs of this sink's writes into
+// SparseOn reports whether -S turns zero runs of this sink's writes into
 // holes: on files, and on devices whose --zero is not plain writing
 // (where writing the zeros is what writing the data does anyway).
-func (s *sink) sparseOn() bool {
-	switch s.kind {
-	case destFresh, destInPlace:
+func (s *Sink) SparseOn() bool {
+	switch s.Kind {
+	case DestFresh, DestInPlace:
 		return s.sparse
 	case destDevice:
 		return s.sparse && s.zero != ZeroWrite
@@ -359,7 +359,7 @@ func (s *sink) sparseOn() bool {
 // writeSparse writes p at off with its runs of zero blocks (whole
 // blocks of s.block, aligned in the file) left as holes: data runs go
 // through write, zero runs through zeroRun.
-func (s *sink) writeSparse(p []byte, off int64) (int, error) {
+func (s *Sink) writeSparse(p []byte, off int64) (int, error) {
 	bs := s.block
 	// Blocks start at multiples of bs in the file: the head up to the
 	// first boundary, and a short tail, count as data.
@@ -397,8 +397,8 @@ func (s *sink) writeSparse(p []byte, off int64) (int, error) {
 }
 
 // zeroRun lands a run of zero blocks found by -S.
-func (s *sink) zeroRun(off, n int64) error {
-	if s.kind == destDevice {
+func (s *Sink) zeroRun(off, n int64) error {
+	if s.Kind == destDevice {
 		return s.zeroDevice(off, n)
 	}
 	// Fresh files too: the range was reserved (fallocated), and a punch
@@ -437,50 +437,50 @@ func isZero(b []byte) bool {
 	return true
 }
 
-// extentMap is where a source file's data is, as the target's Extents
+// ExtentMap is where a source file's data is, as the target's Extents
 // said: sorted, not overlapping. Past upTo (when the list was cut short
 // at maxExtents) everything counts as data.
-type extentMap struct {
-	xs   []protocol.Extent
-	upTo int64 // 0: the list is complete
-	size int64
+type ExtentMap struct {
+	Extents []protocol.Extent
+	UpTo    int64 // 0: the list is complete
+	Size    int64
 }
 
-// end is where the last extent listed ends.
-func (em *extentMap) end() int64 {
-	if len(em.xs) == 0 {
+// End is where the last extent listed ends.
+func (em *ExtentMap) End() int64 {
+	if len(em.Extents) == 0 {
 		return 0
 	}
-	x := em.xs[len(em.xs)-1]
+	x := em.Extents[len(em.Extents)-1]
 	return int64(x.Offset + x.Length)
 }
 
-// data reports whether [off, off+n) holds any data.
-func (em *extentMap) data(off, n int64) bool {
-	if em == nil || (em.upTo > 0 && off+n > em.upTo) {
+// Data reports whether [off, off+n) holds any data.
+func (em *ExtentMap) Data(off, n int64) bool {
+	if em == nil || (em.UpTo > 0 && off+n > em.UpTo) {
 		return true
 	}
 	// The first extent ending after off.
-	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
-	return i < len(em.xs) && int64(em.xs[i].Offset) < off+n
+	i := sort.Search(len(em.Extents), func(i int) bool { return int64(em.Extents[i].Offset+em.Extents[i].Length) > off })
+	return i < len(em.Extents) && int64(em.Extents[i].Offset) < off+n
 }
 
-// nextData is the first chunk from first on of layout l that holds data
+// NextData is the first chunk from first on of layout l that holds data
 // (l.Chunks() if none).
-func (em *extentMap) nextData(l chunker.Layout, first int) int {
+func (em *ExtentMap) NextData(l chunker.Layout, first int) int {
 	if em == nil {
 		return first
 	}
 	off := int64(first) * l.ChunkSize
-	if em.upTo > 0 && off >= em.upTo {
+	if em.UpTo > 0 && off >= em.UpTo {
 		return first
 	}
-	i := sort.Search(len(em.xs), func(i int) bool { return int64(em.xs[i].Offset+em.xs[i].Length) > off })
-	if i == len(em.xs) {
-		if em.upTo > 0 {
-			return int(em.upTo / l.ChunkSize)
+	i := sort.Search(len(em.Extents), func(i int) bool { return int64(em.Extents[i].Offset+em.Extents[i].Length) > off })
+	if i == len(em.Extents) {
+		if em.UpTo > 0 {
+			return int(em.UpTo / l.ChunkSize)
 		}
 		return l.Chunks()
 	}
-	return max(first, int(int64(em.xs[i].Offset)/l.ChunkSize))
+	return max(first, int(int64(em.Extents[i].Offset)/l.ChunkSize))
 }

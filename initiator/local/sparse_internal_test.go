@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"bytes"
@@ -71,21 +71,21 @@ func BenchmarkIsZero(b *testing.B) {
 func TestDataRanges(t *testing.T) {
 	l := chunker.Layout{Size: 100 << 10, ChunkSize: 16 << 10}
 	type r struct{ off, n int64 }
-	get := func(em *extentMap) []r {
+	get := func(em *ExtentMap) []r {
 		var out []r
 		dataRanges(em, l, func(off, n int64) bool { out = append(out, r{off, n}); return true })
 		return out
 	}
-	ext := func(upTo int64, xs ...int64) *extentMap {
-		em := &extentMap{size: l.Size, upTo: upTo}
+	ext := func(upTo int64, xs ...int64) *ExtentMap {
+		em := &ExtentMap{Size: l.Size, UpTo: upTo}
 		for i := 0; i < len(xs); i += 2 {
-			em.xs = append(em.xs, protocol.Extent{Offset: uint64(xs[i]), Length: uint64(xs[i+1])})
+			em.Extents = append(em.Extents, protocol.Extent{Offset: uint64(xs[i]), Length: uint64(xs[i+1])})
 		}
 		return em
 	}
 	for _, c := range []struct {
 		name string
-		em   *extentMap
+		em   *ExtentMap
 		want []r
 	}{
 		{"no extents listed: all data", nil, []r{{0, 100 << 10}}},
@@ -161,8 +161,8 @@ func TestHoleInPlacePunches(t *testing.T) {
 	old := randomBytes(8<<20, 1)
 	f := diskFile(t, old)
 	before := allocated(t, f.Name())
-	s := newSink(f, false, nil)
-	s.kind = destInPlace
+	s := NewSink(f, false, nil)
+	s.Kind = DestInPlace
 	if err := s.Hole(1<<20, 4<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestHoleInPlacePunches(t *testing.T) {
 	if err := g.Truncate(8 << 20); err != nil {
 		t.Fatal(err)
 	}
-	fresh := newSink(g, false, nil)
+	fresh := NewSink(g, false, nil)
 	if err := fresh.Hole(0, 8<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -200,18 +200,18 @@ func TestWriteSparse(t *testing.T) {
 		f := diskFile(t, nil)
 		const size = 4 << 20
 		l := chunker.Layout{Size: size, ChunkSize: 1 << 20}
-		if err := allocate(f, size); err != nil {
+		if err := Allocate(f, size); err != nil {
 			t.Fatal(err)
 		}
-		if err := reserve(f, nil, l); err != nil {
+		if err := Reserve(f, nil, l); err != nil {
 			t.Fatal(err)
 		}
-		land := &landing{f: f, dst: f.Name(), sparse: true, ready: true}
-		s, err := land.open(nil, l, direct, nil)
+		land := &Landing{File: f, Dst: f.Name(), Sparse: true, ready: true}
+		s, err := land.Open(nil, l, direct, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if direct && !s.directOn() {
+		if direct && !s.DirectOn() {
 			t.Log("no O_DIRECT here: buffered only")
 		}
 		src := make([]byte, size)
@@ -226,7 +226,7 @@ func TestWriteSparse(t *testing.T) {
 				t.Fatalf("WriteAt chunk %d: %d, %v", i, n, err)
 			}
 		}
-		s.close()
+		s.Close()
 		got := make([]byte, size)
 		if _, err := f.ReadAt(got, 0); err != nil {
 			t.Fatal(err)
@@ -254,11 +254,11 @@ func TestReserveDataOnly(t *testing.T) {
 	// A 1 GiB file whose data is two chunks: only they are fallocated.
 	f := diskFile(t, nil)
 	l := chunker.Layout{Size: 1 << 30, ChunkSize: 1 << 20}
-	em := &extentMap{size: l.Size, xs: []protocol.Extent{{Offset: 5 << 20, Length: 4096}, {Offset: 700 << 20, Length: 1 << 20}}}
-	if err := allocate(f, l.Size); err != nil {
+	em := &ExtentMap{Size: l.Size, Extents: []protocol.Extent{{Offset: 5 << 20, Length: 4096}, {Offset: 700 << 20, Length: 1 << 20}}}
+	if err := Allocate(f, l.Size); err != nil {
 		t.Fatal(err)
 	}
-	if err := reserve(f, em, l); err != nil {
+	if err := Reserve(f, em, l); err != nil {
 		t.Fatal(err)
 	}
 	fi, _ := f.Stat()
@@ -293,16 +293,16 @@ func TestHoleOnDeviceWritesDirect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	s := newSink(f, true, nil)
-	s.kind = destDevice
-	if !s.directOn() {
-		t.Skipf("no O_DIRECT on %s: %s", dev, s.why)
+	s := NewSink(f, true, nil)
+	s.Kind = destDevice
+	if !s.DirectOn() {
+		t.Skipf("no O_DIRECT on %s: %s", dev, s.Why)
 	}
 	if err := s.Hole(1<<20, 3<<20+512); err != nil {
 		t.Fatal(err)
 	}
-	s.close()
-	if got := s.directBytes(); got < 3<<20 {
+	s.Close()
+	if got := s.DirectBytes(); got < 3<<20 {
 		t.Errorf("%d bytes of zeros went through O_DIRECT, want the 3 MiB of whole pages", got)
 	}
 	got := make([]byte, size)

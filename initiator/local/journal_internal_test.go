@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"os"
@@ -10,34 +10,34 @@ import (
 // it off before appending, or nothing it journals is ever read back.
 func TestJournalAppendsAfterTornTail(t *testing.T) {
 	top := filepath.Join(t.TempDir(), "D")
-	open := func(write bool) *journal {
+	open := func(write bool) *Journal {
 		t.Helper()
-		j, err := openJournal(top, "data/tree", write)
+		j, err := OpenJournal(top, "data/tree", write)
 		if err != nil || j == nil {
 			t.Fatalf("openJournal: %v, %v", j, err)
 		}
 		return j
 	}
 	j := open(true)
-	j.add("a", 1, 1)
-	if err := j.sync(); err != nil {
+	j.Add("a", 1, 1)
+	if err := j.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	j.close()
-	f, err := os.OpenFile(journalPath(top), os.O_WRONLY|os.O_APPEND, 0)
+	j.Close()
+	f, err := os.OpenFile(JournalPath(top), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.WriteString("0123456789") // torn: a line cut short
 	f.Close()
 	j = open(true)
-	j.add("b", 2, 2)
-	if err := j.sync(); err != nil {
+	j.Add("b", 2, 2)
+	if err := j.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	j.close()
+	j.Close()
 	j = open(false)
-	if !j.has("a", 1, 1) || !j.has("b", 2, 2) {
-		t.Fatalf("after a torn tail: a %v, b %v; want both journaled", j.has("a", 1, 1), j.has("b", 2, 2))
+	if !j.Has("a", 1, 1) || !j.Has("b", 2, 2) {
+		t.Fatalf("after a torn tail: a %v, b %v; want both journaled", j.Has("a", 1, 1), j.Has("b", 2, 2))
 	}
 }

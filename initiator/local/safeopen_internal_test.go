@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"errors"
@@ -22,12 +22,12 @@ func TestOpenRegularRefuses(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wr := openMode{flag: os.O_WRONLY | os.O_CREATE | os.O_TRUNC, perm: 0o600, exclusive: true}
-	rd := openMode{flag: os.O_RDONLY}
+	wr := OpenMode{Flag: os.O_WRONLY | os.O_CREATE | os.O_TRUNC, Perm: 0o600, exclusive: true}
+	rd := OpenMode{Flag: os.O_RDONLY}
 	cases := []struct {
 		name  string
 		plant func(p string) error
-		m     openMode
+		m     OpenMode
 		want  string
 	}{
 		{"symlink", func(p string) error { return os.Symlink(victim, p) }, wr, "is a symlink"},
@@ -58,7 +58,7 @@ func TestOpenRegularRefuses(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() {
-				f, err := openRegular(p, c.m)
+				f, err := OpenRegular(p, c.m)
 				if f != nil {
 					f.Close()
 				}
@@ -91,7 +91,7 @@ func TestOpenRegularUses(t *testing.T) {
 	if err := os.WriteFile(p, []byte("old"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := openRegular(p, openMode{flag: os.O_RDWR | os.O_TRUNC, exclusive: true})
+	f, err := OpenRegular(p, OpenMode{Flag: os.O_RDWR | os.O_TRUNC, exclusive: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,12 +104,12 @@ func TestOpenRegularUses(t *testing.T) {
 		t.Errorf("size %d after O_TRUNC", fi.Size())
 	}
 	// A new one, exclusively.
-	g, err := openRegular(p+"2", openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	g, err := OpenRegular(p+"2", OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 	if err != nil {
 		t.Fatal(err)
 	}
 	g.Close()
-	if _, err := openRegular(p+"2", openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600}); !errors.Is(err, fs.ErrExist) {
+	if _, err := OpenRegular(p+"2", OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600}); !errors.Is(err, fs.ErrExist) {
 		t.Errorf("O_EXCL on an existing file: %v", err)
 	}
 }
@@ -126,7 +126,7 @@ func TestOpenRegularOwner(t *testing.T) {
 	if err := os.Chown(p, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	_, err := openRegular(p, openMode{flag: os.O_WRONLY, exclusive: true})
+	_, err := OpenRegular(p, OpenMode{Flag: os.O_WRONLY, exclusive: true})
 	if !errors.Is(err, ErrNotRegular) || !strings.Contains(err.Error(), "owned by uid 65534") {
 		t.Fatalf("got %v", err)
 	}
@@ -144,13 +144,13 @@ func TestOpenDirNoFollow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer parent.Close()
-	r, err := openDirNoFollow(parent, dir, "real")
+	r, err := OpenDirNoFollow(parent, dir, "real")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.Close()
 	for name, want := range map[string]string{"link": "is a symlink", "file": "is a regular file, not a directory"} {
-		_, err := openDirNoFollow(parent, dir, name)
+		_, err := OpenDirNoFollow(parent, dir, name)
 		if !errors.Is(err, ErrNotRegular) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), filepath.Join(dir, name)) {
 			t.Errorf("%s: got %v, want %q", name, err, want)
 		}
@@ -165,14 +165,14 @@ func TestOpenRegularFollow(t *testing.T) {
 	os.Symlink("f", filepath.Join(dir, "link"))
 	unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600)
 	os.Symlink("fifo", filepath.Join(dir, "tofifo"))
-	f, err := openRegular(filepath.Join(dir, "link"), openMode{flag: os.O_RDONLY, follow: true})
+	f, err := OpenRegular(filepath.Join(dir, "link"), OpenMode{Flag: os.O_RDONLY, Follow: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
 	done := make(chan error, 1)
 	go func() {
-		_, err := openRegular(filepath.Join(dir, "tofifo"), openMode{flag: os.O_RDONLY, follow: true})
+		_, err := OpenRegular(filepath.Join(dir, "tofifo"), OpenMode{Flag: os.O_RDONLY, Follow: true})
 		done <- err
 	}()
 	select {

@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"os"
@@ -8,17 +8,17 @@ import (
 	"github.com/rdmacp/rdmacp/leftover"
 )
 
-// tempName is the temporary name for rel ('/'-separated), in rel's
+// TempName is the temporary name for rel ('/'-separated), in rel's
 // directory.
-func tempName(rel string) string {
+func TempName(rel string) string {
 	return path.Join(path.Dir(rel), leftover.Name(path.Base(rel)))
 }
 
-// cleanLeftovers removes, from directory dir, the leftovers of killed
+// CleanLeftovers removes, from directory dir, the leftovers of killed
 // runs (leftover.Clean), whatever file they were for: a 1 GiB .part in
 // /dev/shm is RAM, and waiting for a copy to the same name to clear it
 // could wait for ever. It returns their paths.
-func cleanLeftovers(dir string) []string {
+func CleanLeftovers(dir string) []string {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil

@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"errors"
@@ -39,17 +39,17 @@ import (
 // that was refused wrote nothing, and is redone through the buffered
 // descriptor, so nothing is lost or written twice.
 
-// directFile is the O_DIRECT descriptor: an *os.File, or a fake in tests.
-type directFile interface {
+// DirectFile is the O_DIRECT descriptor: an *os.File, or a fake in tests.
+type DirectFile interface {
 	WriteAt(p []byte, off int64) (int, error)
 	Close() error
 }
 
-// openDirect opens f's inode again with O_DIRECT, for writing. It goes
+// OpenDirect opens f's inode again with O_DIRECT, for writing. It goes
 // through /proc/self/fd so that it opens the very file f is, whatever
 // has become of its name (tree copies open theirs through an os.Root).
 // Tests replace it.
-var openDirect = func(f *os.File) (directFile, error) {
+var OpenDirect = func(f *os.File) (DirectFile, error) {
 	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open O_DIRECT", Path: f.Name(), Err: err}
@@ -67,53 +67,53 @@ var openDirect = func(f *os.File) (directFile, error) {
 // buffered one from sharing a page.
 var pageSize = int64(os.Getpagesize())
 
-// sink is where a fetch's verified chunks go.
-type sink struct {
-	f      *os.File   // the file, buffered
-	d      directFile // O_DIRECT on the same file; nil if not used
+// Sink is where a fetch's verified chunks go.
+type Sink struct {
+	File   *os.File   // the file, buffered
+	Direct DirectFile // O_DIRECT on the same file; nil if not used
 	align  int64      // offset, length and memory alignment for d
 	off    atomic.Bool
 	log    *slog.Logger
 	direct atomic.Int64 // bytes written through d
-	why    string       // why d is nil, for the log
+	Why    string       // why d is nil, for the log
 
 	// What zeros become (sparse.go): set by landing.open.
-	kind   destKind
+	Kind   DestKind
 	sparse bool     // -S: zero blocks of data become holes too
 	zero   ZeroMode // on a device
 	block  int64    // -S's unit
 }
 
-// newSink lands in f: with O_DIRECT where want and the file system allow
+// NewSink lands in f: with O_DIRECT where want and the file system allow
 // it, else buffered.
-func newSink(f *os.File, want bool, log *slog.Logger) *sink {
+func NewSink(f *os.File, want bool, log *slog.Logger) *Sink {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &sink{f: f, log: log}
+	s := &Sink{File: f, log: log}
 	if !want {
-		s.why = "turned off"
+		s.Why = "turned off"
 		return s
 	}
-	s.align, s.why = directAlign(f)
-	if s.why != "" {
-		log.Debug("landing with buffered writes", "file", f.Name(), "why", s.why)
+	s.align, s.Why = DirectAlign(f)
+	if s.Why != "" {
+		log.Debug("landing with buffered writes", "file", f.Name(), "why", s.Why)
 		return s
 	}
-	d, err := openDirect(f)
+	d, err := OpenDirect(f)
 	if err != nil {
-		s.why = err.Error()
+		s.Why = err.Error()
 		log.Debug("landing with buffered writes: O_DIRECT refused", "file", f.Name(), "err", err)
 		return s
 	}
-	s.d = d
+	s.Direct = d
 	log.Debug("landing with O_DIRECT", "file", f.Name(), "align", s.align)
 	return s
 }
 
-// directAlign is the alignment direct writes to f need (at least a page),
+// DirectAlign is the alignment direct writes to f need (at least a page),
 // or why they are not worth trying.
-func directAlign(f *os.File) (int64, string) {
+func DirectAlign(f *os.File) (int64, string) {
 	fd := int(f.Fd())
 	var st0 unix.Stat_t
 	if err := unix.Fstat(fd, &st0); err != nil {
@@ -138,23 +138,23 @@ func directAlign(f *os.File) (int64, string) {
 }
 
 // Name is the file's name.
-func (s *sink) Name() string { return s.f.Name() }
+func (s *Sink) Name() string { return s.File.Name() }
 
 // WriteAt writes p at off: with -S, its zero blocks as holes
 // (writeSparse); the rest directly when it can, else buffered.
-func (s *sink) WriteAt(p []byte, off int64) (int, error) {
-	if s.sparseOn() && s.block > 0 {
+func (s *Sink) WriteAt(p []byte, off int64) (int, error) {
+	if s.SparseOn() && s.block > 0 {
 		return s.writeSparse(p, off)
 	}
 	return s.write(p, off)
 }
 
 // write writes p at off: directly when it can, else buffered.
-func (s *sink) write(p []byte, off int64) (int, error) {
-	if s.d == nil || s.off.Load() || !s.aligned(p, off) {
-		return s.f.WriteAt(p, off)
+func (s *Sink) write(p []byte, off int64) (int, error) {
+	if s.Direct == nil || s.off.Load() || !s.aligned(p, off) {
+		return s.File.WriteAt(p, off)
 	}
-	n, err := s.d.WriteAt(p, off)
+	n, err := s.Direct.WriteAt(p, off)
 	s.direct.Add(int64(n))
 	if err == nil || !refused(err) {
 		return n, err
@@ -162,13 +162,13 @@ func (s *sink) write(p []byte, off int64) (int, error) {
 	// Refused: nothing of this call was written past n. Finish buffered,
 	// and stay buffered.
 	if s.off.CompareAndSwap(false, true) {
-		s.log.Debug("O_DIRECT write refused; landing the rest with buffered writes", "file", s.f.Name(), "err", err)
+		s.log.Debug("O_DIRECT write refused; landing the rest with buffered writes", "file", s.File.Name(), "err", err)
 	}
-	m, err := s.f.WriteAt(p[n:], off+int64(n))
+	m, err := s.File.WriteAt(p[n:], off+int64(n))
 	return n + m, err
 }
 
-func (s *sink) aligned(p []byte, off int64) bool {
+func (s *Sink) aligned(p []byte, off int64) bool {
 	a := s.align
 	return len(p) > 0 && int64(len(p))%a == 0 && off%a == 0 && int64(uintptr(unsafe.Pointer(unsafe.SliceData(p))))%a == 0
 }
@@ -179,19 +179,19 @@ func refused(err error) bool {
 	return errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)
 }
 
-// directOn reports whether writes are going direct (so far).
-func (s *sink) directOn() bool { return s.d != nil && !s.off.Load() }
+// DirectOn reports whether writes are going direct (so far).
+func (s *Sink) DirectOn() bool { return s.Direct != nil && !s.off.Load() }
 
-// directBytes is how much went through O_DIRECT.
-func (s *sink) directBytes() int64 { return s.direct.Load() }
+// DirectBytes is how much went through O_DIRECT.
+func (s *Sink) DirectBytes() int64 { return s.direct.Load() }
 
-// close closes the O_DIRECT descriptor, once every write is done; the
+// Close closes the O_DIRECT descriptor, once every write is done; the
 // file itself stays open for its owner to sync and close.
-func (s *sink) close() error {
-	if s.d == nil {
+func (s *Sink) Close() error {
+	if s.Direct == nil {
 		return nil
 	}
-	err := s.d.Close()
-	s.d = nil
+	err := s.Direct.Close()
+	s.Direct = nil
 	return err
 }

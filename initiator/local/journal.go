@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"bufio"
@@ -43,11 +43,11 @@ import (
 // another file's (2^-64 a pair) could skip that file only if it also has
 // the destination's size and mtime already; a resumed file is also
 // checked against the destination's size and mtime.
-type journal struct {
+type Journal struct {
 	path string
 	f    *os.File // nil: read only, for a run without Partial
 	w    *bufio.Writer
-	done []uint64 // sorted: the files an earlier run finished
+	Done []uint64 // sorted: the files an earlier run finished
 	// whole is where the last whole line read ends: a torn tail past it
 	// is cut off before appending, or nothing appended would be read.
 	whole int64
@@ -55,18 +55,18 @@ type journal struct {
 
 const journalMagic = "rdmacp-tree-journal 1 "
 
-// journalPath is where the journal of the tree copy to top is.
-func journalPath(top string) string {
+// JournalPath is where the journal of the tree copy to top is.
+func JournalPath(top string) string {
 	return filepath.Join(filepath.Dir(top), "."+filepath.Base(top)+".rdmacp-tree")
 }
 
-// journalSource returns the source a journal at path names, or "" if
+// JournalSource returns the source a journal at path names, or "" if
 // there is none (or it is not one).
-func journalSource(path string) string {
+func JournalSource(path string) string {
 	// Only a journal of this user's, of one link: one planted by another
 	// user would otherwise make DEST the tree itself (treeDest) and
 	// --delete delete what DEST holds.
-	f, err := openRegular(path, openMode{flag: os.O_RDONLY, exclusive: true})
+	f, err := OpenRegular(path, OpenMode{Flag: os.O_RDONLY, exclusive: true})
 	if err != nil {
 		return ""
 	}
@@ -97,14 +97,14 @@ func journalKey(rel string, size uint64, mtimeNs int64) uint64 {
 	return h.Sum64()
 }
 
-// openJournal reads the journal of the copy of src to top, if there is
+// OpenJournal reads the journal of the copy of src to top, if there is
 // one for src (one for another source is replaced, with write, or
 // ignored), and with write opens it for appending, making it if need be.
 // It returns nil, nil where there is no journal and write is false.
-func openJournal(top, src string, write bool) (*journal, error) {
-	p := journalPath(top)
-	j := &journal{path: p}
-	old := journalSource(p)
+func OpenJournal(top, src string, write bool) (*Journal, error) {
+	p := JournalPath(top)
+	j := &Journal{path: p}
+	old := JournalSource(p)
 	if old == src {
 		if err := j.read(); err != nil {
 			return nil, err
@@ -122,7 +122,7 @@ func openJournal(top, src string, write bool) (*journal, error) {
 	}
 	// Beside DEST, where others may write: a symlink, FIFO or hard link
 	// planted at its name is refused, not written through.
-	f, err := openRegular(p, openMode{flag: flags, perm: 0o600, exclusive: true})
+	f, err := OpenRegular(p, OpenMode{Flag: flags, Perm: 0o600, exclusive: true})
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func openJournal(top, src string, write bool) (*journal, error) {
 	j.f, j.w = f, bufio.NewWriterSize(f, 64<<10)
 	if old != src {
 		j.w.WriteString(journalMagic + strconv.Quote(src) + "\n")
-		if err := j.sync(); err != nil {
+		if err := j.Sync(); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -149,8 +149,8 @@ func openJournal(top, src string, write bool) (*journal, error) {
 
 // read loads the hashes of the journal's lines, up to the first that is
 // not whole.
-func (j *journal) read() error {
-	f, err := openRegular(j.path, openMode{flag: os.O_RDONLY})
+func (j *Journal) read() error {
+	f, err := OpenRegular(j.path, OpenMode{Flag: os.O_RDONLY})
 	if err != nil {
 		return err
 	}
@@ -170,12 +170,12 @@ func (j *journal) read() error {
 		if !ok {
 			break
 		}
-		j.done = append(j.done, k)
+		j.Done = append(j.Done, k)
 		j.whole += int64(len(line))
 	}
-	slices.Sort(j.done)
-	j.done = slices.Compact(j.done)
-	j.done = slices.Clip(j.done)
+	slices.Sort(j.Done)
+	j.Done = slices.Compact(j.Done)
+	j.Done = slices.Clip(j.Done)
 	return nil
 }
 
@@ -190,17 +190,17 @@ func parseKey(b []byte) (uint64, bool) {
 	return k, err == nil
 }
 
-// has reports whether an earlier run finished the file.
-func (j *journal) has(rel string, size uint64, mtimeNs int64) bool {
-	if j == nil || len(j.done) == 0 {
+// Has reports whether an earlier run finished the file.
+func (j *Journal) Has(rel string, size uint64, mtimeNs int64) bool {
+	if j == nil || len(j.Done) == 0 {
 		return false
 	}
-	_, ok := slices.BinarySearch(j.done, journalKey(rel, size, mtimeNs))
+	_, ok := slices.BinarySearch(j.Done, journalKey(rel, size, mtimeNs))
 	return ok
 }
 
-// add appends a file now in place (written with the next sync).
-func (j *journal) add(rel string, size uint64, mtimeNs int64) {
+// Add appends a file now in place (written with the next sync).
+func (j *Journal) Add(rel string, size uint64, mtimeNs int64) {
 	if j == nil || j.w == nil {
 		return
 	}
@@ -208,8 +208,8 @@ func (j *journal) add(rel string, size uint64, mtimeNs int64) {
 	j.w.Write(fmt.Appendf(b[:0], "%016x\n", journalKey(rel, size, mtimeNs)))
 }
 
-// sync makes the lines added so far durable.
-func (j *journal) sync() error {
+// Sync makes the lines added so far durable.
+func (j *Journal) Sync() error {
 	if j == nil || j.w == nil {
 		return nil
 	}
@@ -219,7 +219,7 @@ func (j *journal) sync() error {
 	return j.f.Sync()
 }
 
-func (j *journal) close() {
+func (j *Journal) Close() {
 	if j != nil && j.f != nil {
 		j.w.Flush()
 		j.f.Close()
@@ -227,12 +227,12 @@ func (j *journal) close() {
 	}
 }
 
-// remove deletes the journal: the tree is complete.
-func (j *journal) remove() error {
+// Remove deletes the journal: the tree is complete.
+func (j *Journal) Remove() error {
 	if j == nil {
 		return nil
 	}
-	j.close()
+	j.Close()
 	if err := os.Remove(j.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}

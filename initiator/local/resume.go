@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"context"
@@ -48,20 +48,20 @@ var (
 	partialInterval = 500 * time.Millisecond
 )
 
-// resumer is the state of a --partial copy. Its files are in the
+// Resumer is the state of a --partial copy. Its files are in the
 // directory dir, opened as an os.Root.
-type resumer struct {
+type Resumer struct {
 	dir     *os.Root
-	ownDir  bool   // close dir when done
+	OwnDir  bool   // close dir when done
 	path    string // the sidecar's name in dir
-	tmpName string // the temporary file's name in dir
-	f       *os.File
+	TmpName string // the temporary file's name in dir
+	File    *os.File
 	log     *slog.Logger
 	kept    bool // f is a previous run's file: it may hold old bytes anywhere
 
 	mu      sync.Mutex
 	sc      Sidecar
-	have    []bool // chunks believed present at the start (read-only)
+	Have    []bool // chunks believed present at the start (read-only)
 	layout  chunker.Layout
 	alg     chunker.Algorithm
 	buf     []byte // sum's
@@ -71,22 +71,22 @@ type resumer struct {
 
 func partialTemp(base string) string { return "." + base + PartialSuffix + ".part" }
 
-// openResumer opens the temporary file of a --partial copy of src to the
+// OpenResumer opens the temporary file of a --partial copy of src to the
 // file base in dir: the one a previous run left, if its sidecar matches
 // the source as it is now, or a fresh one. Chunks the sidecar marks are
 // hashed locally here, to be compared with the target's digests before
 // they are trusted.
-func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protocol.OpenReply, layout chunker.Layout, log *slog.Logger) (*resumer, error) {
+func OpenResumer(ctx context.Context, dir *os.Root, base, src string, or *protocol.OpenReply, layout chunker.Layout, log *slog.Logger) (*Resumer, error) {
 	alg := chunker.Algorithm(or.Algorithm)
-	r := &resumer{dir: dir, path: sidecarName(base), tmpName: partialTemp(base), log: log, saved: time.Now()}
+	r := &Resumer{dir: dir, path: sidecarName(base), TmpName: partialTemp(base), log: log, saved: time.Now()}
 	r.sc = Sidecar{Source: src, Size: layout.Size, MtimeNs: or.Entry.MtimeNs, ChunkSize: layout.ChunkSize,
-		Algorithm: alg.String(), Temp: r.tmpName, Bitmap: make([]byte, (layout.Chunks()+7)/8)}
+		Algorithm: alg.String(), Temp: r.TmpName, Bitmap: make([]byte, (layout.Chunks()+7)/8)}
 	if old, ok := readSidecar(dir, r.path); ok && old.Source == src && old.Size == layout.Size && old.MtimeNs == or.Entry.MtimeNs &&
 		old.ChunkSize == layout.ChunkSize && old.Algorithm == alg.String() && old.Temp == r.sc.Temp && len(old.Bitmap) == len(r.sc.Bitmap) {
-		f, err := openRegularRoot(dir, r.tmpName, openMode{flag: os.O_RDWR, exclusive: true})
+		f, err := OpenRegularRoot(dir, r.TmpName, OpenMode{Flag: os.O_RDWR, exclusive: true})
 		if err == nil {
 			if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() && fi.Size() == layout.Size {
-				r.f, r.kept = f, true
+				r.File, r.kept = f, true
 				if err := r.check(ctx, old.Bitmap, layout, alg); err != nil {
 					f.Close()
 					return nil, err
@@ -97,17 +97,17 @@ func openResumer(ctx context.Context, dir *os.Root, base, src string, or *protoc
 		}
 	}
 	dir.Remove(r.path)
-	dir.Remove(r.tmpName)
-	f, err := openRegularRoot(dir, r.tmpName, openMode{flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	dir.Remove(r.TmpName)
+	f, err := OpenRegularRoot(dir, r.TmpName, OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 	if err != nil {
 		return nil, err
 	}
-	if err := allocate(f, layout.Size); err != nil {
+	if err := Allocate(f, layout.Size); err != nil {
 		f.Close()
-		dir.Remove(r.tmpName)
+		dir.Remove(r.TmpName)
 		return nil, &fs.PathError{Op: "allocate", Path: base, Err: err}
 	}
-	r.f = f
+	r.File = f
 	return r, nil
 }
 
@@ -118,7 +118,7 @@ const sidecarMax = 64 << 20
 
 func readSidecar(dir *os.Root, name string) (Sidecar, bool) {
 	var sc Sidecar
-	f, err := openRegularRoot(dir, name, openMode{flag: os.O_RDONLY})
+	f, err := OpenRegularRoot(dir, name, OpenMode{Flag: os.O_RDONLY})
 	if err != nil {
 		return sc, false
 	}
@@ -134,17 +134,17 @@ func readSidecar(dir *os.Root, name string) (Sidecar, bool) {
 // hashed one at a time as the copy reaches them (sum), to be compared
 // with the target's digests for their window: nothing is hashed before
 // the first byte moves, and no digest of the whole file is held.
-func (r *resumer) check(ctx context.Context, bitmap []byte, layout chunker.Layout, alg chunker.Algorithm) error {
+func (r *Resumer) check(ctx context.Context, bitmap []byte, layout chunker.Layout, alg chunker.Algorithm) error {
 	n := layout.Chunks()
 	if alg.Size() == 0 {
 		return nil // nothing to check against: read it all again
 	}
-	r.have = make([]bool, n)
+	r.Have = make([]bool, n)
 	r.layout, r.alg = layout, alg
 	marked := 0
 	for i := range n {
 		if bitmap[i/8]&(1<<(i%8)) != 0 {
-			r.have[i] = true
+			r.Have[i] = true
 			marked++
 		}
 	}
@@ -152,21 +152,21 @@ func (r *resumer) check(ctx context.Context, bitmap []byte, layout chunker.Layou
 	return nil
 }
 
-// sum hashes chunk i of the temporary file, for fetch to compare with
+// Sum hashes chunk i of the temporary file, for fetch to compare with
 // the target's digest (called from fetch's loop only).
-func (r *resumer) sum(i int) ([]byte, error) {
+func (r *Resumer) Sum(i int) ([]byte, error) {
 	off, ln := r.layout.Chunk(i)
 	if int64(len(r.buf)) < ln {
 		r.buf = make([]byte, r.layout.ChunkSize)
 	}
-	if _, err := r.f.ReadAt(r.buf[:ln], off); err != nil {
-		return nil, fmt.Errorf("resuming %s: %w", r.f.Name(), err)
+	if _, err := r.File.ReadAt(r.buf[:ln], off); err != nil {
+		return nil, fmt.Errorf("resuming %s: %w", r.File.Name(), err)
 	}
 	return chunker.Sum(r.alg, r.buf[:ln]), nil
 }
 
-// done marks chunk i verified and written, saving the sidecar now and then.
-func (r *resumer) done(i int) {
+// Done marks chunk i verified and written, saving the sidecar now and then.
+func (r *Resumer) Done(i int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.sc.Bitmap[i/8] |= 1 << (i % 8)
@@ -177,7 +177,7 @@ func (r *resumer) done(i int) {
 }
 
 // saveLocked replaces the sidecar atomically: a new file renamed over it.
-func (r *resumer) saveLocked() {
+func (r *Resumer) saveLocked() {
 	b, err := json.Marshal(&r.sc)
 	if err == nil {
 		tmp := r.path + ".tmp"
@@ -194,9 +194,9 @@ func (r *resumer) saveLocked() {
 
 // writeNew writes b to a file made anew at name: whatever was there (a
 // link planted by another user) is removed, not written through.
-func (r *resumer) writeNew(name string, b []byte) error {
+func (r *Resumer) writeNew(name string, b []byte) error {
 	r.dir.Remove(name)
-	f, err := openRegularRoot(r.dir, name, openMode{flag: os.O_WRONLY | os.O_CREATE | os.O_EXCL, perm: 0o600})
+	f, err := OpenRegularRoot(r.dir, name, OpenMode{Flag: os.O_WRONLY | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 	if err != nil {
 		return err
 	}
@@ -207,27 +207,27 @@ func (r *resumer) writeNew(name string, b []byte) error {
 	return err
 }
 
-// save saves the sidecar now.
-func (r *resumer) save() {
+// Save saves the sidecar now.
+func (r *Resumer) Save() {
 	r.mu.Lock()
 	r.saveLocked()
 	r.mu.Unlock()
 }
 
 // keep saves the sidecar and closes the temporary file, for a later run.
-func (r *resumer) keep() {
-	r.save()
-	r.f.Close()
-	if r.ownDir {
+func (r *Resumer) keep() {
+	r.Save()
+	r.File.Close()
+	if r.OwnDir {
 		r.dir.Close()
 	}
 }
 
-// finished drops the sidecar of a copy now renamed into place.
-func (r *resumer) finished() {
+// Finished drops the sidecar of a copy now renamed into place.
+func (r *Resumer) Finished() {
 	r.dir.Remove(r.path)
 	r.dir.Remove(r.path + ".tmp")
-	if r.ownDir {
+	if r.OwnDir {
 		r.dir.Close()
 	}
 }

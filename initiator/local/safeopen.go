@@ -1,4 +1,4 @@
-package initiator
+package local
 
 import (
 	"errors"
@@ -43,21 +43,21 @@ type unsafeFile struct{ found string }
 func (e *unsafeFile) Error() string        { return e.found }
 func (e *unsafeFile) Is(target error) bool { return target == ErrNotRegular }
 
-// openMode is how openRegular opens a file.
-type openMode struct {
-	flag int         // os.O_* flags; O_TRUNC is applied after the checks
-	perm os.FileMode // with O_CREATE
+// OpenMode is how openRegular opens a file.
+type OpenMode struct {
+	Flag int         // os.O_* flags; O_TRUNC is applied after the checks
+	Perm os.FileMode // with O_CREATE
 	// exclusive refuses a file with more than one link or another owner:
 	// for files the initiator writes into that may already exist.
 	exclusive bool
-	// follow follows a symlink at the last element: for a name the user
+	// Follow follows a symlink at the last element: for a name the user
 	// gave (a push's source), never for one the initiator chose.
-	follow bool
+	Follow bool
 }
 
-// openRegular opens the regular file at p. The directories above p are
+// OpenRegular opens the regular file at p. The directories above p are
 // the user's to name and are followed; p's last element is not.
-func openRegular(p string, m openMode) (*os.File, error) {
+func OpenRegular(p string, m OpenMode) (*os.File, error) {
 	dir, err := os.Open(filepath.Dir(p))
 	if err != nil {
 		return nil, err
@@ -66,9 +66,9 @@ func openRegular(p string, m openMode) (*os.File, error) {
 	return openRegularIn(dir, filepath.Dir(p), filepath.Base(p), m)
 }
 
-// openRegularRoot opens the regular file name (slash-separated, possibly
+// OpenRegularRoot opens the regular file name (slash-separated, possibly
 // with directories, all inside root) in root.
-func openRegularRoot(root *os.Root, name string, m openMode) (*os.File, error) {
+func OpenRegularRoot(root *os.Root, name string, m OpenMode) (*os.File, error) {
 	dir, err := root.Open(path.Dir(name))
 	if err != nil {
 		return nil, err
@@ -79,16 +79,16 @@ func openRegularRoot(root *os.Root, name string, m openMode) (*os.File, error) {
 
 // openRegularIn opens the regular file name (one path element) in the
 // open directory dir, whose path dirName is for messages only.
-func openRegularIn(dir *os.File, dirName, name string, m openMode) (*os.File, error) {
+func openRegularIn(dir *os.File, dirName, name string, m OpenMode) (*os.File, error) {
 	full := filepath.Join(dirName, name)
-	flag := m.flag&^os.O_TRUNC | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY
-	if m.follow {
+	flag := m.Flag&^os.O_TRUNC | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY
+	if m.Follow {
 		flag &^= unix.O_NOFOLLOW
 	}
 	var fd int
 	var err error
 	for {
-		fd, err = unix.Openat(int(dir.Fd()), name, flag, uint32(m.perm.Perm()))
+		fd, err = unix.Openat(int(dir.Fd()), name, flag, uint32(m.Perm.Perm()))
 		if err != unix.EINTR {
 			break
 		}
@@ -105,7 +105,7 @@ func openRegularIn(dir *os.File, dirName, name string, m openMode) (*os.File, er
 		f.Close()
 		return nil, &fs.PathError{Op: "open", Path: full, Err: err}
 	}
-	if m.flag&os.O_TRUNC != 0 {
+	if m.Flag&os.O_TRUNC != 0 {
 		if err := f.Truncate(0); err != nil {
 			f.Close()
 			return nil, &fs.PathError{Op: "truncate", Path: full, Err: err}
@@ -168,7 +168,7 @@ func found(mode uint32, want string) error {
 
 // checkRegular refuses what f is if it is not a regular file the caller
 // may use.
-func checkRegular(f *os.File, m openMode) error {
+func checkRegular(f *os.File, m OpenMode) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return err
@@ -198,10 +198,10 @@ func clearNonblock(fd int) error {
 	return err
 }
 
-// openDirNoFollow opens the directory name in the open directory parent
+// OpenDirNoFollow opens the directory name in the open directory parent
 // as an os.Root, refusing a symlink at name: a tree is written through
 // it, and a link planted there would send the tree elsewhere.
-func openDirNoFollow(parent *os.File, parentName, name string) (*os.Root, error) {
+func OpenDirNoFollow(parent *os.File, parentName, name string) (*os.Root, error) {
 	full := filepath.Join(parentName, name)
 	fd, err := unix.Openat(int(parent.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err == unix.ELOOP || err == unix.ENOTDIR {
@@ -261,12 +261,12 @@ func stillAt(f *os.File) error {
 	return nil
 }
 
-// setMtime sets the atime and mtime of the open file fd (nanoseconds)
+// SetMtime sets the atime and mtime of the open file fd (nanoseconds)
 // through the descriptor: by name, a link put at the name since would be
 // what gets them. It is utimensat(fd, NULL, ...), futimens(3): naming
 // the file as /proc/self/fd/N instead walked procfs on every file, 11% of
 // the initiator's CPU copying 300,000 512-byte files into tmpfs.
-func setMtime(fd uintptr, ns int64) error {
+func SetMtime(fd uintptr, ns int64) error {
 	ts := [2]unix.Timespec{unix.NsecToTimespec(ns), unix.NsecToTimespec(ns)}
 	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, fd, 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
 	if errno != 0 {
