@@ -163,10 +163,10 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 	slash := strings.HasSuffix(dst, "/")
 	if slash {
-		if err := makeDestDir(dst, opt.MkPath, opt.DryRun); err != nil {
+		if err := local.MakeDestDir(dst, opt.MkPath, opt.DryRun); err != nil {
 			return dst, false, err
 		}
-	} else if err := makeParents(dst, opt.MkPath, opt.DryRun); err != nil {
+	} else if err := local.MakeParents(dst, opt.MkPath, opt.DryRun); err != nil {
 		return dst, false, err
 	}
 	top := DestPath(src, dst)
@@ -177,7 +177,7 @@ func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 	// A dry run made nothing that a real run would: DEST/, or MkPath's.
 	madeByRun := opt.DryRun && (opt.MkPath || slash)
 	if !discard && !madeByRun {
-		if err := destDirExists(dst); err != nil {
+		if err := local.DestDirExists(dst); err != nil {
 			return dst, false, err
 		}
 	}
@@ -253,7 +253,7 @@ func (s *Session) quickSkip(ctx context.Context, src, dst string, opt GetOptions
 	if err != nil {
 		return &Result{Source: src, Dest: dst}, false, err
 	}
-	if e.Type != protocol.FileRegular || !sameMeta(fi, e, opt.ModifyWindow) {
+	if e.Type != protocol.FileRegular || !local.SameMeta(fi, e, opt.ModifyWindow) {
 		return nil, false, nil
 	}
 	return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Skipped: true, Unchanged: true, entry: e}, true, nil

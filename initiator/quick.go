@@ -2,7 +2,6 @@ package initiator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -31,27 +30,9 @@ func (c *treeCopy) quick() bool {
 // resuming reports whether a journal names files an earlier run finished.
 func (c *treeCopy) resuming() bool { return c.jn != nil && len(c.jn.Done) > 0 }
 
-// sameMeta is rsync's quick check: fi, at the destination, is a regular
-// file with e's size and mtime, within window (rsync's --modify-window:
-// a destination whose file system keeps coarser times, FAT's 2 s or an
-// SMB share's, would otherwise be copied again on every run).
-func sameMeta(fi fs.FileInfo, e protocol.Entry, window time.Duration) bool {
-	return fi.Mode().IsRegular() && fi.Size() == int64(e.Size) && sameTime(fi.ModTime().UnixNano(), e.MtimeNs, window)
-}
-
 // sameStat is sameMeta for a stat(2) answer.
 func sameStat(st *unix.Stat_t, e protocol.Entry, window time.Duration) bool {
-	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && sameTime(st.Mtim.Nano(), e.MtimeNs, window)
-}
-
-// sameTime reports whether two mtimes in ns are at most window apart
-// (equal, for 0).
-func sameTime(a, b int64, window time.Duration) bool {
-	d := a - b
-	if d < 0 {
-		d = -d
-	}
-	return d <= int64(window)
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size == int64(e.Size) && local.SameTime(st.Mtim.Nano(), e.MtimeNs, window)
 }
 
 // lstat is lstat(2) of rel in the destination, through its directory,
@@ -217,26 +198,6 @@ func (c *treeCopy) clean(rel string) {
 	}
 }
 
-// ErrNoDir reports that DEST's directory does not exist.
-var ErrNoDir = errors.New("no such directory")
-
-// destDirExists checks that the directory dst is to be made in exists:
-// like cp and rsync, rdmacp makes DEST, not the directories above it
-// (place.go).
-func destDirExists(dst string) error {
-	dir := filepath.Dir(dst)
-	fi, err := os.Stat(dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("%w: %s: %w (the directory of %s; make it, or add --mkpath)", local.ErrDest, dir, ErrNoDir, dst)
-	case err != nil:
-		return err
-	case !fi.IsDir():
-		return fmt.Errorf("%w: %s is not a directory (the directory of %s)", local.ErrDest, dir, dst)
-	}
-	return nil
-}
-
 // dryTree is GetTree with DryRun: it walks the source, compares it with
 // the destination, and reports what a copy would do.
 func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt TreeOptions, tr *TreeResult) (*TreeResult, error) {
@@ -302,7 +263,7 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 	case t == protocol.FileRegular:
 		fr.Bytes = int64(it.entry.Size)
 		c.found(it)
-		if fi != nil && opt.QuickCheck && !opt.SkipSame && sameMeta(fi, it.entry, opt.ModifyWindow) {
+		if fi != nil && opt.QuickCheck && !opt.SkipSame && local.SameMeta(fi, it.entry, opt.ModifyWindow) {
 			fr.Status = StatusUnchanged
 		}
 		if fi != nil && opt.SkipSame && fi.Mode().IsRegular() && fi.Size() == int64(it.entry.Size) {
