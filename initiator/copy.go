@@ -148,7 +148,7 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 		return res, err
 	}
 	if !land.Device {
-		if err := s.fileMeta(res.Dest, res.entry); err != nil {
+		if err := s.meta.SetFile(res.Dest, res.entry); err != nil {
 			return res, err
 		}
 	}
@@ -267,19 +267,19 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	if err := unix.Lstat(dst, &st); err != nil {
 		return &fs.PathError{Op: "lstat", Path: dst, Err: err}
 	}
-	mask := s.cfg.Archive.modeMask()
+	mask := s.cfg.Archive.ModeMask()
 	if want := e.Mode & mask; st.Mode&mask != want {
 		f, err := local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) // not a link put there since
 		if err != nil {
 			return err
 		}
-		err = f.Chmod(fileMode(want))
+		err = f.Chmod(local.FileMode(want))
 		f.Close()
 		if err != nil {
 			return err
 		}
 	}
-	return s.fileMeta(dst, e)
+	return s.meta.SetFile(dst, e)
 }
 
 // dryChecksum is -n with -c: the target opens src and DEST's windows are

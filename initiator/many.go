@@ -177,10 +177,10 @@ type placed struct {
 
 // packedMeta gives a packed file, in place, what -a's parts keep.
 func (s *Session) packedMeta(p placed) error {
-	if a := s.cfg.Archive; !a.Perms && !a.needsMeta() {
+	if a := s.cfg.Archive; !a.Perms && !a.NeedsMeta() {
 		return nil
 	}
-	return s.setMeta(p.dir, p.name, p.entry)
+	return s.meta.Set(p.dir, p.name, p.entry)
 }
 
 // destDirs are the directories a run of packed files lands in, each

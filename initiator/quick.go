@@ -91,9 +91,9 @@ func (c *treeCopy) unchanged(it item) bool {
 		return false
 	}
 	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size), Done: done}
-	mask := c.s.cfg.Archive.modeMask()
+	mask := c.s.cfg.Archive.ModeMask()
 	if want := it.entry.Mode & mask; st.Mode&mask != want {
-		if err := c.root.Chmod(it.rel, fileMode(want)); err != nil {
+		if err := c.root.Chmod(it.rel, local.FileMode(want)); err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/reads"
@@ -82,7 +84,7 @@ type Config struct {
 	BwLimit int64
 	// Archive is what copies keep beyond bytes, modes & 0777 and mtimes;
 	// the session asks the target for what it needs of that in Hello.
-	Archive Archive
+	Archive local.Archive
 }
 
 // Recovery reports one step of recovering from a fault.
@@ -254,7 +256,7 @@ type Session struct {
 	// session's identity or rights (callErr saw it on whichever call
 	// took it); reconnect gives up at once.
 	revocation atomic.Pointer[RevokedError]
-	meta       metaState
+	meta       *local.Metadata
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -266,7 +268,7 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth}
+	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth, meta: &local.Metadata{Archive: cfg.Archive, Log: cfg.Logger}}
 	if err := s.dialBusy(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -448,7 +450,7 @@ func (s *Session) hello(ctx context.Context) error {
 // transport's own estimate, to est.
 func (s *Session) greet(ctx context.Context, est *rttEstimate) error {
 	h := &protocol.Hello{MinVersion: protocol.Version, MaxVersion: protocol.Version, ClientNonce: protocol.NewNonce(),
-		Client: protocol.ClientString("rdmacp", s.cfg.Archive.features()...)}
+		Client: protocol.ClientString("rdmacp", s.cfg.Archive.Features()...)}
 	t0 := time.Now()
 	m, err := s.call(ctx, h)
 	est.add(time.Since(t0))

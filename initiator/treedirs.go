@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator/local"
+
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -106,7 +108,7 @@ func (c *treeCopy) finishLocked(d *openDir) {
 	delete(c.open, d.it.rel)
 	rel, e := d.it.rel, d.it.entry
 	mt := time.Unix(0, e.MtimeNs)
-	err := c.root.Chmod(rel, fileMode(e.Mode&c.s.cfg.Archive.modeMask()))
+	err := c.root.Chmod(rel, local.FileMode(e.Mode&c.s.cfg.Archive.ModeMask()))
 	if err == nil {
 		err = c.meta.dir(c.root, rel, e)
 	}

@@ -1,9 +1,8 @@
 package main
 
 import (
+	"github.com/rdmacp/rdmacp/initiator/local"
 	"github.com/urfave/cli/v2"
-
-	"github.com/rdmacp/rdmacp/initiator"
 )
 
 // archiveFlags are rsync's -a and its parts, for cp.
@@ -24,9 +23,9 @@ func archiveFlags() []cli.Flag {
 }
 
 // archiveOptions is what the archive flags of c ask a copy to keep.
-func archiveOptions(c *cli.Context) initiator.Archive {
+func archiveOptions(c *cli.Context) local.Archive {
 	a := c.Bool("archive")
-	return initiator.Archive{
+	return local.Archive{
 		Perms:      a || c.Bool("perms") || c.Bool("acls"),
 		Owner:      a || c.Bool("owner"),
 		Group:      a || c.Bool("group"),

@@ -3,112 +3,19 @@ package initiator
 import (
 	"bytes"
 	"context"
-	"io/fs"
 	"log/slog"
 	"os"
-	"os/user"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/protocol"
+	"golang.org/x/sys/unix"
 )
-
-func TestFileMode(t *testing.T) {
-	for mode, want := range map[uint32]fs.FileMode{
-		0o755:  0o755,
-		0o4755: 0o755 | fs.ModeSetuid,
-		0o2750: 0o750 | fs.ModeSetgid,
-		0o1777: 0o777 | fs.ModeSticky,
-		0o7000: fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky,
-	} {
-		if got := fileMode(mode); got != want {
-			t.Errorf("fileMode(%#o) = %v, want %v", mode, got, want)
-		}
-	}
-	if (Archive{}).modeMask() != 0o777 || (Archive{Perms: true}).modeMask() != 0o7777 {
-		t.Error("mode masks")
-	}
-}
-
-func TestArchiveFeatures(t *testing.T) {
-	if f := (Archive{Perms: true, Times: true}).features(); len(f) != 0 {
-		t.Errorf("-pt asks for %v: it needs nothing new of the target", f)
-	}
-	if f := (Archive{Owner: true}).features(); !slices.Contains(f, protocol.FeatureMeta) || slices.Contains(f, protocol.FeatureXattrs) {
-		t.Errorf("-o asks for %v", f)
-	}
-	if f := (Archive{ACLs: true}).features(); !slices.Contains(f, protocol.FeatureXattrs) {
-		t.Errorf("-A asks for %v", f)
-	}
-}
-
-func TestKeepXattr(t *testing.T) {
-	x := Archive{Xattrs: true}
-	acl := Archive{ACLs: true}
-	root := os.Geteuid() == 0
-	for _, c := range []struct {
-		a    Archive
-		name string
-		want bool
-	}{
-		{x, "user.mime_type", true},
-		{x, "trusted.overlay", root},
-		{x, "security.selinux", root},
-		{x, "system.posix_acl_access", false},
-		{x, "system.other", false},
-		{acl, "system.posix_acl_access", true},
-		{acl, "system.posix_acl_default", true},
-		{acl, "user.mime_type", false},
-		// File capabilities grant privilege as setuid does: only with -p.
-		{x, "security.capability", false},
-		{Archive{Xattrs: true, Perms: true}, "security.capability", root},
-	} {
-		if got := c.a.keepXattr(c.name); got != c.want {
-			t.Errorf("%+v keeps %s: %v, want %v", c.a, c.name, got, c.want)
-		}
-	}
-}
-
-func TestIDsByName(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("owners are kept as root only")
-	}
-	nobody, err := user.Lookup("nobody")
-	if err != nil {
-		t.Skip("no user nobody here")
-	}
-	want, _ := strconv.Atoi(nobody.Uid)
-	s := &Session{cfg: Config{Archive: Archive{Owner: true, Group: true}, Logger: slog.New(slog.DiscardHandler)}}
-	m := &protocol.Meta{Nlink: 1, UID: 4242, GID: 4343, User: "nobody", Group: "no-such-group-here"}
-	if uid, gid := s.ids(m); uid != want || gid != 4343 {
-		t.Errorf("by name: uid %d gid %d, want %d (nobody's) and 4343 (an unknown name goes by number)", uid, gid, want)
-	}
-	s.cfg.Archive.NumericIDs = true
-	if uid, gid := s.ids(m); uid != 4242 || gid != 4343 {
-		t.Errorf("--numeric-ids: uid %d gid %d", uid, gid)
-	}
-	s.cfg.Archive = Archive{}
-	if uid, gid := s.ids(m); uid != -1 || gid != -1 {
-		t.Errorf("without -o -g: uid %d gid %d, want both left", uid, gid)
-	}
-}
-
-// metaLister is a fake target whose tree's root has an entry of its own.
-type metaLister struct {
-	fakeLister
-	top protocol.Entry
-}
-
-func (m metaLister) Stat(context.Context, string) (protocol.Entry, error) { return m.top, nil }
-
-func logTo(b *bytes.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // A tree's owners, modes, symlink mtimes and xattrs land; and nothing
 // is set through a symlink, so a symlink to outside the destination
@@ -132,7 +39,8 @@ func TestTreeMeta(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs),
-		Archive: Archive{Perms: true, Owner: true, Group: true, Times: true, Xattrs: true, NumericIDs: true}}}
+		Archive: local.Archive{Perms: true, Owner: true, Group: true, Times: true, Xattrs: true, NumericIDs: true}}}
+	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	dst := filepath.Join(base, "dest")
 	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
 	if err != nil || tr.Failed != 0 {
@@ -182,7 +90,8 @@ func TestTreeMetaOldTarget(t *testing.T) {
 		}, "x/d/sub": {{Type: protocol.FileSymlink, Name: "b", Target: "y"}}},
 	}
 	var logs bytes.Buffer
-	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs), Archive: Archive{Owner: true, Group: true, HardLinks: true, Xattrs: true}}}
+	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs), Archive: local.Archive{Owner: true, Group: true, HardLinks: true, Xattrs: true}}}
+	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	dst := filepath.Join(t.TempDir(), "dest")
 	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
 	if err != nil || tr.Failed != 0 || tr.OK != 4 {
@@ -199,7 +108,8 @@ func TestTreeMetaOldTarget(t *testing.T) {
 // Files of one inode on the target: the first is copied, the rest are
 // noted as links to it; a different inode, or nlink 1, is not.
 func TestTreeMetaTakeLinks(t *testing.T) {
-	s := &Session{cfg: Config{Archive: Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s := &Session{cfg: Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	m := newTreeMeta(s)
 	file := func(rel string, ino uint64, nlink uint32) item {
 		return item{rel: rel, entry: protocol.Entry{Type: protocol.FileRegular, Name: filepath.Base(rel), Meta: &protocol.Meta{Dev: 1, Ino: ino, Nlink: nlink}}}
@@ -239,7 +149,8 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := &Session{cfg: Config{Archive: Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s := &Session{cfg: Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	m := newTreeMeta(s)
 	m.links = []hardLink{{rel: "b", to: "a"}, {rel: "old", to: "a"}, {rel: "c", to: "gone"}}
 	m.targets["a"], m.targets["gone"] = true, true
@@ -256,28 +167,12 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 	}
 }
 
-// A zero Meta (the target could not stat the entry) sets no owner: its
-// ids are not root's.
-func TestZeroMetaSetsNoOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
-	dir := t.TempDir()
-	p := filepath.Join(dir, "f")
-	os.WriteFile(p, nil, 0o644)
-	os.Chown(p, 12345, 12346)
-	s := &Session{cfg: Config{Archive: Archive{Owner: true, Group: true, NumericIDs: true}, Logger: slog.New(slog.DiscardHandler)}}
-	d, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	if err := s.setMeta(d, "f", protocol.Entry{Type: protocol.FileRegular, Mode: 0o644, Meta: &protocol.Meta{}}); err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	unix.Lstat(p, &st)
-	if st.Uid != 12345 || st.Gid != 12346 {
-		t.Errorf("a zero Meta chowned the file to %d:%d", st.Uid, st.Gid)
-	}
+// metaLister is a fake target whose tree's root has an entry of its own.
+type metaLister struct {
+	fakeLister
+	top protocol.Entry
 }
+
+func (m metaLister) Stat(context.Context, string) (protocol.Entry, error) { return m.top, nil }
+
+func logTo(b *bytes.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
