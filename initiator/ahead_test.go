@@ -25,8 +25,8 @@ func TestCopyMappedAhead(t *testing.T) {
 				cfg.MaxWindowsPerSession = maxWindows
 				cfg.MaxWindow = 128 << 10 // 2 chunks a window: 40 windows
 			})
-			want := randomFile(t, filepath.Join(e.dir, "f"), 5<<20+12345)
-			s := e.dial(t, nil)
+			want := randomFile(t, filepath.Join(e.Dir, "f"), 5<<20+12345)
+			s := e.Dial(t, nil)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			for i := range 2 { // the session stays fit for the next copy

@@ -15,8 +15,8 @@ import (
 
 func TestBench(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.MaxWindow = 1 << 20 })
-	randomFile(t, filepath.Join(e.dir, "f"), 3<<20+5)
-	s := e.dial(t, func(c *initiator.Config) { c.QPs = 2; c.Depth = 4 })
+	randomFile(t, filepath.Join(e.Dir, "f"), 3<<20+5)
+	s := e.Dial(t, func(c *initiator.Config) { c.QPs = 2; c.Depth = 4 })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -68,7 +68,7 @@ func TestBench(t *testing.T) {
 		if _, err := s.Bench(ctx, "data/missing", initiator.BenchOptions{Iters: 1}); err == nil {
 			t.Error("missing file accepted")
 		}
-		os.WriteFile(filepath.Join(e.dir, "empty"), nil, 0o644)
+		os.WriteFile(filepath.Join(e.Dir, "empty"), nil, 0o644)
 		if _, err := s.Bench(ctx, "data/empty", initiator.BenchOptions{Iters: 1}); err == nil {
 			t.Error("empty file accepted")
 		}

@@ -58,7 +58,7 @@ func TestBlockDeviceExport(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) {
 		c.Exports = append(c.Exports, target.Export{Name: "disk0", Path: src})
 	})
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	ctx := context.Background()
 
 	ent, err := s.Stat(ctx, "disk0")
@@ -93,7 +93,7 @@ func TestBlockDeviceExport(t *testing.T) {
 	}
 	// A file with a short tail onto the device: the tail goes buffered,
 	// the rest direct, and the device reads back exact.
-	odd := randomFile(t, filepath.Join(e.dir, "odd"), 5*testChunk+17)
+	odd := randomFile(t, filepath.Join(e.Dir, "odd"), 5*testChunk+17)
 	if res, err = s.Get(ctx, "data/odd", big, initiator.GetOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +119,8 @@ func TestBlockDeviceMountedRefused(t *testing.T) {
 	}
 	defer exec.Command("umount", mnt).Run()
 	e := startTarget(t, nil)
-	randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
-	s := e.dial(t, nil)
+	randomFile(t, filepath.Join(e.Dir, "f"), 1<<20)
+	s := e.Dial(t, nil)
 	_, err := s.Get(context.Background(), "data/f", dev, initiator.GetOptions{Force: true})
 	if !errors.Is(err, local.ErrDest) || !strings.Contains(err.Error(), "mounted") {
 		t.Fatalf("mounted device: %v", err)
@@ -133,7 +133,7 @@ func TestBlockDeviceChangedDuringCopy(t *testing.T) {
 		c.Exports = append(c.Exports, target.Export{Name: "disk0", Path: src})
 		c.MaxWindow = 64 << 10
 	})
-	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.Retries = 1 })
+	s := e.Dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.Retries = 1 })
 	var once sync.Once
 	_, err := s.Get(context.Background(), "disk0", filepath.Join(t.TempDir(), "img"), initiator.GetOptions{Progress: func(initiator.Progress) {
 		once.Do(func() {

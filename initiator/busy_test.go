@@ -17,13 +17,13 @@ import (
 // place frees, not the moment it is refused.
 func TestDialRetriesWhileTargetBusy(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.MaxSessions = 1 })
-	first := e.dial(t, nil)
+	first := e.Dial(t, nil)
 	freed := time.AfterFunc(700*time.Millisecond, func() { first.Close() })
 	defer freed.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	s, err := initiator.Dial(ctx, e.addr, initiator.Config{Device: e.dev, QPs: 1, Depth: 1, RetryFor: 15 * time.Second})
+	s, err := initiator.Dial(ctx, e.Addr, initiator.Config{Device: e.Dev, QPs: 1, Depth: 1, RetryFor: 15 * time.Second})
 	if err != nil {
 		t.Fatalf("dial while the target was busy for 0.7 s: %v", err)
 	}
@@ -36,11 +36,11 @@ func TestDialRetriesWhileTargetBusy(t *testing.T) {
 // Within RetryFor only: then the refusal, saying what it retried.
 func TestDialBusyGivesUpWithinRetryFor(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.MaxSessions = 1 })
-	e.dial(t, nil)
+	e.Dial(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	_, err := initiator.Dial(ctx, e.addr, initiator.Config{Device: e.dev, QPs: 1, Depth: 1, RetryFor: time.Second})
+	_, err := initiator.Dial(ctx, e.Addr, initiator.Config{Device: e.Dev, QPs: 1, Depth: 1, RetryFor: time.Second})
 	took := time.Since(t0)
 	if err == nil || !strings.Contains(err.Error(), "too many sessions") || !strings.Contains(err.Error(), "--retry-for") || !errors.Is(err, initiator.ErrConnect) {
 		t.Fatalf("dial of a full target: %v", err)
@@ -62,7 +62,7 @@ func TestDialNotBusyFailsAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t0 := time.Now()
-	if _, err := initiator.Dial(ctx, addr, initiator.Config{Device: e.dev, QPs: 1, Depth: 1, RetryFor: 15 * time.Second}); err == nil {
+	if _, err := initiator.Dial(ctx, addr, initiator.Config{Device: e.Dev, QPs: 1, Depth: 1, RetryFor: 15 * time.Second}); err == nil {
 		t.Fatal("dialed a port nothing listens on")
 	}
 	if took := time.Since(t0); took > 2*time.Second {

@@ -38,7 +38,7 @@ func TestGetTreeIncremental(t *testing.T) {
 
 func testGetTreeIncremental(t *testing.T, noWalk bool) {
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "t")
+	src := filepath.Join(e.Dir, "t")
 	for _, p := range []string{"a", "big", "skip.o", "sub/b", "cache/c", "cache/deep/d"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
 		n := 100
@@ -47,7 +47,7 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 		}
 		randomFile(t, filepath.Join(src, p), n)
 	}
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	if noWalk {
 		initiator.ListTrees(s)
 	}
@@ -100,16 +100,16 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 // (both too large to pack, so copied one after the other, after the walk).
 func TestGetTreeDeleteHeldOnFailure(t *testing.T) {
 	e := startTarget(t, nil)
-	os.Mkdir(filepath.Join(e.dir, "t"), 0o755)
-	randomFile(t, filepath.Join(e.dir, "t", "a"), 2<<20)
-	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 2<<20)
+	os.Mkdir(filepath.Join(e.Dir, "t"), 0o755)
+	randomFile(t, filepath.Join(e.Dir, "t", "a"), 2<<20)
+	randomFile(t, filepath.Join(e.Dir, "t", "blocker"), 2<<20)
 	out := t.TempDir()
 	os.MkdirAll(filepath.Join(out, "t"), 0o755)
 	os.WriteFile(filepath.Join(out, "t", "extra"), nil, 0o644)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	var once sync.Once
 	gone := func(p initiator.Progress) {
-		once.Do(func() { os.Remove(filepath.Join(e.dir, "t", "blocker")) })
+		once.Do(func() { os.Remove(filepath.Join(e.Dir, "t", "blocker")) })
 	}
 	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{QuickCheck: true, Delete: true, Progress: gone})
 	if err != nil {

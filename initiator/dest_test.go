@@ -18,8 +18,8 @@ import (
 // root once turned /dev/null into a 10 MB file.
 func TestGetSpecialDestinations(t *testing.T) {
 	e := startTarget(t, nil)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 300<<10)
-	s := e.dial(t, nil)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 300<<10)
+	s := e.Dial(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	out := t.TempDir()

@@ -65,7 +65,7 @@ var directSizes = []int{0, 1, 4095, 4096, testChunk - 1, testChunk, testChunk + 
 // returns the result.
 func getExact(t *testing.T, e *env, s *initiator.Session, out string, n int, opt initiator.GetOptions) *initiator.Result {
 	t.Helper()
-	want := randomFile(t, filepath.Join(e.dir, "f"), n)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), n)
 	dst := filepath.Join(out, "copy")
 	res, err := s.Get(context.Background(), "data/f", dst, opt)
 	if err != nil {
@@ -93,7 +93,7 @@ func TestDirectLandingExact(t *testing.T) {
 	out := directDir(t)
 	align := initiator.DirectAlign(out)
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	for _, n := range directSizes {
 		res := getExact(t, e, s, out, n, initiator.GetOptions{})
 		if got, want := initiator.DirectBytes(res), wantDirect(int64(n), testChunk, align); got != want {
@@ -103,7 +103,7 @@ func TestDirectLandingExact(t *testing.T) {
 	// The default chunk size, and a tail that is a whole number of
 	// blocks but not of chunks.
 	e4 := startTarget(t, func(c *target.Config) { c.ChunkSize, c.MaxWindow = 4<<20, 32<<20 })
-	s4 := e4.dial(t, func(c *initiator.Config) { c.ReadSize = 1 << 20 })
+	s4 := e4.Dial(t, func(c *initiator.Config) { c.ReadSize = 1 << 20 })
 	for _, n := range []int{3<<20 + 8192, 4<<20 - 1, 4<<20 + 1, 3*4<<20 + 4097} {
 		res := getExact(t, e4, s4, out, n, initiator.GetOptions{})
 		if got, want := initiator.DirectBytes(res), wantDirect(int64(n), 4<<20, align); got != want {
@@ -136,7 +136,7 @@ func TestDirectLandingTmpfs(t *testing.T) {
 		t.Logf("tmpfs: %s", why)
 	}
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	for _, n := range directSizes {
 		res := getExact(t, e, s, out, n, initiator.GetOptions{})
 		if got := initiator.DirectBytes(res); got != 0 {
@@ -180,7 +180,7 @@ func (r *refusing) Close() error { return r.d.Close() }
 func TestDirectFallback(t *testing.T) {
 	out := directDir(t)
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	cases := []struct {
 		name string
 		open func(*os.File) (local.DirectFile, error)
@@ -246,9 +246,9 @@ func (w *ioError) Close() error { return w.d.Close() }
 func TestDirectPartialResume(t *testing.T) {
 	out := directDir(t)
 	e := startTarget(t, nil)
-	s := e.dial(t, func(c *initiator.Config) { c.QPs, c.Depth = 1, 1 })
+	s := e.Dial(t, func(c *initiator.Config) { c.QPs, c.Depth = 1, 1 })
 	const n = 32*testChunk + 100
-	want := randomFile(t, filepath.Join(e.dir, "f"), n)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), n)
 	dst := filepath.Join(out, "copy")
 	func() {
 		defer initiator.SetOpenDirect(func(f *os.File) (local.DirectFile, error) {
@@ -267,7 +267,7 @@ func TestDirectPartialResume(t *testing.T) {
 		t.Fatalf("no sidecar: %v", err)
 	}
 	// A rerun, as of the command: a new session.
-	s = e.dial(t, nil)
+	s = e.Dial(t, nil)
 	res, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{Partial: true})
 	if err != nil {
 		t.Fatal(err)

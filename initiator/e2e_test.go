@@ -5,98 +5,30 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
 	"github.com/rdmacp/rdmacp/target"
 	"github.com/rdmacp/rdmacp/verbs"
-	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
 
-type env struct {
-	dir  string // exported as "data"
-	addr string
-	dev  verbs.Device
-}
+// env is a running target: the rig the initiator's tests share with the
+// tree copy's.
+type env = rig.Env
 
-func open(t *testing.T, p verbs.Provider) verbs.Device {
-	d, err := p.Open(context.Background(), verbs.DeviceConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	return d
-}
+func open(t *testing.T, p verbs.Provider) verbs.Device { return rig.Open(t, p) }
 
-// startTarget serves a fresh directory over the software provider.
-func startTarget(t *testing.T, mod func(*target.Config)) *env {
-	t.Helper()
-	e := &env{dir: t.TempDir()}
-	cfg := target.Config{
-		Device:    open(t, iwarp.New(iwarp.Config{})),
-		Exports:   []target.Export{{Name: "data", Path: e.dir}},
-		ChunkSize: 64 << 10,
-		MaxWindow: 256 << 10,
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	srv, err := target.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ln, err := cfg.Device.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.addr = ln.Addr()
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		ln.Close()
-	})
-	e.dev = open(t, iwarp.New(iwarp.Config{}))
-	return e
-}
+func startTarget(t *testing.T, mod func(*target.Config)) *env { return rig.Start(t, mod) }
 
-func (e *env) dial(t *testing.T, mod func(*initiator.Config)) *initiator.Session {
-	t.Helper()
-	cfg := initiator.Config{Device: e.dev, QPs: 3, Depth: 4, ReadSize: 16 << 10}
-	if mod != nil {
-		mod(&cfg)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := initiator.Dial(ctx, e.addr, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func randomFile(t *testing.T, path string, n int) []byte {
-	b := make([]byte, n)
-	r := rand.NewChaCha8([32]byte{byte(n), byte(n >> 8), byte(n >> 16)})
-	r.Read(b)
-	if err := os.WriteFile(path, b, 0o640); err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
+func randomFile(t *testing.T, path string, n int) []byte { return rig.RandomFile(t, path, n) }
 
 func TestCopySizes(t *testing.T) {
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	const chunk = 64 << 10
 	sizes := []int{0, 1, chunk - 1, chunk, chunk + 1, 5*chunk + 17}
 	if !testing.Short() {
@@ -104,7 +36,7 @@ func TestCopySizes(t *testing.T) {
 	}
 	out := t.TempDir()
 	for _, n := range sizes {
-		name := filepath.Join(e.dir, "f")
+		name := filepath.Join(e.Dir, "f")
 		want := randomFile(t, name, n)
 		mt := time.Date(2020, 1, 2, 3, 4, 5, 6000, time.UTC)
 		os.Chtimes(name, mt, mt)
@@ -136,8 +68,8 @@ func TestCopySizes(t *testing.T) {
 
 func TestCopyIntoDirectory(t *testing.T) {
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
-	want := randomFile(t, filepath.Join(e.dir, "name.bin"), 1000)
+	s := e.Dial(t, nil)
+	want := randomFile(t, filepath.Join(e.Dir, "name.bin"), 1000)
 	out := t.TempDir()
 	if _, err := s.Get(context.Background(), "data/name.bin", out, initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
@@ -150,10 +82,10 @@ func TestCopyIntoDirectory(t *testing.T) {
 
 func TestList(t *testing.T) {
 	e := startTarget(t, nil)
-	os.Mkdir(filepath.Join(e.dir, "sub"), 0o755)
-	randomFile(t, filepath.Join(e.dir, "sub", "a"), 10)
-	os.Symlink("a", filepath.Join(e.dir, "sub", "link"))
-	s := e.dial(t, nil)
+	os.Mkdir(filepath.Join(e.Dir, "sub"), 0o755)
+	randomFile(t, filepath.Join(e.Dir, "sub", "a"), 10)
+	os.Symlink("a", filepath.Join(e.Dir, "sub", "link"))
+	s := e.Dial(t, nil)
 	ents, err := s.List(context.Background(), "data/sub")
 	if err != nil {
 		t.Fatal(err)
@@ -171,9 +103,9 @@ func TestBadPaths(t *testing.T) {
 	e := startTarget(t, nil)
 	outside := t.TempDir()
 	randomFile(t, filepath.Join(outside, "secret"), 10)
-	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(e.dir, "escape"))
-	os.Mkdir(filepath.Join(e.dir, "dir"), 0o755)
-	s := e.dial(t, nil)
+	os.Symlink(filepath.Join(outside, "secret"), filepath.Join(e.Dir, "escape"))
+	os.Mkdir(filepath.Join(e.Dir, "dir"), 0o755)
+	s := e.Dial(t, nil)
 	out := t.TempDir()
 	for _, p := range []string{"data/../x", "data//etc/passwd", "data/escape", "nope/x", "data/missing", "data/dir"} {
 		_, err := s.Get(context.Background(), p, filepath.Join(out, "x"), initiator.GetOptions{})
@@ -190,15 +122,15 @@ func TestBadPaths(t *testing.T) {
 
 func TestAuth(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.Secret = []byte("sesame") })
-	randomFile(t, filepath.Join(e.dir, "f"), 100)
+	randomFile(t, filepath.Join(e.Dir, "f"), 100)
 	ctx := context.Background()
 	for _, secret := range []string{"", "wrong"} {
-		_, err := initiator.Dial(ctx, e.addr, initiator.Config{Device: e.dev, Secret: []byte(secret)})
+		_, err := initiator.Dial(ctx, e.Addr, initiator.Config{Device: e.Dev, Secret: []byte(secret)})
 		if !errors.Is(err, initiator.ErrAuth) {
 			t.Errorf("secret %q: %v, want ErrAuth", secret, err)
 		}
 	}
-	s := e.dial(t, func(c *initiator.Config) { c.Secret = []byte("sesame") })
+	s := e.Dial(t, func(c *initiator.Config) { c.Secret = []byte("sesame") })
 	if _, err := s.Get(ctx, "data/f", filepath.Join(t.TempDir(), "f"), initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +138,7 @@ func TestAuth(t *testing.T) {
 
 func TestSessionCloseTwice(t *testing.T) {
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -37,15 +37,15 @@ func noDest(t *testing.T, dst string) {
 func faultyEnv(t *testing.T) (*env, *faulty.Injector) {
 	e := startTarget(t, nil)
 	inj := &faulty.Injector{}
-	e.dev = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj))
+	e.Dev = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj))
 	return e, inj
 }
 
 func TestCorruptChunkIsReread(t *testing.T) {
 	e, inj := faultyEnv(t)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 1<<20)
 	// One READ per chunk, so that three corruptions are three chunks.
-	s := e.dial(t, func(c *initiator.Config) { c.ReadSize = 64 << 10 })
+	s := e.Dial(t, func(c *initiator.Config) { c.ReadSize = 64 << 10 })
 	inj.CorruptReads(3, nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	res, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
@@ -66,8 +66,8 @@ func TestCorruptChunkIsReread(t *testing.T) {
 
 func TestPersistentCorruptionFails(t *testing.T) {
 	e, inj := faultyEnv(t)
-	randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
-	s := e.dial(t, func(c *initiator.Config) { c.Retries = 2 })
+	randomFile(t, filepath.Join(e.Dir, "f"), 1<<20)
+	s := e.Dial(t, func(c *initiator.Config) { c.Retries = 2 })
 	inj.CorruptReads(1000, nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
@@ -81,8 +81,8 @@ func TestNoVerifyMissesCorruption(t *testing.T) {
 	// The control for the two tests above: with --digest none the
 	// same fault goes unseen, so they really test verification.
 	e, inj := faultyEnv(t)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 256<<10)
-	s := e.dial(t, func(c *initiator.Config) { c.Algorithm = 2 })
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 256<<10)
+	s := e.Dial(t, func(c *initiator.Config) { c.Algorithm = 2 })
 	inj.CorruptReads(1, nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
@@ -96,10 +96,10 @@ func TestNoVerifyMissesCorruption(t *testing.T) {
 
 func TestDroppedDataQPIsReplaced(t *testing.T) {
 	e, inj := faultyEnv(t)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 2<<20)
 	var mu sync.Mutex
 	var recs []initiator.Recovery
-	s := e.dial(t, func(c *initiator.Config) {
+	s := e.Dial(t, func(c *initiator.Config) {
 		c.Recovered = func(r initiator.Recovery) {
 			mu.Lock()
 			recs = append(recs, r)
@@ -149,20 +149,20 @@ func TestDroppedDataQPIsReplaced(t *testing.T) {
 }
 
 func TestTargetGoneMidCopy(t *testing.T) {
-	e := &env{dir: t.TempDir()}
+	e := &env{Dir: t.TempDir()}
 	tdev := open(t, iwarp.New(iwarp.Config{}))
-	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: e.dir}}, ChunkSize: 64 << 10, MaxWindow: 1 << 20})
+	srv, err := target.New(target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: e.Dir}}, ChunkSize: 64 << 10, MaxWindow: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ln, _ := tdev.Listen(ctx, "127.0.0.1:0")
 	defer ln.Close()
-	e.addr = ln.Addr()
+	e.Addr = ln.Addr()
 	go srv.Serve(ctx, ln)
-	e.dev = open(t, iwarp.New(iwarp.Config{}))
-	randomFile(t, filepath.Join(e.dir, "f"), 64<<20)
-	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.RetryFor = 2 * time.Second })
+	e.Dev = open(t, iwarp.New(iwarp.Config{}))
+	randomFile(t, filepath.Join(e.Dir, "f"), 64<<20)
+	s := e.Dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.RetryFor = 2 * time.Second })
 	dst := filepath.Join(t.TempDir(), "f")
 	var once sync.Once
 	start := time.Now()
@@ -187,10 +187,10 @@ func TestTargetGoneMidCopy(t *testing.T) {
 func TestPullResumesOnANewSession(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.MaxWindow = 1 << 20 })
 	const size = 16 << 20
-	want := randomFile(t, filepath.Join(e.dir, "f"), size)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), size)
 	var recs []initiator.Recovery
 	var mu sync.Mutex
-	s := e.dial(t, func(c *initiator.Config) {
+	s := e.Dial(t, func(c *initiator.Config) {
 		c.Recovered = func(r initiator.Recovery) { mu.Lock(); recs = append(recs, r); mu.Unlock() }
 	})
 	dst := filepath.Join(t.TempDir(), "f")
@@ -232,9 +232,9 @@ func TestPullResumesOnANewSession(t *testing.T) {
 
 func TestSourceChangedDuringCopy(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { c.MaxWindow = 64 << 10 })
-	src := filepath.Join(e.dir, "f")
+	src := filepath.Join(e.Dir, "f")
 	randomFile(t, src, 8<<20)
-	s := e.dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.Retries = 1 })
+	s := e.Dial(t, func(c *initiator.Config) { c.QPs = 1; c.Depth = 1; c.Retries = 1 })
 	dst := filepath.Join(t.TempDir(), "f")
 	var once sync.Once
 	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{Progress: func(p initiator.Progress) {
@@ -262,8 +262,8 @@ func TestFullDisk(t *testing.T) {
 	}
 	defer exec.Command("umount", dir).Run()
 	e := startTarget(t, nil)
-	randomFile(t, filepath.Join(e.dir, "f"), 4<<20)
-	s := e.dial(t, nil)
+	randomFile(t, filepath.Join(e.Dir, "f"), 4<<20)
+	s := e.Dial(t, nil)
 	dst := filepath.Join(dir, "f")
 	_, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
 	if !errors.Is(err, syscall.ENOSPC) {
@@ -277,7 +277,7 @@ func TestFullDisk(t *testing.T) {
 
 func TestConcurrentInitiators(t *testing.T) {
 	e := startTarget(t, nil)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 3<<20)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 3<<20)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	out := t.TempDir()
@@ -293,7 +293,7 @@ func TestConcurrentInitiators(t *testing.T) {
 			defer dev.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			s, err := initiator.Dial(ctx, e.addr, initiator.Config{Device: dev, QPs: 2, Depth: 2, ReadSize: 16 << 10})
+			s, err := initiator.Dial(ctx, e.Addr, initiator.Config{Device: dev, QPs: 2, Depth: 2, ReadSize: 16 << 10})
 			if err != nil {
 				errs <- err
 				return
@@ -324,8 +324,8 @@ func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
 	// window fail; the bounce buffer's registration (the third) succeeds.
 	inj.FailRegMR(2, func(a verbs.Access) bool { return a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
 	e := startTarget(t, func(c *target.Config) { c.Device = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj)) })
-	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+3)
-	s := e.dial(t, nil)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 1<<20+3)
+	s := e.Dial(t, nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
@@ -341,11 +341,11 @@ func TestStagedWindowsWhenFileMRRefused(t *testing.T) {
 func TestWindowBudgetSharedBySessions(t *testing.T) {
 	// A budget of one window: three copies take turns, none fails.
 	e := startTarget(t, func(c *target.Config) { c.MaxWindow, c.WindowBudget = 256<<10, 256<<10 })
-	want := randomFile(t, filepath.Join(e.dir, "f"), 2<<20)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 2<<20)
 	var wg sync.WaitGroup
 	out := t.TempDir()
 	for i := range 3 {
-		s := e.dial(t, nil)
+		s := e.Dial(t, nil)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -368,8 +368,8 @@ func TestReadOnlyMRWhenWindowsCantBind(t *testing.T) {
 	inj := &faulty.Injector{}
 	inj.FailRegMR(1000, func(a verbs.Access) bool { return a&verbs.AccessMWBind != 0 && a&verbs.AccessLocalWrite == 0 }, syscall.EFAULT)
 	e := startTarget(t, func(c *target.Config) { c.Device = open(t, faulty.Wrap(iwarp.New(iwarp.Config{}), inj)) })
-	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+3)
-	s := e.dial(t, nil)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 1<<20+3)
+	s := e.Dial(t, nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
@@ -386,9 +386,9 @@ func TestReadOnlyMRWhenWindowsCantBind(t *testing.T) {
 // the next one: those READs' completions are not taken for its own.
 func TestSessionGoesOnAfterFailedCopy(t *testing.T) {
 	e, inj := faultyEnv(t)
-	randomFile(t, filepath.Join(e.dir, "f"), 4<<20)
-	want := randomFile(t, filepath.Join(e.dir, "g"), 1<<20)
-	s := e.dial(t, func(c *initiator.Config) { c.Retries = 1 })
+	randomFile(t, filepath.Join(e.Dir, "f"), 4<<20)
+	want := randomFile(t, filepath.Join(e.Dir, "g"), 1<<20)
+	s := e.Dial(t, func(c *initiator.Config) { c.Retries = 1 })
 	inj.CorruptReads(1000, nil)
 	out := t.TempDir()
 	if _, err := s.Get(context.Background(), "data/f", filepath.Join(out, "f"), initiator.GetOptions{}); !errors.Is(err, initiator.ErrVerify) {

@@ -50,7 +50,7 @@ func journalTree(t *testing.T, dir string, n, size int) int64 {
 func TestTreeResumeFromJournal(t *testing.T) {
 	defer initiator.SetSettleEvery(10)()
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "tree")
+	src := filepath.Join(e.Dir, "tree")
 	const n, size = 200, 700
 	total := journalTree(t, src, n, size)
 	out := t.TempDir()
@@ -59,7 +59,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reported := 0
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	_, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
 		File: func(fr initiator.FileResult) {
 			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusOK {
@@ -76,7 +76,7 @@ func TestTreeResumeFromJournal(t *testing.T) {
 		t.Fatalf("no journal after the interrupt: %v", err)
 	}
 
-	s = e.dial(t, nil) // as a new command would
+	s = e.Dial(t, nil) // as a new command would
 	inPlace := 0       // regular files found in place
 	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
 		File: func(fr initiator.FileResult) {
@@ -151,10 +151,10 @@ func compareTrees(t *testing.T, a, b string) {
 func TestJournalTornTail(t *testing.T) {
 	defer initiator.SetSettleEvery(5)()
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "tree")
+	src := filepath.Join(e.Dir, "tree")
 	journalTree(t, src, 30, 100)
 	dst := filepath.Join(t.TempDir(), "D")
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	k := 0
 	s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(fr initiator.FileResult) {
@@ -179,7 +179,7 @@ func TestJournalTornTail(t *testing.T) {
 	f.WriteString("0123456789\n0123456789abcdef\n")
 	f.Close()
 	os.Chtimes(jp, time.Now(), time.Now())
-	s = e.dial(t, nil)
+	s = e.Dial(t, nil)
 	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(initiator.FileResult) {}})
 	if err != nil {
 		t.Fatal(err)

@@ -17,9 +17,9 @@ import (
 func TestMappedLandingRereadsCorruptChunks(t *testing.T) {
 	initiator.MapAnywhere(t)
 	e, inj := faultyEnv(t)
-	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20+4321)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 1<<20+4321)
 	// One READ per chunk, so that three corruptions are three chunks.
-	s := e.dial(t, func(c *initiator.Config) { c.ReadSize = 64 << 10; c.Retries = 2 })
+	s := e.Dial(t, func(c *initiator.Config) { c.ReadSize = 64 << 10; c.Retries = 2 })
 	dst := filepath.Join(t.TempDir(), "f")
 	inj.CorruptReads(3, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

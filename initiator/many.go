@@ -106,7 +106,6 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 	if err != nil {
 		return 0, false, err
 	}
-	s.packs++
 	defer s.closeHandle(ctx, r.Handle)
 	dirs := destDirs{}
 	defer dirs.close()
@@ -180,7 +179,7 @@ func (s *Session) packedMeta(p placed) error {
 	if a := s.cfg.Archive; !a.Perms && !a.NeedsMeta() {
 		return nil
 	}
-	return s.meta.Set(p.dir, p.name, p.entry)
+	return s.Metadata().Set(p.dir, p.name, p.entry)
 }
 
 // destDirs are the directories a run of packed files lands in, each

@@ -25,7 +25,7 @@ func TestGetMany(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { // 256 KiB windows
 		c.Exports = append(c.Exports, target.Export{Name: "logs", Path: other})
 	})
-	src := e.dir
+	src := e.Dir
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
 	want := map[string][]byte{
 		"a":       randomFile(t, filepath.Join(src, "a"), 3000),
@@ -64,7 +64,7 @@ func TestGetMany(t *testing.T) {
 		{"data/../etc", o("outside")}, // 12 failed
 		{"logs/nope", o("nope")},      // 13 failed
 	}
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	var seq []string
 	got := map[int]initiator.FileResult{}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

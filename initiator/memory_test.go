@@ -158,9 +158,9 @@ func TestPullStagingIsWhatAPullRegisters(t *testing.T) {
 		{2, 3, 48 << 10, 20, true},
 		{4, 4, 64 << 10, 3, false}, // fewer chunks than it would stage
 	} {
-		randomFile(t, filepath.Join(e.dir, "f"), tc.chunks*chunk)
+		randomFile(t, filepath.Join(e.Dir, "f"), tc.chunks*chunk)
 		dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
-		s := e.dial(t, func(c *initiator.Config) {
+		s := e.Dial(t, func(c *initiator.Config) {
 			c.Device, c.QPs, c.Depth, c.ReadSize = dev, tc.qps, tc.depth, tc.readSize
 		})
 		_, base := dev.take(verbs.AccessLocalWrite) // the session's own (its QPs' buffers)
@@ -216,7 +216,7 @@ func TestPushPinnedIsWhatAPushRegisters(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "src")
 	randomFile(t, src, 10*chunk+100)
 	dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
-	s := e.dial(t, func(c *initiator.Config) { c.Device, c.ChunkSize = dev, chunk })
+	s := e.Dial(t, func(c *initiator.Config) { c.Device, c.ChunkSize = dev, chunk })
 	for i, window := range []int64{256 << 10, 100 << 10, 10 << 10, 2 * chunk} {
 		dev.take(verbs.AccessRemoteRead)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -246,9 +246,9 @@ func TestPushPinnedIsWhatAPushRegisters(t *testing.T) {
 func TestMappedLandingFallsBackToStaging(t *testing.T) {
 	initiator.MapAnywhere(t)
 	e := startTarget(t, nil) // 64 KiB chunks
-	want := randomFile(t, filepath.Join(e.dir, "f"), 20<<16+123)
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 20<<16+123)
 	dev := &regDevice{Device: open(t, iwarp.New(iwarp.Config{}))}
-	s := e.dial(t, func(c *initiator.Config) { c.Device = dev })
+	s := e.Dial(t, func(c *initiator.Config) { c.Device = dev })
 	dst := filepath.Join(t.TempDir(), "f")
 	for _, refuse := range []bool{false, true} {
 		os.Remove(dst)

@@ -22,7 +22,7 @@ func TestRateCaps(t *testing.T) {
 		{8 << 20, 4 << 20, 4 << 20},
 	} {
 		e := startTarget(t, func(cfg *target.Config) { cfg.BwLimit = c.target })
-		s := e.dial(t, func(cfg *initiator.Config) { cfg.BwLimit = c.user })
+		s := e.Dial(t, func(cfg *initiator.Config) { cfg.BwLimit = c.user })
 		got := s.RateCap()
 		if got != (initiator.RateCap{User: c.user, Target: c.target, Limit: c.want}) {
 			t.Errorf("--bwlimit %d, target's cap %d: %+v, want the limit %d", c.user, c.target, got, c.want)
@@ -35,8 +35,8 @@ func TestRateCaps(t *testing.T) {
 func TestTargetCapHolds(t *testing.T) {
 	const rate, size = 8 << 20, 4 << 20
 	e := startTarget(t, func(cfg *target.Config) { cfg.BwLimit = rate })
-	randomFile(t, filepath.Join(e.dir, "f"), size)
-	s := e.dial(t, nil)
+	randomFile(t, filepath.Join(e.Dir, "f"), size)
+	s := e.Dial(t, nil)
 	start := time.Now()
 	if _, err := s.Get(context.Background(), "data/f", filepath.Join(t.TempDir(), "f"), initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestIdentityCap(t *testing.T) {
 	}
 	for _, c := range []struct{ serve, want int64 }{{0, 2 << 20}, {8 << 20, 2 << 20}, {1 << 20, 1 << 20}} {
 		e := startTarget(t, func(cfg *target.Config) { cfg.Keys, cfg.BwLimit = keys, c.serve })
-		s := e.dial(t, func(cfg *initiator.Config) { cfg.Identity, cfg.Secret = "alice", []byte(key) })
+		s := e.Dial(t, func(cfg *initiator.Config) { cfg.Identity, cfg.Secret = "alice", []byte(key) })
 		if got := s.RateCap(); got.Target != c.want || got.Limit != c.want {
 			t.Errorf("serve --bwlimit %d, alice's 2M: %+v, want the target's cap %d", c.serve, got, c.want)
 		}

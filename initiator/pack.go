@@ -105,7 +105,6 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 			continue
 		}
 		r := a.r
-		s.packs++
 		end := i + len(r.Files)
 		next = ask(end)
 		err := s.readPack(ctx, r, a.gens, func(files []packedFile) error { return fn(i, files) })
@@ -148,6 +147,7 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 		s.tidy(ctx, &protocol.Close{Handle: r.Handle})
 		return nil, nil, fmt.Errorf("%w: a PackReply that does not add up", protocol.ErrMalformed)
 	}
+	s.packs++
 	return r, gens, nil
 }
 
@@ -290,3 +290,28 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 // over iwarp-soft took 2.2-2.8 s with Open and 1.0-1.6 s packed (rsync
 // daemon + sync: 1.4-2.7 s); 10,000 x 4 KiB, unchanged.
 const packMaxBytes = 1 << 20
+
+
+// walkCall sends Walk or WalkNext, waiting while the target has no room
+// for a batch's window. A WalkNext answered TooMany has had its Release
+// freed all the same: it is sent again with what release gives, the
+// window of a batch written since, if any.
+func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, []uint32, error) {
+	var again func()
+	if n, ok := m.(*protocol.WalkNext); ok {
+		again = func() { n.Release = release() }
+	}
+	gens := s.gens() // before the request: see reads.Set.Gens
+	r, err := s.retryBusy(ctx, again, m)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, ok := r.(*protocol.WalkBatch)
+	if !ok {
+		return nil, nil, unexpected(r)
+	}
+	if b.Window.Length > 0 {
+		s.packs++ // a batch with packed files
+	}
+	return b, gens, nil
+}

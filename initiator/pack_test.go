@@ -48,14 +48,14 @@ func checkTree(t *testing.T, src, dst string, files map[string][]byte) {
 func TestGetTreePacksSmallFiles(t *testing.T) {
 	for _, noWalk := range []bool{false, true} {
 		e := startTarget(t, nil) // 256 KiB windows: several packs
-		src := filepath.Join(e.dir, "t")
+		src := filepath.Join(e.Dir, "t")
 		files := smallTree(t, src, 400)
 		var total int64
 		for _, b := range files {
 			total += int64(len(b))
 		}
 		for _, noPack := range []bool{false, true} {
-			s := e.dial(t, nil)
+			s := e.Dial(t, nil)
 			if noWalk {
 				initiator.ListTrees(s)
 			}
@@ -79,12 +79,12 @@ func TestGetTreePacksSmallFiles(t *testing.T) {
 
 func TestPackEdgeCases(t *testing.T) {
 	e := startTarget(t, nil)
-	want := randomFile(t, filepath.Join(e.dir, "ok"), 3000)
-	randomFile(t, filepath.Join(e.dir, "empty"), 0)
-	randomFile(t, filepath.Join(e.dir, "huge"), 300<<10) // over the 256 KiB window limit
-	os.Mkdir(filepath.Join(e.dir, "dir"), 0o755)
-	os.Symlink("/etc/passwd", filepath.Join(e.dir, "escape"))
-	s := e.dial(t, nil)
+	want := randomFile(t, filepath.Join(e.Dir, "ok"), 3000)
+	randomFile(t, filepath.Join(e.Dir, "empty"), 0)
+	randomFile(t, filepath.Join(e.Dir, "huge"), 300<<10) // over the 256 KiB window limit
+	os.Mkdir(filepath.Join(e.Dir, "dir"), 0o755)
+	os.Symlink("/etc/passwd", filepath.Join(e.Dir, "escape"))
+	s := e.Dial(t, nil)
 	paths := []string{"data/ok", "data/missing", "data/dir", "data/huge", "data/empty", "data/../x", "data/escape", "data/ok"}
 	var got []string
 	err := initiator.GetPacked(s, context.Background(), paths, func(i int, en protocol.Entry, data []byte, err error) error {

@@ -55,7 +55,7 @@ func getManifest(t *testing.T, s *initiator.Session, jobs []initiator.FileJob, o
 // stop the others.
 func TestGetManifestPlansEachLine(t *testing.T) {
 	e := startTarget(t, nil) // 64 KiB chunks, 256 KiB windows
-	src := e.dir
+	src := e.Dir
 	os.MkdirAll(filepath.Join(src, "d", "sub"), 0o755)
 	small := randomFile(t, filepath.Join(src, "small"), 100)
 	big := randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window: never packed
@@ -83,7 +83,7 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 				{Src: "data/missing", Dst: o("m")},   // 2 fails
 				{Src: "data/big", Dst: o("big")},     // 3 on its own
 			}
-			s := e.dial(t, nil)
+			s := e.Dial(t, nil)
 			r, err := getManifest(t, s, jobs, tc.opt)
 			if err != nil {
 				t.Fatal(err)
@@ -161,10 +161,10 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 // GetManifest returns its error, and tells no later line.
 func TestGetManifestStopsWithTheConnection(t *testing.T) {
 	e := startTarget(t, nil)
-	randomFile(t, filepath.Join(e.dir, "big"), 300<<10)
+	randomFile(t, filepath.Join(e.Dir, "big"), 300<<10)
 	out := t.TempDir()
 	for _, opt := range []initiator.ManifestOptions{{}, {NoPack: true}} {
-		s := e.dial(t, nil)
+		s := e.Dial(t, nil)
 		initiator.HangUp(s)
 		jobs := []initiator.FileJob{{Src: "data/big", Dst: filepath.Join(out, "a")}, {Src: "data/big", Dst: filepath.Join(out, "b")}}
 		r, err := getManifest(t, s, jobs, opt)

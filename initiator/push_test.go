@@ -70,7 +70,7 @@ func eventually(t *testing.T, dir string, want ...string) {
 
 func TestPushSizes(t *testing.T) {
 	e := startTarget(t, writable)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	const chunk = 64 << 10
 	type size struct {
 		n      int
@@ -92,14 +92,14 @@ func TestPushSizes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("size %d: %v", sz.n, err)
 		}
-		got, err := os.ReadFile(filepath.Join(e.dir, "copy"))
+		got, err := os.ReadFile(filepath.Join(e.Dir, "copy"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if sha256.Sum256(got) != sha256.Sum256(want) {
 			t.Fatalf("size %d: sha256 differs", sz.n)
 		}
-		fi, _ := os.Stat(filepath.Join(e.dir, "copy"))
+		fi, _ := os.Stat(filepath.Join(e.Dir, "copy"))
 		if fi.Mode().Perm() != 0o640 || !fi.ModTime().Equal(mt) {
 			t.Errorf("size %d: mode %v mtime %v, want 0640 %v", sz.n, fi.Mode().Perm(), fi.ModTime(), mt)
 		}
@@ -109,14 +109,14 @@ func TestPushSizes(t *testing.T) {
 		if !strings.HasPrefix(res.Digest, "crc32c:") {
 			t.Errorf("size %d: digest %q", sz.n, res.Digest)
 		}
-		leftovers(t, e.dir, "copy")
+		leftovers(t, e.Dir, "copy")
 	}
 }
 
 func TestPushIntoDirectory(t *testing.T) {
 	e := startTarget(t, writable)
-	os.Mkdir(filepath.Join(e.dir, "sub"), 0o755)
-	s := e.dial(t, nil)
+	os.Mkdir(filepath.Join(e.Dir, "sub"), 0o755)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "name.bin")
 	want := randomFile(t, src, 1000)
 	for _, dst := range []string{"data", "data/sub"} {
@@ -127,7 +127,7 @@ func TestPushIntoDirectory(t *testing.T) {
 		if res.Dest != dst+"/name.bin" {
 			t.Errorf("%s: landed at %s", dst, res.Dest)
 		}
-		got, _ := os.ReadFile(filepath.Join(e.dir, strings.TrimPrefix(dst+"/name.bin", "data/")))
+		got, _ := os.ReadFile(filepath.Join(e.Dir, strings.TrimPrefix(dst+"/name.bin", "data/")))
 		if string(got) != string(want) {
 			t.Errorf("%s: content differs", dst)
 		}
@@ -136,7 +136,7 @@ func TestPushIntoDirectory(t *testing.T) {
 
 func TestPushToReadOnlyExport(t *testing.T) {
 	e := startTarget(t, nil)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 1000)
 	_, err := s.Put(context.Background(), src, "data/x", initiator.PutOptions{})
@@ -147,14 +147,14 @@ func TestPushToReadOnlyExport(t *testing.T) {
 	if err.Error() != `push to data/x: export "data" is read-only` {
 		t.Errorf("error reads %q", err)
 	}
-	leftovers(t, e.dir)
+	leftovers(t, e.Dir)
 }
 
 func TestPushBadDestinations(t *testing.T) {
 	e := startTarget(t, writable)
 	outside := t.TempDir()
-	os.Symlink(outside, filepath.Join(e.dir, "escape"))
-	s := e.dial(t, nil)
+	os.Symlink(outside, filepath.Join(e.Dir, "escape"))
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 1000)
 	for _, dst := range []string{"data/../x", "data/../../etc/x", "data//etc/x", "data/escape/x", "data/escape", "nope/x", "data/missing/x"} {
@@ -166,18 +166,18 @@ func TestPushBadDestinations(t *testing.T) {
 			t.Logf("%s: %v", dst, err)
 		}
 	}
-	leftovers(t, e.dir, "escape")
+	leftovers(t, e.Dir, "escape")
 	leftovers(t, outside)
 	// A local source that is no file.
 	if _, err := s.Put(context.Background(), t.TempDir(), "data/x", initiator.PutOptions{}); err == nil {
 		t.Error("pushed a directory")
 	}
-	leftovers(t, e.dir, "escape")
+	leftovers(t, e.Dir, "escape")
 }
 
 func TestPushCorruptChunkIsReread(t *testing.T) {
 	e, inj := pushEnv(t)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	want := randomFile(t, src, 1<<20)
 	inj.CorruptReads(3, nil)
@@ -191,16 +191,16 @@ func TestPushCorruptChunkIsReread(t *testing.T) {
 	if res.Retries != 3 || res.BytesRead <= res.Bytes {
 		t.Errorf("result: %d retries, %d bytes read for %d", res.Retries, res.BytesRead, res.Bytes)
 	}
-	got, _ := os.ReadFile(filepath.Join(e.dir, "f"))
+	got, _ := os.ReadFile(filepath.Join(e.Dir, "f"))
 	if string(got) != string(want) {
 		t.Fatal("pushed file differs despite verification")
 	}
-	leftovers(t, e.dir, "f")
+	leftovers(t, e.Dir, "f")
 }
 
 func TestPushPersistentCorruptionFails(t *testing.T) {
 	e, inj := pushEnv(t)
-	s := e.dial(t, func(c *initiator.Config) { c.Retries = 2 })
+	s := e.Dial(t, func(c *initiator.Config) { c.Retries = 2 })
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 1<<20)
 	inj.CorruptReads(1000, nil)
@@ -208,7 +208,7 @@ func TestPushPersistentCorruptionFails(t *testing.T) {
 	if !errors.Is(err, initiator.ErrVerify) {
 		t.Fatalf("err = %v, want ErrVerify", err)
 	}
-	leftovers(t, e.dir)
+	leftovers(t, e.Dir)
 	// The session is still good for the next push.
 	inj.Reset()
 	if _, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{}); err != nil {
@@ -218,7 +218,7 @@ func TestPushPersistentCorruptionFails(t *testing.T) {
 
 func TestPushSurvivesADroppedDataQP(t *testing.T) {
 	e, inj := pushEnv(t)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	want := randomFile(t, src, 4<<20)
 	inj.DropAfter(20) // a data QP of the target goes down mid-push
@@ -230,23 +230,23 @@ func TestPushSurvivesADroppedDataQP(t *testing.T) {
 	if inj.Stats().Drops != 1 {
 		t.Fatalf("%d drops injected, want 1", inj.Stats().Drops)
 	}
-	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
+	if got, _ := os.ReadFile(filepath.Join(e.Dir, "f")); string(got) != string(want) {
 		t.Fatal("pushed file differs from the source")
 	}
-	leftovers(t, e.dir, "f")
+	leftovers(t, e.Dir, "f")
 }
 
 // An initiator gone for good mid-push leaves nothing: the target keeps
 // the push for its --keep-push, then removes it.
 func TestPushInitiatorGoneMidPush(t *testing.T) {
 	e := startTarget(t, func(c *target.Config) { writable(c); c.KeepPush = 300 * time.Millisecond })
-	s := e.dial(t, func(c *initiator.Config) { c.RetryFor = -1 }) // gone for good
+	s := e.Dial(t, func(c *initiator.Config) { c.RetryFor = -1 }) // gone for good
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 4<<20)
 	var once sync.Once
 	_, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{Window: 128 << 10, Progress: func(initiator.Progress) {
 		once.Do(func() {
-			if ents, _ := os.ReadDir(e.dir); len(ents) != 1 || !strings.HasSuffix(ents[0].Name(), ".part") {
+			if ents, _ := os.ReadDir(e.Dir); len(ents) != 1 || !strings.HasSuffix(ents[0].Name(), ".part") {
 				t.Errorf("no temporary file mid-push: %v", ents)
 			}
 			initiator.HangUp(s) // the initiator hangs up under the push
@@ -255,7 +255,7 @@ func TestPushInitiatorGoneMidPush(t *testing.T) {
 	if err == nil {
 		t.Fatal("push succeeded without its session")
 	}
-	eventually(t, e.dir)
+	eventually(t, e.Dir)
 }
 
 // A push whose session breaks goes on, on a new session, from the
@@ -266,7 +266,7 @@ func TestPushGoesOnOnANewSession(t *testing.T) {
 		writable(c)
 		c.Logger = slog.New(onMessage{"push kept", kept})
 	})
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	const size = 4 << 20
 	want := randomFile(t, src, size)
@@ -292,10 +292,10 @@ func TestPushGoesOnOnANewSession(t *testing.T) {
 	if res.BytesRead >= size || res.BytesRead < size-1<<20 {
 		t.Errorf("the new session READ %d bytes of %d: want all but the window(s) kept", res.BytesRead, size)
 	}
-	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
+	if got, _ := os.ReadFile(filepath.Join(e.Dir, "f")); string(got) != string(want) {
 		t.Fatal("pushed file differs from the source")
 	}
-	eventually(t, e.dir, "f")
+	eventually(t, e.Dir, "f")
 }
 
 // onMessage is a slog handler that signals on ch each message that
@@ -320,7 +320,7 @@ func (h onMessage) WithGroup(string) slog.Handler      { return h }
 
 func TestPushSourceChanged(t *testing.T) {
 	e := startTarget(t, writable)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 2<<20)
 	var once sync.Once
@@ -336,20 +336,20 @@ func TestPushSourceChanged(t *testing.T) {
 	if !errors.Is(err, initiator.ErrChanged) {
 		t.Fatalf("err = %v, want ErrChanged", err)
 	}
-	eventually(t, e.dir)
+	eventually(t, e.Dir)
 }
 
 func TestPushManyDigests(t *testing.T) {
 	// 4 KiB BLAKE3 chunks: a window's digests, not its 32 MiB, bound it.
 	e := startTarget(t, writable)
-	s := e.dial(t, func(c *initiator.Config) { c.Algorithm = 1; c.ChunkSize = 4096 })
+	s := e.Dial(t, func(c *initiator.Config) { c.Algorithm = 1; c.ChunkSize = 4096 })
 	src := filepath.Join(t.TempDir(), "f")
 	want := randomFile(t, src, 9<<20+5)
 	res, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); sha256.Sum256(got) != sha256.Sum256(want) {
+	if got, _ := os.ReadFile(filepath.Join(e.Dir, "f")); sha256.Sum256(got) != sha256.Sum256(want) {
 		t.Fatal("pushed file differs")
 	}
 	if res.ChunkSize != 4096 || !strings.HasPrefix(res.Digest, "blake3:") {
@@ -359,7 +359,7 @@ func TestPushManyDigests(t *testing.T) {
 
 func TestPushCancelled(t *testing.T) {
 	e := startTarget(t, writable)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 4<<20)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -368,17 +368,17 @@ func TestPushCancelled(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
-	eventually(t, e.dir)
+	eventually(t, e.Dir)
 }
 
 func TestPushWaitsForTheWindowBudget(t *testing.T) {
 	// A budget of one window, held by a pull's window: the push waits
 	// for it rather than failing.
 	e := startTarget(t, func(c *target.Config) { writable(c); c.MaxWindow, c.WindowBudget = 256<<10, 256<<10 })
-	randomFile(t, filepath.Join(e.dir, "big"), 4<<20)
+	randomFile(t, filepath.Join(e.Dir, "big"), 4<<20)
 	src := filepath.Join(t.TempDir(), "f")
 	want := randomFile(t, src, 1<<20)
-	pull, push := e.dial(t, func(c *initiator.Config) { c.QPs, c.Depth = 1, 1 }), e.dial(t, nil)
+	pull, push := e.Dial(t, func(c *initiator.Config) { c.QPs, c.Depth = 1, 1 }), e.Dial(t, nil)
 	started, pulled := make(chan struct{}), make(chan error, 1)
 	var once sync.Once
 	go func() {
@@ -395,7 +395,7 @@ func TestPushWaitsForTheWindowBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := os.ReadFile(filepath.Join(e.dir, "f")); string(got) != string(want) {
+	if got, _ := os.ReadFile(filepath.Join(e.Dir, "f")); string(got) != string(want) {
 		t.Fatal("pushed file differs")
 	}
 }
@@ -410,7 +410,7 @@ func TestPushFullDisk(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("umount", dir).Run() }) // after the target lets go of it
 	e := startTarget(t, func(c *target.Config) { c.Exports = []target.Export{{Name: "data", Path: dir, Writable: true}} })
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	src := filepath.Join(t.TempDir(), "f")
 	randomFile(t, src, 4<<20)
 	_, err := s.Put(context.Background(), src, "data/f", initiator.PutOptions{})

@@ -240,7 +240,7 @@ type Session struct {
 
 	bytesRead atomic.Int64
 	lister    lister // tests: a fake target's listings for GetTree
-	packs     int    // Packs answered, and walk batches with packed files
+	packs     int    // Packs answered, and walk batches with packed files (packCall, walkCall)
 	closeOnce sync.Once
 	packBuf   *verbs.Buffer
 	packMR    verbs.MR // over packBuf
@@ -617,7 +617,21 @@ func (s *Session) Transport() string {
 }
 
 // DataQPs and ReadsPerQP report what the session negotiated.
-func (s *Session) DataQPs() int    { return s.nqps }
+func (s *Session) DataQPs() int { return s.nqps }
+
+// MaxWindow is the most bytes the target maps in one window.
+func (s *Session) MaxWindow() uint64 { return s.ch0.MaxWindow }
+
+// Metadata gives local files what the session's Archive keeps.
+func (s *Session) Metadata() *local.Metadata { return s.meta }
+
+// Share marks a goroutine that uses the session beside a transfer's own
+// (a tree listed directory by directory while its files are copied): a
+// broken session is not re-established under it. done ends the share.
+func (s *Session) Share() (done func()) {
+	s.sharing.Add(1)
+	return func() { s.sharing.Add(-1) }
+}
 func (s *Session) ReadsPerQP() int { return s.reads }
 
 // Stat returns the entry of a path ("EXPORT/dir/file").

@@ -5,12 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,33 +20,6 @@ import (
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 )
-
-// ErrName reports a name from the target that is not a single path
-// element: a target must not be able to make a copy write outside DEST.
-var ErrName = errors.New("refused name from target")
-
-// ValidName checks that name, from a target's directory listing, is one
-// path element: not empty, ".", "..", and without '/' or NUL.
-func ValidName(name string) error {
-	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
-		return fmt.Errorf("%w: %q", ErrName, name)
-	}
-	return nil
-}
-
-// Shard is a share of the files of a tree or manifest: file p belongs to
-// shard I of N when FNV-1a(p) mod N is I. The zero Shard takes everything.
-type Shard struct{ I, N int }
-
-// Has reports whether the file with remote path p is in the shard.
-func (sh Shard) Has(p string) bool {
-	if sh.N <= 1 {
-		return true
-	}
-	h := fnv.New32a()
-	h.Write([]byte(p))
-	return int(h.Sum32()%uint32(sh.N)) == sh.I
-}
 
 // File statuses in FileResult.
 const (

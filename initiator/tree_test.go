@@ -59,7 +59,7 @@ func TestGetTree(t *testing.T) {
 
 func testGetTree(t *testing.T, noWalk bool) {
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "tree")
+	src := filepath.Join(e.Dir, "tree")
 	files := makeTree(t, src)
 	s, log := dialLogged(t, e)
 	if noWalk {
@@ -136,14 +136,14 @@ func testGetTree(t *testing.T, noWalk bool) {
 // the tree is copied.
 func TestGetTreeOneFileFails(t *testing.T) {
 	e := startTarget(t, nil)
-	os.Mkdir(filepath.Join(e.dir, "t"), 0o755)
-	randomFile(t, filepath.Join(e.dir, "t", "a"), 1000)
-	randomFile(t, filepath.Join(e.dir, "t", "blocker"), 1000)
-	randomFile(t, filepath.Join(e.dir, "t", "z"), 1000)
+	os.Mkdir(filepath.Join(e.Dir, "t"), 0o755)
+	randomFile(t, filepath.Join(e.Dir, "t", "a"), 1000)
+	randomFile(t, filepath.Join(e.Dir, "t", "blocker"), 1000)
+	randomFile(t, filepath.Join(e.Dir, "t", "z"), 1000)
 	out := t.TempDir()
 	// A non-empty directory where the file "blocker" must go.
 	os.MkdirAll(filepath.Join(out, "t", "blocker", "x"), 0o755)
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -188,11 +188,11 @@ func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
 	var all []string
 	for i := range 40 {
 		rel := filepath.Join("d"+string(rune('0'+i%3)), "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
-		os.MkdirAll(filepath.Join(e.dir, "t", filepath.Dir(rel)), 0o755)
-		randomFile(t, filepath.Join(e.dir, "t", rel), 10+i)
+		os.MkdirAll(filepath.Join(e.Dir, "t", filepath.Dir(rel)), 0o755)
+		randomFile(t, filepath.Join(e.Dir, "t", rel), 10+i)
 		all = append(all, rel)
 	}
-	randomFile(t, filepath.Join(e.dir, "t", "top"), 100<<10) // too large to pack
+	randomFile(t, filepath.Join(e.Dir, "t", "top"), 100<<10) // too large to pack
 	all = append(all, "top")
 	sort.Strings(all)
 	s, log := dialLogged(t, e)
@@ -238,13 +238,13 @@ func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
 // whole at the end; interrupted, it leaves nothing.
 func TestGetTreeStaged(t *testing.T) {
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "t")
+	src := filepath.Join(e.Dir, "t")
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
 	want := randomFile(t, filepath.Join(src, "sub", "big"), 1<<20) // read with Open, with progress
 	randomFile(t, filepath.Join(src, "small"), 100)                // packed
 	out := t.TempDir()
 	dst := filepath.Join(out, "t")
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	staged := func() []string {
 		m, _ := filepath.Glob(filepath.Join(out, ".t.rdmacp-*.part"))
 		return m
@@ -268,7 +268,7 @@ func TestGetTreeStaged(t *testing.T) {
 		t.Fatalf("interrupted copy left %v (destination: %v)", staged(), err)
 	}
 
-	s = e.dial(t, nil)
+	s = e.Dial(t, nil)
 	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Progress: check})
 	if err != nil || tr.Failed != 0 {
 		t.Fatalf("%v %+v", err, tr)
@@ -308,7 +308,7 @@ func TestGetTreeManyDirectories(t *testing.T) {
 	for _, tp := range treePaths {
 		t.Run(tp.name, func(t *testing.T) {
 			e := startTarget(t, nil)
-			src := filepath.Join(e.dir, "t")
+			src := filepath.Join(e.Dir, "t")
 			files := map[string][]byte{}
 			for i := range 30 {
 				for j := range 3 {
@@ -320,7 +320,7 @@ func TestGetTreeManyDirectories(t *testing.T) {
 			for _, rel := range []string{"d03/big", "d17/s1/big", "d29/big"} { // copied with Open
 				files[rel] = randomFile(t, filepath.Join(src, rel), 300<<10)
 			}
-			s := e.dial(t, nil)
+			s := e.Dial(t, nil)
 			if tp.noWalk {
 				initiator.ListTrees(s)
 			}

@@ -3,8 +3,6 @@ package initiator
 import (
 	"context"
 	"errors"
-	"fmt"
-	"path"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -16,14 +14,6 @@ import (
 type lister interface {
 	List(ctx context.Context, path string) ([]protocol.Entry, error)
 	Stat(ctx context.Context, path string) (protocol.Entry, error)
-}
-
-// item is one entry of a tree's plan.
-type item struct {
-	rel     string // '/'-separated, relative to the tree's root
-	entry   protocol.Entry
-	err     error // the entry is refused
-	existed bool  // a directory that was at the destination already
 }
 
 // walkTree lists the remote directory src recursively with List, parents
@@ -115,20 +105,6 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 	return walk(src, "", 0, start(src))
 }
 
-// listed is the item for entry e of directory dir (a tree's rel), with
-// err set if its name is not one path element (its rel then quotes it)
-// or seen already has it; it adds the name to seen.
-func listed(dir string, e protocol.Entry, seen map[string]bool) item {
-	it := item{rel: path.Join(dir, e.Name), entry: e}
-	if err := ValidName(e.Name); err != nil {
-		it.err, it.rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
-	} else if seen[e.Name] {
-		it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
-	}
-	seen[e.Name] = true
-	return it
-}
-
 // errLeftOut marks, within walkTreeKeep, an entry keep left out.
 var errLeftOut = errors.New("left out")
 
@@ -181,8 +157,7 @@ func (c *treeCopy) viaWalk() error {
 // viaList takes in the tree by listing it with l, directory by directory,
 // while a packer copies its small files with Pack.
 func (c *treeCopy) viaList(l lister) error {
-	c.s.sharing.Add(1) // the lister runs beside the copies
-	defer c.s.sharing.Add(-1)
+	defer c.s.Share()() // the lister runs beside the copies
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
 	items := make(chan []item, 16) // in batches: a hand-over per entry costs more than a quick check

@@ -71,7 +71,7 @@ func (m *treeMeta) take(it item) bool {
 	if e.Type != protocol.FileRegular && e.Type != protocol.FileSymlink {
 		return false
 	}
-	if a.HardLinks && e.Type == protocol.FileRegular && m.s.meta.HasMeta(e) && e.Meta.Nlink > 1 {
+	if a.HardLinks && e.Type == protocol.FileRegular && m.s.Metadata().HasMeta(e) && e.Meta.Nlink > 1 {
 		k := [2]uint64{e.Meta.Dev, e.Meta.Ino}
 		if to, ok := m.first[k]; ok {
 			m.links = append(m.links, hardLink{rel: it.rel, to: to, e: e})
@@ -134,7 +134,7 @@ func (m *treeMeta) set(root *os.Root, rel string, e protocol.Entry) error {
 		return err
 	}
 	defer d.Close()
-	return m.s.meta.Set(d, name, e)
+	return m.s.Metadata().Set(d, name, e)
 }
 
 // dir sets a directory's owner, mode and xattrs (its mtime is the
@@ -149,7 +149,7 @@ func (m *treeMeta) dir(root *os.Root, rel string, e protocol.Entry) error {
 			return err
 		}
 		defer d.Close()
-		return m.s.meta.Set(d, ".", e)
+		return m.s.Metadata().Set(d, ".", e)
 	}
 	return m.set(root, rel, e)
 }

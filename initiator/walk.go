@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
+	"path"
+	"strings"
 	"sync"
 
 	"github.com/rdmacp/rdmacp/filter"
@@ -87,7 +90,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 				next <- answer{r, gens, err}
 			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries})
 		}
-		ents, err := t.batch(b, s.nqps, s.ch0.MaxWindow, alg)
+		ents, err := t.batch(b, s.DataQPs(), s.MaxWindow(), alg)
 		if err != nil {
 			return err
 		}
@@ -110,12 +113,6 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 			}
 			w.packed = w.it.err == nil
 		}
-		for _, w := range ents {
-			if w.packed {
-				s.packs++
-				break
-			}
-		}
 		if err := fn(ents); err != nil {
 			return err
 		}
@@ -137,27 +134,6 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		}
 		b, gens = a.b, a.gens
 	}
-}
-
-// walkCall sends Walk or WalkNext, waiting while the target has no room
-// for a batch's window. A WalkNext answered TooMany has had its Release
-// freed all the same: it is sent again with what release gives, the
-// window of a batch written since, if any.
-func (s *Session) walkCall(ctx context.Context, m protocol.Message, release func() uint32) (*protocol.WalkBatch, []uint32, error) {
-	var again func()
-	if n, ok := m.(*protocol.WalkNext); ok {
-		again = func() { n.Release = release() }
-	}
-	gens := s.gens() // before the request: see reads.Set.Gens
-	r, err := s.retryBusy(ctx, again, m)
-	if err != nil {
-		return nil, nil, err
-	}
-	b, ok := r.(*protocol.WalkBatch)
-	if !ok {
-		return nil, nil, unexpected(r)
-	}
-	return b, gens, nil
 }
 
 // walkTrack follows a walk's directories across its batches, to give
@@ -315,4 +291,53 @@ func walkRules(f *filter.Filter) []protocol.WalkRule {
 		out = append(out, protocol.WalkRule{Include: r.Include, Pattern: r.Pattern})
 	}
 	return out
+}
+
+// item is one entry of a tree's plan.
+type item struct {
+	rel     string // '/'-separated, relative to the tree's root
+	entry   protocol.Entry
+	err     error // the entry is refused
+	existed bool  // a directory that was at the destination already
+}
+
+// listed is the item for entry e of directory dir (a tree's rel), with
+// err set if its name is not one path element (its rel then quotes it)
+// or seen already has it; it adds the name to seen.
+func listed(dir string, e protocol.Entry, seen map[string]bool) item {
+	it := item{rel: path.Join(dir, e.Name), entry: e}
+	if err := ValidName(e.Name); err != nil {
+		it.err, it.rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
+	} else if seen[e.Name] {
+		it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
+	}
+	seen[e.Name] = true
+	return it
+}
+
+// ErrName reports a name from the target that is not a single path
+// element: a target must not be able to make a copy write outside DEST.
+var ErrName = errors.New("refused name from target")
+
+// ValidName checks that name, from a target's directory listing, is one
+// path element: not empty, ".", "..", and without '/' or NUL.
+func ValidName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%w: %q", ErrName, name)
+	}
+	return nil
+}
+
+// Shard is a share of the files of a tree or manifest: file p belongs to
+// shard I of N when FNV-1a(p) mod N is I. The zero Shard takes everything.
+type Shard struct{ I, N int }
+
+// Has reports whether the file with remote path p is in the shard.
+func (sh Shard) Has(p string) bool {
+	if sh.N <= 1 {
+		return true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(p))
+	return int(h.Sum32()%uint32(sh.N)) == sh.I
 }

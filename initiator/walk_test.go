@@ -51,7 +51,7 @@ func (l *logBuffer) walked(t *testing.T, want bool) {
 func dialLogged(t *testing.T, e *env) (*initiator.Session, *logBuffer) {
 	t.Helper()
 	log := &logBuffer{}
-	s := e.dial(t, func(c *initiator.Config) {
+	s := e.Dial(t, func(c *initiator.Config) {
 		c.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
 	return s, log
@@ -66,7 +66,7 @@ func TestGetTreeTightBudget(t *testing.T) {
 			e := startTarget(t, func(c *target.Config) {
 				c.MaxWindow, c.WindowBudget = 256<<10, 256<<10
 			})
-			src := filepath.Join(e.dir, "t")
+			src := filepath.Join(e.Dir, "t")
 			files := smallTree(t, src, 400) // about 1 MiB of small files
 			s, log := dialLogged(t, e)
 			if tp.noWalk {
@@ -96,7 +96,7 @@ func TestGetTreeUnreadable(t *testing.T) {
 		t.Skip("root reads every file")
 	}
 	e := startTarget(t, nil)
-	src := filepath.Join(e.dir, "t")
+	src := filepath.Join(e.Dir, "t")
 	want := map[string][]byte{}
 	for _, rel := range []string{"a", "locked/secret", "locked/sub/deeper", "nope", "z/f"} {
 		os.MkdirAll(filepath.Join(src, filepath.Dir(rel)), 0o755)
@@ -106,7 +106,7 @@ func TestGetTreeUnreadable(t *testing.T) {
 		os.Chmod(filepath.Join(src, p), 0)
 		t.Cleanup(func() { os.Chmod(filepath.Join(src, p), 0o755) })
 	}
-	s := e.dial(t, nil)
+	s := e.Dial(t, nil)
 	out := t.TempDir()
 	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
 	if err != nil {

@@ -40,9 +40,9 @@ func TestCopySparseByWindow(t *testing.T) {
 	// digests: only the islands are READ.
 	for _, alg := range []chunker.Algorithm{chunker.CRC32C, chunker.BLAKE3} {
 		e := startTarget(t, nil)
-		s := e.dial(t, func(c *initiator.Config) { c.Algorithm = alg })
+		s := e.Dial(t, func(c *initiator.Config) { c.Algorithm = alg })
 		const size, chunk = 8<<20 + 5000, 64 << 10
-		want := sparseSrc(t, filepath.Join(e.dir, "f"), size, []int64{100, 3<<20 + 7}, 70000)
+		want := sparseSrc(t, filepath.Join(e.Dir, "f"), size, []int64{100, 3<<20 + 7}, 70000)
 		dst := filepath.Join(t.TempDir(), "f")
 		res, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{})
 		if err != nil {
@@ -70,8 +70,8 @@ func TestStaleStoredDigestsSuspected(t *testing.T) {
 	// re-hashes, and the copy completes, verified.
 	st := &wrongStore{}
 	e := startTarget(t, func(c *target.Config) { c.Digests = st })
-	s := e.dial(t, func(c *initiator.Config) { c.Retries = 1 })
-	want := randomFile(t, filepath.Join(e.dir, "f"), 1<<20)
+	s := e.Dial(t, func(c *initiator.Config) { c.Retries = 1 })
+	want := randomFile(t, filepath.Join(e.Dir, "f"), 1<<20)
 	dst := filepath.Join(t.TempDir(), "f")
 	if _, err := s.Get(context.Background(), "data/f", dst, initiator.GetOptions{}); err != nil {
 		t.Fatal(err)
