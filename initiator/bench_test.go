@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
 	"github.com/rdmacp/rdmacp/target"
-	"github.com/rdmacp/rdmacp/verbs"
-	"github.com/rdmacp/rdmacp/verbs/iwarp"
 )
 
 func TestBench(t *testing.T) {
@@ -87,41 +86,6 @@ func checkRates(t *testing.T, res *initiator.BenchResult) {
 	}
 }
 
-// inProcess serves dir as export "data" over iwarp-soft in this process
-// and dials a session to it with cfg (its Device set here), all torn down
-// when b ends.
-func inProcess(b *testing.B, dir string, cfg initiator.Config, tweak func(*target.Config)) *initiator.Session {
-	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	b.Cleanup(func() { tdev.Close() })
-	tcfg := target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}}
-	if tweak != nil {
-		tweak(&tcfg)
-	}
-	srv, err := target.New(tcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	b.Cleanup(func() { cancel(); <-done })
-	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	b.Cleanup(func() { idev.Close() })
-	cfg.Device = idev
-	s, err := initiator.Dial(ctx, ln.Addr(), cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
-	return s
-}
-
 // BenchmarkSessionBench is Session.Bench in one process (target and
 // initiator together), for profiling the READ path:
 //
@@ -135,7 +99,7 @@ func BenchmarkSessionBench(b *testing.B) {
 	f.Truncate(64 << 20)
 	f.Close()
 	ctx := context.Background()
-	s := inProcess(b, dir, initiator.Config{QPs: 4, Depth: 4}, nil)
+	s := rig.Serve(b, dir, initiator.Config{QPs: 4, Depth: 4}, nil)
 	const iters = 64 // READs of 1 MiB per QP
 	b.SetBytes(4 * iters << 20)
 	for b.Loop() {

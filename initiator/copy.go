@@ -91,7 +91,7 @@ type Result struct {
 	// Cleaned: leftovers of killed runs that were removed.
 	Cleaned []string
 
-	entry       protocol.Entry
+	Entry       protocol.Entry
 	start       time.Time
 	directBytes int64 // landed with O_DIRECT
 	mapped      bool  // READs landed in the file's own pages (landmap.go)
@@ -122,33 +122,33 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	}
 	if r, ok, err := s.quickSkip(ctx, src, dst, opt); ok || err != nil {
 		if ok && err == nil && !opt.DryRun {
-			err = s.keepInPlace(dst, r.entry)
+			err = s.keepInPlace(dst, r.Entry)
 		}
 		return r, err
 	}
 	if opt.DryRun && opt.SkipSame {
-		return s.dryChecksum(ctx, src, dst, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) })
+		return s.DryChecksum(ctx, src, dst, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) })
 	}
 	if opt.DryRun {
 		e, err := s.Stat(ctx, src)
-		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), entry: e}, err
+		return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Entry: e}, err
 	}
 	cleaned := local.CleanLeftovers(filepath.Dir(dst))
 	sp := s.getSpec(ctx, src, dst, discard, opt)
-	res, land, err := s.pull(ctx, src, dst, sp)
+	res, land, err := s.Pull(ctx, src, dst, sp)
 	res.Cleaned = cleaned
-	if errors.Is(err, errSame) {
+	if errors.Is(err, ErrSame) {
 		return res, nil
 	}
 	if err != nil {
 		return res, err
 	}
-	if err := land.Commit(res.entry); err != nil {
+	if err := land.Commit(res.Entry); err != nil {
 		land.Abort()
 		return res, err
 	}
 	if !land.Device {
-		if err := s.meta.SetFile(res.Dest, res.entry); err != nil {
+		if err := s.meta.SetFile(res.Dest, res.Entry); err != nil {
 			return res, err
 		}
 	}
@@ -187,10 +187,10 @@ func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 // getSpec says where Get's bytes land: thrown away (discard), nowhere
 // when SkipSame finds dst the same, a --partial temporary that a later
 // run resumes, or a fresh temporary beside dst.
-func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, opt GetOptions) pullSpec {
-	sp := pullSpec{progress: opt.Progress, noDirect: opt.NoDirect || discard}
+func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, opt GetOptions) PullSpec {
+	sp := PullSpec{Progress: opt.Progress, NoDirect: opt.NoDirect || discard}
 	var rs *local.Resumer
-	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
+	sp.Land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		if discard { // verified, and thrown away
 			f, err := os.OpenFile(dst, os.O_WRONLY, 0)
 			if err != nil {
@@ -199,10 +199,10 @@ func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, op
 			return &local.Landing{File: f, Dst: dst, Device: true, Discard: true}, nil
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
+			if same, err := s.SameFile(ctx, func() (*os.File, error) { return local.OpenRegular(dst, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err // errSame too, by window
 			} else if same {
-				return nil, errSame
+				return nil, ErrSame
 			}
 		}
 		if opt.Partial {
@@ -217,8 +217,8 @@ func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, op
 		}
 		return local.OpenDest(dst, layout.Size, opt.Force)
 	}
-	sp.resume = func() *local.Resumer { return rs }
-	sp.land = opt.zeros(sp.land)
+	sp.Resume = func() *local.Resumer { return rs }
+	sp.Land = opt.zeros(sp.Land)
 	return sp
 }
 
@@ -256,7 +256,7 @@ func (s *Session) quickSkip(ctx context.Context, src, dst string, opt GetOptions
 	if e.Type != protocol.FileRegular || !local.SameMeta(fi, e, opt.ModifyWindow) {
 		return nil, false, nil
 	}
-	return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Skipped: true, Unchanged: true, entry: e}, true, nil
+	return &Result{Source: src, Dest: dst, Bytes: int64(e.Size), Skipped: true, Unchanged: true, Entry: e}, true, nil
 }
 
 // keepInPlace gives a file the quick check left what a copy would have:
@@ -282,25 +282,25 @@ func (s *Session) keepInPlace(dst string, e protocol.Entry) error {
 	return s.meta.SetFile(dst, e)
 }
 
-// dryChecksum is -n with -c: the target opens src and DEST's windows are
+// DryChecksum is -n with -c: the target opens src and DEST's windows are
 // compared with its digests, as a real run's -c does, so the dry run says
 // what that run would do (size and mtime say nothing to -c): Skipped when
 // DEST, as open opens it, is the same. Nothing is READ or written.
-func (s *Session) dryChecksum(ctx context.Context, src, dst string, open func() (*os.File, error)) (*Result, error) {
+func (s *Session) DryChecksum(ctx context.Context, src, dst string, open func() (*os.File, error)) (*Result, error) {
 	var size int64
-	sp := pullSpec{land: func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
+	sp := PullSpec{Land: func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		size = layout.Size
-		same, err := s.sameFile(ctx, open, or, layout)
+		same, err := s.SameFile(ctx, open, or, layout)
 		if err != nil {
 			return nil, err // errSame too, by window
 		} else if same {
-			return nil, errSame
+			return nil, ErrSame
 		}
 		return nil, errWouldCopy
 	}}
-	res, _, err := s.pull(ctx, src, dst, sp)
+	res, _, err := s.Pull(ctx, src, dst, sp)
 	switch {
-	case errors.Is(err, errSame):
+	case errors.Is(err, ErrSame):
 		return res, nil
 	case errors.Is(err, errWouldCopy):
 		res.Bytes = size
@@ -312,14 +312,14 @@ func (s *Session) dryChecksum(ctx context.Context, src, dst string, open func() 
 // errWouldCopy is dryChecksum's way of stopping a pull whose DEST differs.
 var errWouldCopy = errors.New("destination differs (dry run)")
 
-// errSame is pull's way of saying the destination already holds the file.
-var errSame = errors.New("destination already matches")
+// ErrSame is pull's way of saying the destination already holds the file.
+var ErrSame = errors.New("destination already matches")
 
-// sameFile reports whether the file open opens is a regular file with
+// SameFile reports whether the file open opens is a regular file with
 // src's digests, compared window by window (sameByWindows): it says so
 // with a *sameDigest error carrying the local file digest, for Close's to
 // confirm.
-func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
+func (s *Session) SameFile(ctx context.Context, open func() (*os.File, error), or *protocol.OpenReply, layout chunker.Layout) (bool, error) {
 	alg := chunker.Algorithm(or.Algorithm)
 	if alg == chunker.None {
 		return false, nil
@@ -344,8 +344,8 @@ func (s *Session) sameFile(ctx context.Context, open func() (*os.File, error), o
 // digest, which the target's at Close must match.
 type sameDigest struct{ digest []byte }
 
-func (e *sameDigest) Error() string        { return errSame.Error() }
-func (e *sameDigest) Is(target error) bool { return target == errSame }
+func (e *sameDigest) Error() string        { return ErrSame.Error() }
+func (e *sameDigest) Is(target error) bool { return target == ErrSame }
 
 // zeros gives the landings land opens opt's -S and --zero.
 func (opt GetOptions) zeros(land func(*protocol.OpenReply, chunker.Layout) (*local.Landing, error)) func(*protocol.OpenReply, chunker.Layout) (*local.Landing, error) {

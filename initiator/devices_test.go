@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/target"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
@@ -97,19 +98,19 @@ func TestSessionOverTwoDevices(t *testing.T) {
 	}
 
 	// Small files go in packs: their batches are registered per device too.
-	tree := filepath.Join(dir, "t")
-	if err := os.Mkdir(tree, 0o755); err != nil {
+	src := filepath.Join(dir, "t")
+	if err := os.Mkdir(src, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string][]byte{}
 	for i := range 40 {
-		p := filepath.Join(tree, fmt.Sprintf("f%02d", i))
+		p := filepath.Join(src, fmt.Sprintf("f%02d", i))
 		want[p] = randomFile(t, p, 1000+i*517)
 	}
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := s.GetTree(ctx, "data/t", out, initiator.TreeOptions{}); err != nil {
+	if _, err := tree.Get(ctx, s, "data/t", out, tree.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for p, b := range want {
@@ -122,7 +123,7 @@ func TestSessionOverTwoDevices(t *testing.T) {
 	// A push: the target READs from the initiator's memory, each of its
 	// QPs with its own device's staging key, each naming the rkey of the
 	// initiator's device at the other end.
-	src := filepath.Join(t.TempDir(), "up")
+	src = filepath.Join(t.TempDir(), "up")
 	up := randomFile(t, src, 3<<20)
 	r, err := s.Put(ctx, src, "data/up", initiator.PutOptions{})
 	if err != nil {

@@ -11,15 +11,11 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
-// PacksOf is how many Packs s has had answered, and walk batches with
-// packed files.
-func PacksOf(s *Session) int { return s.packs }
-
 // GetPacked is getPacked, for tests, with fn called for each file.
 func GetPacked(s *Session, ctx context.Context, paths []string, fn func(i int, e protocol.Entry, data []byte, err error) error) error {
-	return s.getPacked(ctx, paths, func(first int, files []packedFile) error {
+	return s.getPacked(ctx, paths, func(first int, files []PackedFile) error {
 		for k, f := range files {
-			if err := fn(first+k, f.entry, f.data, f.err); err != nil {
+			if err := fn(first+k, f.Entry, f.Data, f.Err); err != nil {
 				return err
 			}
 		}
@@ -102,15 +98,14 @@ func DirectAlign(dir string) int64 {
 	return a
 }
 
-// SetDirCacheMax bounds the destination directories a tree copy keeps
-// open until the returned function is called.
-func SetDirCacheMax(n int) (restore func()) {
-	old := dirCacheMax
-	dirCacheMax = n
-	return func() { dirCacheMax = old }
-}
+// The hand-answered target of walk_internal_test.go, for tests of what is
+// built on a walk (the tree copy's, in walktree_test.go).
+var (
+	FakeTarget                    = fakeTarget
+	WEntry, WDir, WFailed, WBatch = wEntry, wDir, wFailed, wBatch
+)
 
-// ListTrees makes s take in trees by listing them (List, directory by
-// directory, and Pack), as it does when a quick check runs against an
-// existing destination, instead of walking them on the target (Walk).
-func ListTrees(s *Session) { s.lister = s }
+// Answer takes the next request, a T, from ch and sends reply's answer.
+func Answer[T protocol.Message](t *testing.T, ch *protocol.Channel, reply func(T) protocol.Message) {
+	answer(t, ch, reply)
+}

@@ -11,21 +11,21 @@ import (
 	"github.com/rdmacp/rdmacp/verbs"
 )
 
-// packMax is the largest file a tree copy packs: small files gain most
+// PackMax is the largest file a tree copy packs: small files gain most
 // from sharing a round trip, and a pack's window holds at most the
 // target's window limit.
-func (s *Session) packMax() int64 {
+func (s *Session) PackMax() int64 {
 	return min(packMaxBytes, int64(s.ch0.MaxWindow)/4)
 }
 
-// packedFile is one file of a Pack as getPacked hands it over: its entry
+// PackedFile is one file of a Pack as getPacked hands it over: its entry
 // and verified bytes, or why it was not packed (a *protocol.Error whose
 // Code is CodeTooMany for a file too large to pack).
-type packedFile struct {
-	entry  protocol.Entry
-	data   []byte
-	digest []byte // the target's, which data matched
-	err    error
+type PackedFile struct {
+	Entry  protocol.Entry
+	Data   []byte
+	Digest []byte // the target's, which data matched
+	Err    error
 }
 
 // getPacked pulls whole files with Pack, as many per round trip as the
@@ -34,28 +34,28 @@ type packedFile struct {
 // fn is called once per pack with the files of paths[first:] it
 // answered, in order; their bytes are valid only during the call. An
 // error fn returns, or one that breaks the session, stops it.
-func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first int, files []packedFile) error) error {
-	return s.getPackedFeed(ctx, staticPaths(paths), fn)
+func (s *Session) getPacked(ctx context.Context, paths []string, fn func(first int, files []PackedFile) error) error {
+	return s.GetPackedFeed(ctx, staticPaths(paths), fn)
 }
 
-// pathFeed is the paths getPackedFeed packs, as they become known.
-type pathFeed interface {
-	// upTo blocks until the paths from i on are enough for a pack, or no
+// PathFeed is the paths getPackedFeed packs, as they become known.
+type PathFeed interface {
+	// UpTo blocks until the paths from i on are enough for a pack, or no
 	// more will come, and returns the paths known from i on: none when
 	// there are no more. Paths before the previous call's i may be
 	// forgotten: the packs before it are done.
-	upTo(i int) []string
+	UpTo(i int) []string
 }
 
 type staticPaths []string
 
-func (p staticPaths) upTo(i int) []string { return p[min(i, len(p)):] }
+func (p staticPaths) UpTo(i int) []string { return p[min(i, len(p)):] }
 
-// getPackedFeed is getPacked for paths that come from feed as they are
+// GetPackedFeed is getPacked for paths that come from feed as they are
 // found. The next Pack is asked for while this one is read and written
 // out (the target packs while we write), and it waits for its paths
 // itself, so waiting for them never holds up the writing.
-func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(first int, files []packedFile) error) error {
+func (s *Session) GetPackedFeed(ctx context.Context, feed PathFeed, fn func(first int, files []PackedFile) error) error {
 	alg := s.cfg.Algorithm
 	type answer struct {
 		r       *protocol.PackReply
@@ -69,7 +69,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 	ask := func(i int) <-chan answer {
 		c := make(chan answer, 1)
 		go func() {
-			paths := feed.upTo(i)
+			paths := feed.UpTo(i)
 			if len(paths) == 0 {
 				c <- answer{done: true, err: ctx.Err()}
 				return
@@ -82,12 +82,12 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 				c <- answer{tooLong: paths[0]}
 				return
 			}
-			r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[:j]})
+			r, gens, err := s.PackCall(ctx, &protocol.Pack{Algorithm: uint8(alg), Paths: paths[:j]})
 			c <- answer{r: r, gens: gens, err: err}
 		}()
 		return c
 	}
-	closePack := func(r *protocol.PackReply) error { return s.closeHandle(ctx, r.Handle) }
+	closePack := func(r *protocol.PackReply) error { return s.CloseHandle(ctx, r.Handle) }
 	next := ask(0)
 	for i := 0; ; {
 		a := <-next
@@ -97,7 +97,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 		case a.done:
 			return nil
 		case a.tooLong != "":
-			if err := fn(i, []packedFile{{err: fmt.Errorf("%s: path too long to pack", a.tooLong)}}); err != nil {
+			if err := fn(i, []PackedFile{{Err: fmt.Errorf("%s: path too long to pack", a.tooLong)}}); err != nil {
 				return err
 			}
 			i++
@@ -107,7 +107,7 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 		r := a.r
 		end := i + len(r.Files)
 		next = ask(end)
-		err := s.readPack(ctx, r, a.gens, func(files []packedFile) error { return fn(i, files) })
+		err := s.ReadPack(ctx, r, a.gens, func(files []PackedFile) error { return fn(i, files) })
 		if cerr := closePack(r); err == nil {
 			err = cerr
 		}
@@ -123,9 +123,9 @@ func (s *Session) getPackedFeed(ctx context.Context, feed pathFeed, fn func(firs
 	}
 }
 
-// packCall sends a Pack, waiting while the target's window budget is in
+// PackCall sends a Pack, waiting while the target's window budget is in
 // use by others, and checks the reply adds up.
-func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, []uint32, error) {
+func (s *Session) PackCall(ctx context.Context, p *protocol.Pack) (*protocol.PackReply, []uint32, error) {
 	gens := s.gens() // before the request: see reads.Set.Gens
 	m, err := s.retryBusy(ctx, nil, p)
 	if err != nil {
@@ -151,9 +151,9 @@ func (s *Session) packCall(ctx context.Context, p *protocol.Pack) (*protocol.Pac
 	return r, gens, nil
 }
 
-// readPack READs a pack's window into registered memory and hands its
+// ReadPack READs a pack's window into registered memory and hands its
 // files to fn, verified.
-func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, gens []uint32, fn func([]packedFile) error) error {
+func (s *Session) ReadPack(ctx context.Context, r *protocol.PackReply, gens []uint32, fn func([]PackedFile) error) error {
 	var buf []byte
 	if r.Window.Length > 0 {
 		var err error
@@ -161,18 +161,18 @@ func (s *Session) readPack(ctx context.Context, r *protocol.PackReply, gens []ui
 			return err
 		}
 	}
-	files := make([]packedFile, len(r.Files))
+	files := make([]PackedFile, len(r.Files))
 	for k := range r.Files {
 		f := &r.Files[k]
 		if f.Code != 0 {
-			files[k] = packedFile{entry: f.Entry, err: &protocol.Error{Code: f.Code, Message: f.Message}}
+			files[k] = PackedFile{Entry: f.Entry, Err: &protocol.Error{Code: f.Code, Message: f.Message}}
 			continue
 		}
 		data, err := s.verifyPacked(ctx, r.Window, gens, buf, f)
 		if err != nil && !errors.Is(err, ErrVerify) {
 			return err
 		}
-		files[k] = packedFile{entry: f.Entry, data: data, digest: f.Digest, err: err}
+		files[k] = PackedFile{Entry: f.Entry, Data: data, Digest: f.Digest, Err: err}
 	}
 	return fn(files)
 }
@@ -290,7 +290,6 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 // over iwarp-soft took 2.2-2.8 s with Open and 1.0-1.6 s packed (rsync
 // daemon + sync: 1.4-2.7 s); 10,000 x 4 KiB, unchanged.
 const packMaxBytes = 1 << 20
-
 
 // walkCall sends Walk or WalkNext, waiting while the target has no room
 // for a batch's window. A WalkNext answered TooMany has had its Release

@@ -15,26 +15,26 @@ import (
 // The pull of one file: open it, arm a fetch, retry what a fetch could not
 // finish, and confirm a destination that already matches.
 
-// pullSpec says where one file's bytes go.
-type pullSpec struct {
-	progress func(Progress)
-	// land opens where the bytes go, once the target's layout is known.
-	// It may return errSame to skip the file.
-	land func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error)
-	// resume, if set, returns the resumer land set up, if any.
-	resume func() *local.Resumer
-	// noDirect lands with buffered writes only (see direct.go).
-	noDirect bool
+// PullSpec says where one file's bytes go.
+type PullSpec struct {
+	Progress func(Progress)
+	// Land opens where the bytes go, once the target's layout is known.
+	// It may return ErrSame to skip the file.
+	Land func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error)
+	// Resume, if set, returns the resumer land set up, if any.
+	Resume func() *local.Resumer
+	// NoDirect lands with buffered writes only (see local/direct.go).
+	NoDirect bool
 }
 
-// pull opens src, lands it where sp says and verifies it: every chunk,
+// Pull opens src, lands it where sp says and verifies it: every chunk,
 // the target's word that the source did not change, the whole-file
 // digest. On success the landing is returned uncommitted, for the caller
 // to commit (or abort); on failure it has been aborted.
 //
 // A session that breaks on the way is re-established (reconnect) and the
 // copy goes on from the chunks already verified, into the same landing.
-func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Result, *local.Landing, error) {
+func (s *Session) Pull(ctx context.Context, src, dst string, sp PullSpec) (*Result, *local.Landing, error) {
 	res := &Result{Source: src, Dest: dst, start: time.Now()}
 	st := &pullState{}
 	for {
@@ -43,7 +43,7 @@ func (s *Session) pull(ctx context.Context, src, dst string, sp pullSpec) (*Resu
 		if err == nil {
 			return res, st.land, nil
 		}
-		if errors.Is(err, errSame) {
+		if errors.Is(err, ErrSame) {
 			return res, nil, err
 		}
 		if recoverable(ctx, err) {
@@ -120,7 +120,7 @@ func (s *Session) checkOpen(or *protocol.OpenReply, layout chunker.Layout, src s
 }
 
 // pullOnce is one session's go at a pull: it carries on from st.
-func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pullSpec, st *pullState) error {
+func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp PullSpec, st *pullState) error {
 	or, layout, err := s.openFile(ctx, src, st)
 	if err != nil {
 		return err
@@ -132,17 +132,17 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 		}
 	}()
 	alg := chunker.Algorithm(or.Algorithm)
-	res.entry = or.Entry
+	res.Entry = or.Entry
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
-	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.progress}
+	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.Progress}
 	if or.Entry.Type == protocol.FileRegular {
 		if f.ext, err = s.listExtents(ctx, or.Handle, layout.Size); err != nil {
 			return err
 		}
 		st.ext = f.ext
 	}
-	if err := st.arm(f, sp, or, layout); errors.Is(err, errSame) {
+	if err := st.arm(f, sp, or, layout); errors.Is(err, ErrSame) {
 		closed = true
 		fd, err := s.confirmSame(ctx, or, err)
 		if err != nil {
@@ -151,11 +151,11 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp pull
 		res.Skipped = true
 		res.Bytes = layout.Size
 		res.Digest = chunker.FormatDigest(alg, fd)
-		return errSame
+		return ErrSame
 	} else if err != nil {
 		return err
 	}
-	out, err := st.land.Open(f.ext, layout, !sp.noDirect && layout.Size >= local.DirectMin(layout), s.cfg.Logger)
+	out, err := st.land.Open(f.ext, layout, !sp.NoDirect && layout.Size >= local.DirectMin(layout), s.cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -258,10 +258,10 @@ func (s *Session) confirmSame(ctx context.Context, or *protocol.OpenReply, same 
 // landing is opened (with --partial's chunks, if any); on a later one
 // the chunks verified so far are trusted as they are, the source having
 // the same size and mtime.
-func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout chunker.Layout) error {
+func (st *pullState) arm(f *fetch, sp PullSpec, or *protocol.OpenReply, layout chunker.Layout) error {
 	first := st.land == nil
 	if first {
-		land, err := sp.land(or, layout)
+		land, err := sp.Land(or, layout)
 		if err != nil {
 			return err
 		}
@@ -276,8 +276,8 @@ func (st *pullState) arm(f *fetch, sp pullSpec, or *protocol.OpenReply, layout c
 		f.have, f.trusted = st.have, true
 	}
 	f.sums = st.sums
-	if sp.resume != nil {
-		if rs := sp.resume(); rs != nil {
+	if sp.Resume != nil {
+		if rs := sp.Resume(); rs != nil {
 			if first {
 				f.have, f.local = rs.Have, rs.Sum
 			}

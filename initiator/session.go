@@ -3,6 +3,15 @@
 // striped over those QPs, verifying every chunk against the target's
 // digest. It owns the policy the verbs layer leaves open: how many QPs,
 // how many READs in flight, retries and verification.
+//
+// A session (session.go, recover.go, rails.go, devices.go) moves one
+// file at a time: Get and Pull fetch it, in stages (mapwin.go maps the
+// target's windows, post.go posts the READs, land.go and verify.go land
+// and check each chunk), Put pushes one, and Pack and Walk (pack.go,
+// walk.go) bring many small files, or a tree's entries, in one round
+// trip. Two packages sit beside it: tree, rsync's policy for many files,
+// built on a session, and local, the files on this machine, which the
+// session lands into.
 package initiator
 
 import (
@@ -239,8 +248,7 @@ type Session struct {
 	pace               paceState // the rate cap: pace.go
 
 	bytesRead atomic.Int64
-	lister    lister // tests: a fake target's listings for GetTree
-	packs     int    // Packs answered, and walk batches with packed files (packCall, walkCall)
+	packs     int // Packs answered, and walk batches with packed files (packCall, walkCall)
 	closeOnce sync.Once
 	packBuf   *verbs.Buffer
 	packMR    verbs.MR // over packBuf
@@ -392,10 +400,10 @@ func (s *Session) tidy(ctx context.Context, m protocol.Message) {
 	s.ch.Call(tctx, m)
 }
 
-// closeHandle closes a target handle (a file, a pack, a walk) and checks
+// CloseHandle closes a target handle (a file, a pack, a walk) and checks
 // the reply; once ctx has ended it only tidies (briefly), so that an
 // interrupted transfer never waits on the target.
-func (s *Session) closeHandle(ctx context.Context, h uint32) error {
+func (s *Session) CloseHandle(ctx context.Context, h uint32) error {
 	if ctx.Err() != nil {
 		s.tidy(ctx, &protocol.Close{Handle: h})
 		return nil
@@ -618,6 +626,13 @@ func (s *Session) Transport() string {
 
 // DataQPs and ReadsPerQP report what the session negotiated.
 func (s *Session) DataQPs() int { return s.nqps }
+
+// Packs is how many Packs the target answered, and walk batches that
+// carried packed files: round trips that small files shared.
+func (s *Session) Packs() int { return s.packs }
+
+// Config is the session's configuration, its defaults filled in.
+func (s *Session) Config() Config { return s.cfg }
 
 // MaxWindow is the most bytes the target maps in one window.
 func (s *Session) MaxWindow() uint64 { return s.ch0.MaxWindow }

@@ -16,13 +16,13 @@ import (
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
-// walked is one entry of a walk: its item (err set if it was refused, or
+// Walked is one entry of a walk: its item (err set if it was refused, or
 // failed on the target) and, for a packed file, its verified bytes.
-type walked struct {
-	it     item
-	packed bool
-	data   []byte // valid only during the batch's call
-	digest []byte // the target's, which data matched
+type Walked struct {
+	Item   Item
+	Packed bool
+	Data   []byte // valid only during the batch's call
+	Digest []byte // the target's, which data matched
 }
 
 // walkFirst and walkMost bound a batch's entries: the first batch is
@@ -33,14 +33,14 @@ const (
 	walkMost  = 1024
 )
 
-// walk walks the remote directory src with Walk and hands fn each batch
+// Walk walks the remote directory src with Walk and hands fn each batch
 // of its entries in order, every directory before what is in it. Regular
 // files of at most packMax bytes (none, for 0) come packed, READ and
 // verified; the rest are just entries. Only the entries shard sh has come,
 // besides directories, and none that rules exclude (the target leaves
 // them out: it does not even stat them). While fn runs, the target makes the next batch. An
 // error fn returns, or one that breaks the session, stops the walk.
-func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard, rules *filter.Filter, fn func([]walked) error) (err error) {
+func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard, rules *filter.Filter, fn func([]Walked) error) (err error) {
 	alg := s.cfg.Algorithm
 	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
 	if sh.N > 1 {
@@ -62,7 +62,7 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		if next != nil {
 			<-next // its window goes with the walk's Close
 		}
-		cerr := s.closeHandle(ctx, b.Handle)
+		cerr := s.CloseHandle(ctx, b.Handle)
 		if err == nil {
 			err = cerr
 		}
@@ -102,16 +102,16 @@ func (s *Session) walk(ctx context.Context, src string, packMax int64, sh Shard,
 		}
 		for i := range ents {
 			w := &ents[i]
-			if !w.packed {
+			if !w.Packed {
 				continue
 			}
 			f := &b.Entries[i]
-			w.digest = f.Digest
-			w.data, w.it.err = s.verifyPacked(ctx, b.Window, gens, buf, &f.PackedFile)
-			if w.it.err != nil && !errors.Is(w.it.err, ErrVerify) {
-				return w.it.err
+			w.Digest = f.Digest
+			w.Data, w.Item.Err = s.verifyPacked(ctx, b.Window, gens, buf, &f.PackedFile)
+			if w.Item.Err != nil && !errors.Is(w.Item.Err, ErrVerify) {
+				return w.Item.Err
 			}
-			w.packed = w.it.err == nil
+			w.Packed = w.Item.Err == nil
 		}
 		if err := fn(ents); err != nil {
 			return err
@@ -210,7 +210,7 @@ func (t *walkTrack) enter(k uint32) bool {
 // refused, as is anything from a directory that failed; a batch that
 // does not add up (a window or offset out of bounds, an unknown
 // directory, entries out of depth-first order) is an error.
-func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg chunker.Algorithm) ([]walked, error) {
+func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg chunker.Algorithm) ([]Walked, error) {
 	malformed := func(format string, a ...any) error {
 		return fmt.Errorf("%w: WalkBatch: %s", protocol.ErrMalformed, fmt.Sprintf(format, a...))
 	}
@@ -221,7 +221,7 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 	if len(b.Entries) == 0 && !b.Done {
 		return nil, malformed("no entries, and not done")
 	}
-	out := make([]walked, len(b.Entries))
+	out := make([]Walked, len(b.Entries))
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		if e.Dir >= t.ndirs {
@@ -231,16 +231,16 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 			return nil, malformed("entry %q of directory %d out of order", e.Entry.Name, e.Dir)
 		}
 		d := t.stack[len(t.stack)-1]
-		it := listed(d.rel, e.Entry, d.seen)
-		if err := overCap(t.src, it.rel, len(t.stack), e.Entry.Type); err != nil {
+		it := Listed(d.rel, e.Entry, d.seen)
+		if err := OverCap(t.src, it.Rel, len(t.stack), e.Entry.Type); err != nil {
 			return nil, err
 		}
 		switch {
-		case it.err != nil:
+		case it.Err != nil:
 		case d.bad:
-			it.err = fmt.Errorf("%s: its directory could not be read", it.rel)
+			it.Err = fmt.Errorf("%s: its directory could not be read", it.Rel)
 		case e.Code != 0:
-			it.err = fmt.Errorf("%s/%s: %w", t.src, it.rel, &protocol.Error{Code: e.Code, Message: e.Message})
+			it.Err = fmt.Errorf("%s/%s: %w", t.src, it.Rel, &protocol.Error{Code: e.Code, Message: e.Message})
 		}
 		if e.Entry.Type == protocol.FileDir {
 			if t.ndirs == math.MaxUint32 {
@@ -248,7 +248,7 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 			}
 			id := t.ndirs
 			t.ndirs++
-			t.dirs[id] = &walkDir{id: id, rel: it.rel, parent: e.Dir, bad: it.err != nil}
+			t.dirs[id] = &walkDir{id: id, rel: it.Rel, parent: e.Dir, bad: it.Err != nil}
 			d.kids = append(d.kids, id)
 		}
 		if e.Packed {
@@ -257,16 +257,16 @@ func (t *walkTrack) batch(b *protocol.WalkBatch, qps int, maxWindow uint64, alg 
 				return nil, malformed("packed %q at %d of %d bytes does not add up", e.Entry.Name, e.Offset, e.Entry.Size)
 			}
 		}
-		out[i] = walked{it: it, packed: e.Packed && it.err == nil}
+		out[i] = Walked{Item: it, Packed: e.Packed && it.Err == nil}
 	}
 	return out, nil
 }
 
-// overCap refuses an entry at rel, depth elements under the tree's root
+// OverCap refuses an entry at rel, depth elements under the tree's root
 // src, whose path or (for a directory) depth is over the protocol's caps:
 // the tree stops there, before its paths and depth cost the initiator
 // more than the caps allow.
-func overCap(src, rel string, depth int, typ protocol.FileType) error {
+func OverCap(src, rel string, depth int, typ protocol.FileType) error {
 	var ce *protocol.CapError
 	switch {
 	case len(rel) > protocol.MaxPath:
@@ -293,23 +293,23 @@ func walkRules(f *filter.Filter) []protocol.WalkRule {
 	return out
 }
 
-// item is one entry of a tree's plan.
-type item struct {
-	rel     string // '/'-separated, relative to the tree's root
-	entry   protocol.Entry
-	err     error // the entry is refused
-	existed bool  // a directory that was at the destination already
+// Item is one entry of a tree's plan.
+type Item struct {
+	Rel     string // '/'-separated, relative to the tree's root
+	Entry   protocol.Entry
+	Err     error // the entry is refused
+	Existed bool  // a directory that was at the destination already
 }
 
-// listed is the item for entry e of directory dir (a tree's rel), with
+// Listed is the item for entry e of directory dir (a tree's rel), with
 // err set if its name is not one path element (its rel then quotes it)
 // or seen already has it; it adds the name to seen.
-func listed(dir string, e protocol.Entry, seen map[string]bool) item {
-	it := item{rel: path.Join(dir, e.Name), entry: e}
+func Listed(dir string, e protocol.Entry, seen map[string]bool) Item {
+	it := Item{Rel: path.Join(dir, e.Name), Entry: e}
 	if err := ValidName(e.Name); err != nil {
-		it.err, it.rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
+		it.Err, it.Rel = err, path.Join(dir, fmt.Sprintf("%q", e.Name))
 	} else if seen[e.Name] {
-		it.err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
+		it.Err = fmt.Errorf("%w: %q listed twice", ErrName, e.Name)
 	}
 	seen[e.Name] = true
 	return it

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -56,10 +54,10 @@ const (
 )
 
 // trackAll runs batches through one walkTrack, as a walk would.
-func trackAll(t *testing.T, batches ...*protocol.WalkBatch) ([]walked, error) {
+func trackAll(t *testing.T, batches ...*protocol.WalkBatch) ([]Walked, error) {
 	t.Helper()
 	tr := newWalkTrack("data/t")
-	var all []walked
+	var all []Walked
 	for i, b := range batches {
 		ws, err := tr.batch(b, trackQPs, trackWindow, chunker.CRC32C)
 		if err != nil {
@@ -89,12 +87,12 @@ func TestWalkTrackPaths(t *testing.T) {
 	want := []string{"a", "a/x", "a/b", "a/b/y", "a/b/p", "a/z", "a/empty", "c", "d", "d/zero", "d/w", "d/e", "d/e/v", "d/u", "f"}
 	var got []string
 	for _, w := range ws {
-		got = append(got, w.it.rel)
-		if w.it.err != nil {
-			t.Errorf("%s: %v", w.it.rel, w.it.err)
+		got = append(got, w.Item.Rel)
+		if w.Item.Err != nil {
+			t.Errorf("%s: %v", w.Item.Rel, w.Item.Err)
 		}
-		if packed := w.it.entry.Name == "p" || w.it.entry.Name == "c" || w.it.entry.Name == "zero"; w.packed != packed {
-			t.Errorf("%s: packed %v", w.it.rel, w.packed)
+		if packed := w.Item.Entry.Name == "p" || w.Item.Entry.Name == "c" || w.Item.Entry.Name == "zero"; w.Packed != packed {
+			t.Errorf("%s: packed %v", w.Item.Rel, w.Packed)
 		}
 	}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
@@ -196,18 +194,18 @@ func TestWalkTrackRefuses(t *testing.T) {
 		for i, w := range tc.want {
 			g := ws[i]
 			switch {
-			case g.it.rel != w.rel:
-				t.Errorf("%s: entry %d at %q, want %q", tc.name, i, g.it.rel, w.rel)
-			case w.bad == "" && g.it.err != nil, w.bad != "" && (g.it.err == nil || !strings.Contains(g.it.err.Error(), w.bad)):
-				t.Errorf("%s: %s: %v, want %q", tc.name, w.rel, g.it.err, w.bad)
-			case w.bad == "refused name" && !errors.Is(g.it.err, ErrName), w.bad == "listed twice" && !errors.Is(g.it.err, ErrName):
-				t.Errorf("%s: %s: %v is not ErrName", tc.name, w.rel, g.it.err)
-			case g.it.err != nil && g.packed:
+			case g.Item.Rel != w.rel:
+				t.Errorf("%s: entry %d at %q, want %q", tc.name, i, g.Item.Rel, w.rel)
+			case w.bad == "" && g.Item.Err != nil, w.bad != "" && (g.Item.Err == nil || !strings.Contains(g.Item.Err.Error(), w.bad)):
+				t.Errorf("%s: %s: %v, want %q", tc.name, w.rel, g.Item.Err, w.bad)
+			case w.bad == "refused name" && !errors.Is(g.Item.Err, ErrName), w.bad == "listed twice" && !errors.Is(g.Item.Err, ErrName):
+				t.Errorf("%s: %s: %v is not ErrName", tc.name, w.rel, g.Item.Err)
+			case g.Item.Err != nil && g.Packed:
 				t.Errorf("%s: %s refused but packed", tc.name, w.rel)
 			}
 			var pe *protocol.Error
-			if w.code != 0 && (!errors.As(g.it.err, &pe) || pe.Code != w.code) {
-				t.Errorf("%s: %s: %v, want code %v", tc.name, w.rel, g.it.err, w.code)
+			if w.code != 0 && (!errors.As(g.Item.Err, &pe) || pe.Code != w.code) {
+				t.Errorf("%s: %s: %v, want code %v", tc.name, w.rel, g.Item.Err, w.code)
 			}
 		}
 	}
@@ -356,10 +354,10 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 	var got [][]string
 	done := make(chan error, 1)
 	go func() {
-		done <- s.walk(context.Background(), "data/t", 1000, Shard{I: 1, N: 3}, nil, func(ws []walked) error {
+		done <- s.Walk(context.Background(), "data/t", 1000, Shard{I: 1, N: 3}, nil, func(ws []Walked) error {
 			var rels []string
 			for _, w := range ws {
-				rels = append(rels, w.it.rel)
+				rels = append(rels, w.Item.Rel)
 			}
 			got = append(got, rels)
 			return nil
@@ -402,77 +400,5 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 	}
 	if want := "[[a a/x] [a/y b]]"; fmt.Sprint(got) != want {
 		t.Errorf("batches %v, want %s", got, want)
-	}
-}
-
-// A walked tree whose target says a directory failed, or sends a name
-// that is not one, copies the rest: what is refused is reported failed,
-// nothing is made for it or under it, and nothing lands outside DEST.
-func TestGetTreeWalkedFailures(t *testing.T) {
-	s, tch := fakeTarget(t)
-	base := t.TempDir()
-	done := make(chan error, 1)
-	var tr *TreeResult
-	go func() {
-		var err error
-		tr, err = s.GetTree(context.Background(), "data/t", filepath.Join(base, "out"), TreeOptions{Contents: true})
-		done <- err
-	}()
-	dir := func(d uint32, name string) protocol.WalkEntry {
-		e := wDir(d, name)
-		e.Entry.Mode = 0o755
-		return e
-	}
-	link := func(d uint32, name, to string) protocol.WalkEntry {
-		e := wEntry(d, protocol.FileSymlink, name)
-		e.Entry.Mode, e.Entry.Target = 0o777, to
-		return e
-	}
-	answer(t, tch, func(m *protocol.Stat) protocol.Message {
-		return &protocol.StatReply{Entry: protocol.Entry{Type: protocol.FileDir, Mode: 0o755, Name: "t"}}
-	})
-	answer(t, tch, func(m *protocol.Walk) protocol.Message {
-		return wBatch(true, 0,
-			dir(0, "a"), link(1, "l", "x"), // 1
-			wFailed(dir(0, "locked"), protocol.CodePermission), link(2, "inside", "y"), dir(2, "sub"), link(3, "deeper", "z"), // 2, 3
-			dir(0, ".."), link(4, "escape", "/etc/passwd"), // 4
-			link(0, "ok", "a"))
-	})
-	answer(t, tch, func(m *protocol.Close) protocol.Message { return &protocol.CloseReply{} })
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	failed := map[string]bool{}
-	for _, fr := range tr.Files {
-		if fr.Status == StatusFailed {
-			failed[fr.Path] = true
-		}
-	}
-	want := []string{`".."`, `".."/escape`, "locked", "locked/inside", "locked/sub", "locked/sub/deeper"}
-	for _, p := range want {
-		if !failed[p] {
-			t.Errorf("%s not reported failed", p)
-		}
-	}
-	if tr.Failed != len(want) || tr.OK != 4 { // ., a, a/l and ok
-		t.Errorf("%d failed, %d ok: %+v", tr.Failed, tr.OK, tr.Files)
-	}
-	out := filepath.Join(base, "out") // a new DEST: the tree itself
-	if tr.Dest != out {
-		t.Errorf("copied to %s, want %s", tr.Dest, out)
-	}
-	for p, to := range map[string]string{"a/l": "x", "ok": "a"} {
-		if got, err := os.Readlink(filepath.Join(out, p)); err != nil || got != to {
-			t.Errorf("%s: %q %v, want a link to %q", p, got, err, to)
-		}
-	}
-	if _, err := os.Lstat(filepath.Join(out, "locked")); err == nil {
-		t.Error("the failed directory was made")
-	}
-	if ents, _ := os.ReadDir(base); len(ents) != 1 || ents[0].Name() != "out" {
-		t.Errorf("beside DEST: %v", ents)
-	}
-	if ents, _ := os.ReadDir(out); len(ents) != 2 || ents[0].Name() != "a" || ents[1].Name() != "ok" {
-		t.Errorf("in DEST: %v", ents)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
 )
@@ -46,15 +47,15 @@ type rewrite func(req, reply protocol.Message) protocol.Message
 // outcome is what a hostile case's copy did.
 type outcome struct {
 	err   error
-	files []initiator.FileResult
+	files []tree.FileResult
 	dest  string
 }
 
 // failed returns the results for path rel that failed.
-func (o *outcome) failed(rel string) []initiator.FileResult {
-	var bad []initiator.FileResult
+func (o *outcome) failed(rel string) []tree.FileResult {
+	var bad []tree.FileResult
 	for _, fr := range o.files {
-		if fr.Path == rel && fr.Status == initiator.StatusFailed {
+		if fr.Path == rel && fr.Status == tree.StatusFailed {
 			bad = append(bad, fr)
 		}
 	}
@@ -62,7 +63,7 @@ func (o *outcome) failed(rel string) []initiator.FileResult {
 }
 
 // hostileRun serves a copy of tree (made by mk in dir "t" of an export)
-// through rw, copies data/t with GetTree (walked, or with noWalk listed
+// through rw, copies data/t with tree.Get (walked, or with noWalk listed
 // directory by directory, as a quick check into an existing DEST is),
 // and checks that nothing outside DEST changed and that the copy ended
 // within hostileBound.
@@ -100,7 +101,7 @@ func hostileRun(t *testing.T, mk func(t *testing.T, dir string), noWalk bool, rw
 	o := &outcome{dest: dest}
 	var mu sync.Mutex
 	start := time.Now()
-	_, o.err = s.GetTree(ctx, "data/t", dest, initiator.TreeOptions{Contents: true, QuickCheck: noWalk, File: func(fr initiator.FileResult) {
+	_, o.err = tree.Get(ctx, s, "data/t", dest, tree.Options{Contents: true, QuickCheck: noWalk, File: func(fr tree.FileResult) {
 		mu.Lock()
 		o.files = append(o.files, fr)
 		mu.Unlock()
@@ -208,7 +209,7 @@ func TestHostileNames(t *testing.T) {
 				}
 				var refused int
 				for _, fr := range o.files {
-					if fr.Status == initiator.StatusFailed {
+					if fr.Status == tree.StatusFailed {
 						if !errors.Is(fr.Err, initiator.ErrName) || !strings.Contains(fr.Err.Error(), "refused name from target") {
 							t.Errorf("%s failed with %v, want ErrName", fr.Path, fr.Err)
 						}
@@ -431,7 +432,7 @@ func TestHostileTypes(t *testing.T) {
 				var skipped bool
 				for _, fr := range o.files {
 					if fr.Path == "evil" {
-						skipped = fr.Status == initiator.StatusSkipped && fr.Err != nil && strings.Contains(fr.Err.Error(), "skipping special file")
+						skipped = fr.Status == tree.StatusSkipped && fr.Err != nil && strings.Contains(fr.Err.Error(), "skipping special file")
 					}
 				}
 				if !skipped {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/rdmacp/rdmacp/filter"
 	"io"
 	"io/fs"
 	"maps"
@@ -16,6 +15,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rdmacp/rdmacp/filter"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 
 	"github.com/urfave/cli/v2"
 
@@ -130,7 +132,7 @@ func (t *tally) say(w io.Writer, format string, a ...any) {
 
 // listed is an entry's line for -v and -n, rsync's way: its path, with a
 // '/' for a directory; "deleting PATH" for one --delete removes.
-func listed(fr initiator.FileResult) (string, bool) {
+func listed(fr tree.FileResult) (string, bool) {
 	p := fr.Path
 	if fr.Type == protocol.FileDir {
 		if p == "." {
@@ -139,16 +141,16 @@ func listed(fr initiator.FileResult) (string, bool) {
 		p += "/"
 	}
 	switch fr.Status {
-	case initiator.StatusOK, initiator.StatusWouldCopy:
+	case tree.StatusOK, tree.StatusWouldCopy:
 		return p, true
-	case initiator.StatusDeleted, initiator.StatusWouldDelete:
+	case tree.StatusDeleted, tree.StatusWouldDelete:
 		return "deleting " + p, true
 	}
 	return "", false
 }
 
-func (t *tally) file(fr initiator.FileResult, src, dst string) {
-	if fr.Status == initiator.StatusDeleted || fr.Status == initiator.StatusWouldDelete {
+func (t *tally) file(fr tree.FileResult, src, dst string) {
+	if fr.Status == tree.StatusDeleted || fr.Status == tree.StatusWouldDelete {
 		t.sum.Deleted++
 	} else {
 		t.count(fr)
@@ -157,7 +159,7 @@ func (t *tally) file(fr initiator.FileResult, src, dst string) {
 }
 
 // count adds an entry of the source to the summary.
-func (t *tally) count(fr initiator.FileResult) {
+func (t *tally) count(fr tree.FileResult) {
 	t.sum.Files++
 	t.sum.BytesRead += fr.BytesRead
 	switch fr.Type {
@@ -169,16 +171,16 @@ func (t *tally) count(fr initiator.FileResult) {
 		t.sum.Links++
 	}
 	switch fr.Status {
-	case initiator.StatusUnchanged:
+	case tree.StatusUnchanged:
 		t.sum.OK++
 		t.sum.Unchanged++
 		if fr.Done {
 			t.sum.SkippedDone++
 		}
-	case initiator.StatusOK, initiator.StatusSame, initiator.StatusWouldCopy:
+	case tree.StatusOK, tree.StatusSame, tree.StatusWouldCopy:
 		t.sum.OK++
 		t.sum.Bytes += fr.Bytes
-	case initiator.StatusSkipped:
+	case tree.StatusSkipped:
 		t.sum.Skipped++
 	default:
 		t.sum.Failed++
@@ -189,19 +191,19 @@ func (t *tally) count(fr initiator.FileResult) {
 }
 
 // show prints an entry's line: --json's, -v's, or an error or warning.
-func (t *tally) show(fr initiator.FileResult, src, dst string) {
+func (t *tally) show(fr tree.FileResult, src, dst string) {
 	l := fileLine{Type: "file", Path: fr.Path, Source: src, Dest: dst, FileType: fr.Type.String(), Status: fr.Status,
 		Bytes: fr.Bytes, BytesRead: fr.BytesRead, Digest: fr.Digest, PathEscaped: lossless(fr.Path)}
 	if fr.Err != nil {
 		l.Error = fr.Err.Error()
-		if fr.Status == initiator.StatusFailed {
+		if fr.Status == tree.StatusFailed {
 			l.ExitCode = exitCode(t.ctx, fr.Err)
 		}
 	}
 	switch {
 	case t.jsonOut:
 		json.NewEncoder(t.out).Encode(l)
-	case fr.Status == initiator.StatusFailed:
+	case fr.Status == tree.StatusFailed:
 		if t.causes == nil {
 			t.causes = map[string]int{}
 		}
@@ -209,7 +211,7 @@ func (t *tally) show(fr initiator.FileResult, src, dst string) {
 		if t.causes[c]++; t.causes[c] == 1 {
 			t.say(t.errw, "rdmacp: %s: %s\n", escape.String(fr.Path), escape.String(fr.Err.Error()))
 		}
-	case fr.Status == initiator.StatusSkipped:
+	case fr.Status == tree.StatusSkipped:
 		t.say(t.errw, "rdmacp: warning: %s\n", escape.String(fr.Err.Error()))
 	case t.verbose && !t.quiet:
 		if s, ok := listed(fr); ok {
@@ -335,7 +337,7 @@ func plural(n int, what string) string {
 func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, filter *filter.Filter, stdout io.Writer) error {
 	t := newTally(c, stdout)
 	t.sum.Source = srcArg
-	counts := &initiator.TreeCounts{}
+	counts := &tree.Counts{}
 	var progress func(initiator.Progress)
 	var bar *treeBar
 	switch {
@@ -346,11 +348,11 @@ func copyTree(c *cli.Context, s *initiator.Session, srcArg, src, dst string, fil
 		t.bar = bar.line
 		progress = bar.progress
 	}
-	tr, err := s.GetTree(c.Context, src, dst, initiator.TreeOptions{
+	tr, err := tree.Get(c.Context, s, src, dst, tree.Options{
 		Progress: progress, Shard: shard(c), SkipSame: c.Bool("checksum"), NoPack: c.Bool("no-pack"), Partial: partial(c), NoDirect: c.Bool("no-direct"),
 		QuickCheck: !c.Bool("ignore-times"), Filter: filter, Delete: c.Bool("delete"), DryRun: c.Bool("dry-run"), Counts: counts,
 		Contents: strings.HasSuffix(srcArg, "/"), MkPath: c.Bool("mkpath"), ModifyWindow: modifyWindow(c),
-		File: func(fr initiator.FileResult) { t.file(fr, "", "") },
+		File: func(fr tree.FileResult) { t.file(fr, "", "") },
 	})
 	if bar != nil {
 		bar.finish()
@@ -461,9 +463,9 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
-	fjobs := make([]initiator.FileJob, len(jobs))
+	fjobs := make([]tree.FileJob, len(jobs))
 	for i, j := range jobs {
-		fjobs[i] = initiator.FileJob{Src: j.path, Dst: j.Dest}
+		fjobs[i] = tree.FileJob{Src: j.path, Dst: j.Dest}
 	}
 	var r renderer // the progress of the line being copied on its own
 	done := func() {
@@ -472,7 +474,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 			r = nil
 		}
 	}
-	err = s.GetManifest(c.Context, fjobs, initiator.ManifestOptions{
+	err = tree.GetManifest(c.Context, s, fjobs, tree.ManifestOptions{
 		Recursive: c.Bool("recursive"), Force: c.Bool("force"), Partial: partial(c), SkipSame: c.Bool("checksum"),
 		NoDirect: c.Bool("no-direct"), NoPack: c.Bool("no-pack"), QuickCheck: !c.Bool("ignore-times"), ModifyWindow: modifyWindow(c),
 		DryRun: c.Bool("dry-run"), Delete: c.Bool("delete"), Progress: func(int) func(initiator.Progress) {
@@ -480,7 +482,7 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 			r = newRenderer(t.jsonOut, c.Bool("quiet"), stdout)
 			return r.update
 		},
-		File: func(i int, fr initiator.FileResult, tree bool) {
+		File: func(i int, fr tree.FileResult, tree bool) {
 			if tree {
 				t.file(fr, jobs[i].path+"/"+fr.Path, "")
 				return

@@ -56,7 +56,7 @@ func hrun(t *testing.T, args ...string) (string, string, int) {
 	return runIn(t, "", args...)
 }
 
-func tree(t *testing.T) string {
+func treeDir(t *testing.T) string {
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "tree", "sub"), 0o755)
 	writeFile(t, filepath.Join(dir, "tree", "a"), 1000)
@@ -67,7 +67,7 @@ func tree(t *testing.T) string {
 
 func TestFlagsAnywhere(t *testing.T) {
 	t.Parallel()
-	s := serve(t, tree(t), nil)
+	s := serve(t, treeDir(t), nil)
 	out := t.TempDir()
 	// The other placements (bundles, flags before the command) are
 	// TestNormalizeArgs's, in-process: this is the path through the
@@ -202,7 +202,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 
 func TestQuiet(t *testing.T) {
 	t.Parallel()
-	s := serve(t, tree(t), nil)
+	s := serve(t, treeDir(t), nil)
 	dst := filepath.Join(t.TempDir(), "f")
 	if _, errs, code := hrun(t, "cp", s.addr+":data/f", dst, "-q"); code != 0 || strings.Contains(errs, "transport:") {
 		t.Errorf("cp -q: exit %d, stderr %q", code, errs)
@@ -317,7 +317,7 @@ COMP_WORDS=(rdmacp help s); COMP_CWORD=2; _rdmacp; echo "${COMPREPLY[*]}"`)
 // nothing), after the operands too.
 func TestBundledArchiveDryRun(t *testing.T) {
 	t.Parallel()
-	s := serve(t, tree(t), nil)
+	s := serve(t, treeDir(t), nil)
 	dst := filepath.Join(t.TempDir(), "t")
 	o, errs, code := hrun(t, "cp", s.addr+":data/tree", dst, "-avn")
 	if code != 0 {

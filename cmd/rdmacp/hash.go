@@ -20,6 +20,7 @@ import (
 	"github.com/rdmacp/rdmacp/blockdev"
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/target"
 )
 
@@ -133,7 +134,7 @@ type hasher struct {
 	workers int
 	quiet   bool
 
-	counts initiator.TreeCounts
+	counts tree.Counts
 	bar    *treeBar
 	hashed int64 // bytes read to hash
 	failed int

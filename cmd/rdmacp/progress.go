@@ -15,6 +15,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/escape"
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 )
 
 // Units: cp's bar, summaries and --json all use decimal units (1 MB is
@@ -218,7 +219,7 @@ func (r *barRenderer) finish() { r.line.clear() }
 // With perFile (--progress), the file in flight and its share too.
 type treeBar struct {
 	line    *progressLine
-	counts  *initiator.TreeCounts
+	counts  *tree.Counts
 	perFile bool
 	start   time.Time
 	stop    chan struct{}
@@ -230,7 +231,7 @@ type treeBar struct {
 	rate    rateMeter
 }
 
-func newTreeBar(counts *initiator.TreeCounts, perFile bool) *treeBar {
+func newTreeBar(counts *tree.Counts, perFile bool) *treeBar {
 	b := &treeBar{line: newProgressLine(os.Stderr), counts: counts, perFile: perFile, start: time.Now(),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go b.run()

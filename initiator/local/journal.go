@@ -22,7 +22,7 @@ import (
 // connection) skips those files without reading them, and removes it once
 // the tree is complete. Its presence also marks DEST as a tree copy still
 // under way: the same command run twice means the same destination (see
-// GetTree).
+// tree.Get).
 //
 // The format (text, append-only):
 //

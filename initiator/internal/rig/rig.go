@@ -99,3 +99,39 @@ func RandomFile(t testing.TB, path string, n int) []byte {
 	}
 	return b
 }
+
+// Serve serves dir as export "data" over iwarp-soft in this process, with
+// the target's defaults (tweak aside), and dials a session to it with cfg
+// (its Device set here), all torn down when the test ends: the rig of
+// benchmarks, which measure the defaults.
+func Serve(b testing.TB, dir string, cfg initiator.Config, tweak func(*target.Config)) *initiator.Session {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	b.Cleanup(func() { tdev.Close() })
+	tcfg := target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}}
+	if tweak != nil {
+		tweak(&tcfg)
+	}
+	srv, err := target.New(tcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	b.Cleanup(func() { cancel(); <-done })
+	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
+	b.Cleanup(func() { idev.Close() })
+	cfg.Device = idev
+	s, err := initiator.Dial(ctx, ln.Addr(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}

@@ -1,9 +1,10 @@
-package initiator
+package tree
 
 import (
 	"fmt"
 	"testing"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -16,16 +17,16 @@ func TestLargeQueueSpills(t *testing.T) {
 	var q largeQueue
 	defer q.close()
 	for i := range 10 {
-		q.add(item{rel: fmt.Sprintf("d/f%d", i), entry: protocol.Entry{Name: fmt.Sprintf("f%d", i), Type: protocol.FileRegular,
+		q.add(initiator.Item{Rel: fmt.Sprintf("d/f%d", i), Entry: protocol.Entry{Name: fmt.Sprintf("f%d", i), Type: protocol.FileRegular,
 			Size: uint64(1 << 20 * i), MtimeNs: int64(i) * 1e9, Mode: 0o640, Meta: &protocol.Meta{UID: uint32(i), Ino: uint64(i)}}})
 	}
 	if len(q.mem) != 3 || q.spilled != 7 || q.len() != 10 {
 		t.Fatalf("%d in memory, %d spilled", len(q.mem), q.spilled)
 	}
 	i := 0
-	err := q.each(func(it item) error {
-		e := it.entry
-		if it.rel != fmt.Sprintf("d/f%d", i) || e.Size != uint64(1<<20*i) || e.MtimeNs != int64(i)*1e9 || e.Mode != 0o640 ||
+	err := q.each(func(it initiator.Item) error {
+		e := it.Entry
+		if it.Rel != fmt.Sprintf("d/f%d", i) || e.Size != uint64(1<<20*i) || e.MtimeNs != int64(i)*1e9 || e.Mode != 0o640 ||
 			e.Meta == nil || e.Meta.UID != uint32(i) || e.Meta.Ino != uint64(i) {
 			t.Errorf("item %d: %+v", i, it)
 		}

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"context"
@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
 	"github.com/rdmacp/rdmacp/initiator/local"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -48,8 +49,8 @@ func journalTree(t *testing.T, dir string, n, size int) int64 {
 // the journal names without reading them, copies the rest, leaves no
 // temporary file, and removes the journal.
 func TestTreeResumeFromJournal(t *testing.T) {
-	defer initiator.SetSettleEvery(10)()
-	e := startTarget(t, nil)
+	defer tree.SetSettleEvery(10)()
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "tree")
 	const n, size = 200, 700
 	total := journalTree(t, src, n, size)
@@ -60,9 +61,9 @@ func TestTreeResumeFromJournal(t *testing.T) {
 	defer cancel()
 	reported := 0
 	s := e.Dial(t, nil)
-	_, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
-		File: func(fr initiator.FileResult) {
-			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusOK {
+	_, err := tree.Get(ctx, s, "data/tree", dst, tree.Options{Contents: true, Partial: true, QuickCheck: true,
+		File: func(fr tree.FileResult) {
+			if fr.Type == protocol.FileRegular && fr.Status == tree.StatusOK {
 				if reported++; reported == 60 {
 					cancel()
 				}
@@ -78,9 +79,9 @@ func TestTreeResumeFromJournal(t *testing.T) {
 
 	s = e.Dial(t, nil) // as a new command would
 	inPlace := 0       // regular files found in place
-	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, QuickCheck: true,
-		File: func(fr initiator.FileResult) {
-			if fr.Type == protocol.FileRegular && fr.Status == initiator.StatusUnchanged {
+	tr, err := tree.Get(context.Background(), s, "data/tree", dst, tree.Options{Contents: true, Partial: true, QuickCheck: true,
+		File: func(fr tree.FileResult) {
+			if fr.Type == protocol.FileRegular && fr.Status == tree.StatusUnchanged {
 				inPlace++
 			}
 		}})
@@ -149,15 +150,15 @@ func compareTrees(t *testing.T, a, b string) {
 // A journal's torn last line, and anything after a line that is not
 // one, are ignored; the lines before are kept.
 func TestJournalTornTail(t *testing.T) {
-	defer initiator.SetSettleEvery(5)()
-	e := startTarget(t, nil)
+	defer tree.SetSettleEvery(5)()
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "tree")
 	journalTree(t, src, 30, 100)
 	dst := filepath.Join(t.TempDir(), "D")
 	s := e.Dial(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	k := 0
-	s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(fr initiator.FileResult) {
+	tree.Get(ctx, s, "data/tree", dst, tree.Options{Contents: true, Partial: true, File: func(fr tree.FileResult) {
 		if fr.Type == protocol.FileRegular {
 			if k++; k == 20 {
 				cancel()
@@ -180,7 +181,7 @@ func TestJournalTornTail(t *testing.T) {
 	f.Close()
 	os.Chtimes(jp, time.Now(), time.Now())
 	s = e.Dial(t, nil)
-	tr, err := s.GetTree(context.Background(), "data/tree", dst, initiator.TreeOptions{Contents: true, Partial: true, File: func(initiator.FileResult) {}})
+	tr, err := tree.Get(context.Background(), s, "data/tree", dst, tree.Options{Contents: true, Partial: true, File: func(tree.FileResult) {}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"cmp"
@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/filter"
@@ -51,12 +52,12 @@ type FileResult struct {
 	Done bool
 }
 
-// TreeOptions tune a tree copy.
-type TreeOptions struct {
-	Progress func(Progress)
+// Options tune a tree copy.
+type Options struct {
+	Progress func(initiator.Progress)
 	// File, if set, is told each entry's outcome once it is final.
 	File     func(FileResult)
-	Shard    Shard
+	Shard    initiator.Shard
 	SkipSame bool
 	// NoPack copies small files one by one instead of packed many to a
 	// request.
@@ -89,12 +90,12 @@ type TreeOptions struct {
 	DryRun bool
 	// Counts, if set, is kept up to date as the copy goes, for a progress
 	// display to read.
-	Counts *TreeCounts
+	Counts *Counts
 }
 
-// TreeCounts are a tree copy's running totals, safe to read while it
+// Counts are a tree copy's running totals, safe to read while it
 // runs.
-type TreeCounts struct {
+type Counts struct {
 	// Files and Bytes: the regular files the walk has found so far.
 	Files, Bytes atomic.Int64
 	// DoneFiles and DoneBytes: of them, the ones copied (verified, to be
@@ -104,10 +105,10 @@ type TreeCounts struct {
 	Walked atomic.Bool
 }
 
-// TreeResult sums up a tree copy.
-type TreeResult struct {
+// Result sums up a tree copy.
+type Result struct {
 	Dest string
-	// Files: every entry's outcome, kept only where TreeOptions.File is
+	// Files: every entry's outcome, kept only where Options.File is
 	// not set (with File, nothing is kept per file).
 	Files               []FileResult
 	OK, Failed, Skipped int
@@ -136,7 +137,7 @@ type pending struct {
 	mtime  int64          // a file's, in ns: for the journal
 }
 
-// GetTree copies the remote directory src ("EXPORT/dir") to the local
+// Get copies the remote directory src ("EXPORT/dir") to the local
 // directory dst/NAME (dst itself with opt.Contents: place.go), over this
 // one session: regular files,
 // directories and symlinks (as links, with their target's text; never
@@ -148,7 +149,7 @@ type pending struct {
 // Each file lands in a temporary file and is verified; then one syncfs
 // makes all their data durable before any is renamed into place, and the
 // directories renamed into are synced. A file that fails leaves nothing
-// behind, and the others go on: GetTree returns an error only for what
+// behind, and the others go on: Get returns an error only for what
 // stops the whole tree (the connection, an interrupt, the destination
 // itself), having removed every temporary file.
 //
@@ -157,11 +158,15 @@ type pending struct {
 // mtime) is neither read nor hashed on either side; only the others are
 // copied. Filter, Delete and DryRun are rsync's --exclude/--include,
 // --delete(-after) and -n. Temporary files that killed runs left in the
-// directories the copy goes through are removed (TreeResult.Cleaned).
-func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions) (*TreeResult, error) {
+// directories the copy goes through are removed (Result.Cleaned).
+func Get(ctx context.Context, s *initiator.Session, src, dst string, opt Options) (*Result, error) {
+	return newSession(s).getTree(ctx, src, dst, opt)
+}
+
+func (s *session) getTree(ctx context.Context, src, dst string, opt Options) (*Result, error) {
 	start := time.Now()
 	top := treeTop(src, dst, opt.Contents)
-	tr := &TreeResult{Dest: top}
+	tr := &Result{Dest: top}
 	l, topEntry, err := s.treeSource(ctx, src, opt)
 	if err != nil {
 		return tr, err
@@ -181,7 +186,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 	c := newTreeCopy(s, ctx, src, opt, td.root, tr)
 	c.writeInto(td)
 	defer c.close()
-	c.opened(item{rel: ".", entry: topEntry, existed: td.existed})
+	c.opened(initiator.Item{Rel: ".", Entry: topEntry, Existed: td.existed})
 	if !c.dr.final {
 		c.clean(".")
 	}
@@ -202,7 +207,7 @@ func (s *Session) GetTree(ctx context.Context, src, dst string, opt TreeOptions)
 
 // treeSource checks a tree copy's options and its source, src, which
 // must be a directory, and returns what lists it and its entry.
-func (s *Session) treeSource(ctx context.Context, src string, opt TreeOptions) (lister, protocol.Entry, error) {
+func (s *session) treeSource(ctx context.Context, src string, opt Options) (lister, protocol.Entry, error) {
 	if opt.Delete && opt.Shard.N > 1 {
 		// The other shards' files are not seen, so they would look gone.
 		return nil, protocol.Entry{}, fmt.Errorf("%w: Delete with a Shard would remove the other shards' files", local.ErrDest)
@@ -238,7 +243,7 @@ type treeDest struct {
 }
 
 // openTreeDest makes the stage, or opens top and its journal.
-func (s *Session) openTreeDest(src, dst, top string, opt TreeOptions) (*treeDest, error) {
+func (s *session) openTreeDest(src, dst, top string, opt Options) (*treeDest, error) {
 	named := filepath.Clean(top) == filepath.Clean(dst) // the user named it: followed
 	if err := replaceTopLink(top, named, s.cfg.Logger); err != nil {
 		return nil, err
@@ -366,18 +371,18 @@ func (c *treeCopy) putInPlace() error {
 
 // copyLarge copies the files the walk left for Open, one at a time.
 func (c *treeCopy) copyLarge() error {
-	return c.large.each(func(it item) error {
+	return c.large.each(func(it initiator.Item) error {
 		p, err := c.s.treeFile(c.ctx, c.dr, c.src, it, c.opt)
 		if err != nil {
-			if c.ctx.Err() != nil || errors.Is(err, ErrConnect) {
+			if c.ctx.Err() != nil || errors.Is(err, initiator.ErrConnect) {
 				return err
 			}
-			c.report(FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed, Err: err})
+			c.report(FileResult{Path: it.Rel, Type: it.Entry.Type, Status: StatusFailed, Err: err})
 			return nil
 		}
 		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
-			c.same(p, it.rel)
+			c.same(p, it.Rel)
 			return nil
 		}
 		c.wait(p)
@@ -387,15 +392,15 @@ func (c *treeCopy) copyLarge() error {
 
 // treeCopy is a tree copy's state while its entries come in.
 type treeCopy struct {
-	s    *Session
+	s    *session
 	ctx  context.Context
 	src  string
-	opt  TreeOptions
+	opt  Options
 	root *os.Root
 	dr   *dirRoots
 
 	mu      sync.Mutex // tr and waiting: the packer reports too
-	tr      *TreeResult
+	tr      *Result
 	waiting []pending
 	// unlanded counts the failures that were the destination's (see
 	// landFailed): a staged tree with any is not put in place.
@@ -425,7 +430,7 @@ type treeCopy struct {
 	meta     *treeMeta // owners, links, xattrs: set once in place
 }
 
-func newTreeCopy(s *Session, ctx context.Context, src string, opt TreeOptions, root *os.Root, tr *TreeResult) *treeCopy {
+func newTreeCopy(s *session, ctx context.Context, src string, opt Options, root *os.Root, tr *Result) *treeCopy {
 	c := &treeCopy{s: s, ctx: ctx, src: src, opt: opt, root: root, tr: tr, failedDirs: map[string]bool{}, exDirs: map[string]bool{},
 		statDirs: map[string]*os.File{}, open: map[string]*openDir{}}
 	if opt.Delete {
@@ -525,44 +530,44 @@ func (c *treeCopy) underFailed(rel string) bool {
 // made, a symlink waits for the end, a special file is skipped, and one
 // that was refused, or is in a directory that could not be made, fails.
 // It returns true for a regular file, which is the caller's to copy.
-func (c *treeCopy) place(it item) bool {
-	fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusFailed}
-	c.walkIn(path.Dir(it.rel))
-	if it.entry.Type != protocol.FileDir {
-		c.hold(path.Dir(it.rel)) // until its report
+func (c *treeCopy) place(it initiator.Item) bool {
+	fr := FileResult{Path: it.Rel, Type: it.Entry.Type, Status: StatusFailed}
+	c.walkIn(path.Dir(it.Rel))
+	if it.Entry.Type != protocol.FileDir {
+		c.hold(path.Dir(it.Rel)) // until its report
 	}
-	if it.err != nil {
-		if it.entry.Type == protocol.FileDir {
-			c.failedDirs[it.rel] = true
+	if it.Err != nil {
+		if it.Entry.Type == protocol.FileDir {
+			c.failedDirs[it.Rel] = true
 		}
-		fr.Err = it.err
+		fr.Err = it.Err
 		c.report(fr)
 		return false
 	}
-	if c.underFailed(it.rel) {
-		if it.entry.Type == protocol.FileDir {
-			c.failedDirs[it.rel] = true
+	if c.underFailed(it.Rel) {
+		if it.Entry.Type == protocol.FileDir {
+			c.failedDirs[it.Rel] = true
 		}
-		fr.Err = fmt.Errorf("%s: its directory could not be made", it.rel)
+		fr.Err = fmt.Errorf("%s: its directory could not be made", it.Rel)
 		c.report(fr)
 		return false
 	}
 	if c.meta.take(it) {
 		return false // a hard link, made once its file is in place
 	}
-	switch it.entry.Type {
+	switch it.Entry.Type {
 	case protocol.FileDir:
-		existed, err := mkdirIn(c.root, it.rel)
+		existed, err := mkdirIn(c.root, it.Rel)
 		if err != nil {
-			c.failedDirs[it.rel] = true
+			c.failedDirs[it.Rel] = true
 			fr.Err = err
 			c.report(fr)
 			return false
 		}
 		if existed {
-			c.clean(it.rel)
+			c.clean(it.Rel)
 		}
-		it.existed = existed
+		it.Existed = existed
 		c.opened(it)
 	case protocol.FileSymlink:
 		if c.quick() && sameLink(c.root, it) {
@@ -571,14 +576,14 @@ func (c *treeCopy) place(it item) bool {
 			return false
 		}
 		fr.Status = StatusOK
-		c.wait(pending{res: &fr, rel: it.rel, link: it.entry.Target})
+		c.wait(pending{res: &fr, rel: it.Rel, link: it.Entry.Target})
 	case protocol.FileRegular:
 		c.found(it)
 		return true
 	default:
 		fr.Status = StatusSkipped
-		fr.Err = fmt.Errorf("%s: skipping special file (%v)", it.rel, it.entry.Type)
-		c.s.cfg.Logger.Warn("skipping special file", "path", it.rel, "type", it.entry.Type)
+		fr.Err = fmt.Errorf("%s: skipping special file (%v)", it.Rel, it.Entry.Type)
+		c.s.cfg.Logger.Warn("skipping special file", "path", it.Rel, "type", it.Entry.Type)
 		c.report(fr)
 	}
 	return false
@@ -587,25 +592,25 @@ func (c *treeCopy) place(it item) bool {
 // treeFile pulls one regular file of a tree into a temporary file beside
 // its destination, verified and with its mode and mtime, but neither
 // synced nor renamed.
-func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it item, opt TreeOptions) (pending, error) {
-	fr := &FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusOK}
-	remote := src + "/" + it.rel
-	d, base, err := dr.in(it.rel)
+func (s *session) treeFile(ctx context.Context, dr *dirRoots, src string, it initiator.Item, opt Options) (pending, error) {
+	fr := &FileResult{Path: it.Rel, Type: protocol.FileRegular, Status: StatusOK}
+	remote := src + "/" + it.Rel
+	d, base, err := dr.in(it.Rel)
 	if err != nil {
 		return pending{}, err
 	}
-	tmp := dr.fileName(it.rel)
+	tmp := dr.fileName(it.Rel)
 	var rs *local.Resumer
-	sp := pullSpec{progress: opt.Progress, resume: func() *local.Resumer { return rs }, noDirect: opt.NoDirect}
-	sp.land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
+	sp := initiator.PullSpec{Progress: opt.Progress, Resume: func() *local.Resumer { return rs }, NoDirect: opt.NoDirect}
+	sp.Land = func(or *protocol.OpenReply, layout chunker.Layout) (*local.Landing, error) {
 		if or.Entry.Type != protocol.FileRegular {
 			return nil, fmt.Errorf("%s is now a %v", remote, or.Entry.Type)
 		}
 		if opt.SkipSame {
-			if same, err := s.sameFile(ctx, func() (*os.File, error) { return local.OpenRegularRoot(d, base, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
+			if same, err := s.SameFile(ctx, func() (*os.File, error) { return local.OpenRegularRoot(d, base, local.OpenMode{Flag: os.O_RDONLY}) }, or, layout); err != nil {
 				return nil, err
 			} else if same {
-				return nil, errSame
+				return nil, initiator.ErrSame
 			}
 		}
 		if opt.Partial {
@@ -614,7 +619,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 				return nil, err
 			}
 			tmp = rs.TmpName
-			return &local.Landing{File: rs.File, Dst: it.rel, Partial: rs}, nil
+			return &local.Landing{File: rs.File, Dst: it.Rel, Partial: rs}, nil
 		}
 		f, err := local.OpenRegularRoot(d, tmp, local.OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
 		if err != nil {
@@ -623,13 +628,13 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		if err := local.Allocate(f, layout.Size); err != nil {
 			f.Close()
 			d.Remove(tmp)
-			return nil, &fs.PathError{Op: "allocate", Path: it.rel, Err: err}
+			return nil, &fs.PathError{Op: "allocate", Path: it.Rel, Err: err}
 		}
-		return &local.Landing{File: f, Dst: it.rel, Remove: func() { d.Remove(tmp) }}, nil
+		return &local.Landing{File: f, Dst: it.Rel, Remove: func() { d.Remove(tmp) }}, nil
 	}
-	res, land, err := s.pull(ctx, remote, it.rel, sp)
+	res, land, err := s.Pull(ctx, remote, it.Rel, sp)
 	fr.BytesRead = res.BytesRead
-	if errors.Is(err, errSame) {
+	if errors.Is(err, initiator.ErrSame) {
 		fr.Status, fr.Bytes, fr.Digest = StatusSame, res.Bytes, res.Digest
 		return pending{res: fr}, nil
 	}
@@ -637,7 +642,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		return pending{}, err
 	}
 	fr.Bytes, fr.Digest = res.Bytes, res.Digest
-	e := res.entry
+	e := res.Entry
 	err = land.File.Chmod(fs.FileMode(e.Mode & 0o777))
 	if err == nil { // through the file: a link at tmp's name is not touched
 		if err = local.SetMtime(land.File.Fd(), e.MtimeNs); err != nil {
@@ -659,7 +664,7 @@ func (s *Session) treeFile(ctx context.Context, dr *dirRoots, src string, it ite
 		rs.Save() // every chunk marked: a rerun reads none of it
 	}
 	if dr.final {
-		return pending{res: fr, rel: it.rel, placed: true, mtime: e.MtimeNs}, nil
+		return pending{res: fr, rel: it.Rel, placed: true, mtime: e.MtimeNs}, nil
 	}
-	return pending{res: fr, tmp: path.Join(path.Dir(it.rel), tmp), rel: it.rel, rs: rs, mtime: e.MtimeNs}, nil
+	return pending{res: fr, tmp: path.Join(path.Dir(it.Rel), tmp), rel: it.Rel, rs: rs, mtime: e.MtimeNs}, nil
 }

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"bytes"
@@ -13,27 +13,29 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // manifestRun is what GetManifest told its callbacks, in order.
 type manifestRun struct {
 	seq      []string // "f3" a line's outcome, "t3:x" an entry of tree line 3, "p3" progress asked for
-	lines    map[int]initiator.FileResult
+	lines    map[int]tree.FileResult
 	progress map[int]int // progress reports, by line
 }
 
-func getManifest(t *testing.T, s *initiator.Session, jobs []initiator.FileJob, opt initiator.ManifestOptions) (*manifestRun, error) {
+func getManifest(t *testing.T, s *initiator.Session, jobs []tree.FileJob, opt tree.ManifestOptions) (*manifestRun, error) {
 	t.Helper()
-	r := &manifestRun{lines: map[int]initiator.FileResult{}, progress: map[int]int{}}
+	r := &manifestRun{lines: map[int]tree.FileResult{}, progress: map[int]int{}}
 	opt.Progress = func(i int) func(initiator.Progress) {
 		r.seq = append(r.seq, fmt.Sprintf("p%d", i))
 		return func(initiator.Progress) { r.progress[i]++ }
 	}
-	opt.File = func(i int, fr initiator.FileResult, tree bool) {
-		if tree {
+	opt.File = func(i int, fr tree.FileResult, inTree bool) {
+		if inTree {
 			r.seq = append(r.seq, fmt.Sprintf("t%d:%s", i, fr.Path))
-			if fr.Status != initiator.StatusOK {
+			if fr.Status != tree.StatusOK {
 				t.Errorf("line %d: tree entry %+v", i, fr)
 			}
 			return
@@ -46,7 +48,7 @@ func getManifest(t *testing.T, s *initiator.Session, jobs []initiator.FileJob, o
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return r, s.GetManifest(ctx, jobs, opt)
+	return r, tree.GetManifest(ctx, s, jobs, opt)
 }
 
 // Each line of a manifest is copied as what its source is: a directory
@@ -54,30 +56,30 @@ func getManifest(t *testing.T, s *initiator.Session, jobs []initiator.FileJob, o
 // small ones packed unless asked otherwise; a line that fails does not
 // stop the others.
 func TestGetManifestPlansEachLine(t *testing.T) {
-	e := startTarget(t, nil) // 64 KiB chunks, 256 KiB windows
+	e := rig.Start(t, nil) // 64 KiB chunks, 256 KiB windows
 	src := e.Dir
 	os.MkdirAll(filepath.Join(src, "d", "sub"), 0o755)
-	small := randomFile(t, filepath.Join(src, "small"), 100)
-	big := randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window: never packed
-	randomFile(t, filepath.Join(src, "d", "x"), 10)
-	randomFile(t, filepath.Join(src, "d", "sub", "y"), 20)
+	small := rig.RandomFile(t, filepath.Join(src, "small"), 100)
+	big := rig.RandomFile(t, filepath.Join(src, "big"), 300<<10) // over the window: never packed
+	rig.RandomFile(t, filepath.Join(src, "d", "x"), 10)
+	rig.RandomFile(t, filepath.Join(src, "d", "sub", "y"), 20)
 
 	for _, tc := range []struct {
 		name      string
-		opt       initiator.ManifestOptions
+		opt       tree.ManifestOptions
 		packed    bool // the small line goes in a pack
 		recursive bool
 	}{
-		{"default", initiator.ManifestOptions{}, true, false},
-		{"recursive", initiator.ManifestOptions{Recursive: true}, true, true},
-		{"no-pack", initiator.ManifestOptions{NoPack: true, Recursive: true}, false, true},
-		{"skip-same", initiator.ManifestOptions{SkipSame: true}, false, false},
-		{"partial", initiator.ManifestOptions{Partial: true}, false, false},
+		{"default", tree.ManifestOptions{}, true, false},
+		{"recursive", tree.ManifestOptions{Recursive: true}, true, true},
+		{"no-pack", tree.ManifestOptions{NoPack: true, Recursive: true}, false, true},
+		{"skip-same", tree.ManifestOptions{SkipSame: true}, false, false},
+		{"partial", tree.ManifestOptions{Partial: true}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := t.TempDir()
 			o := func(p string) string { return filepath.Join(out, p) }
-			jobs := []initiator.FileJob{
+			jobs := []tree.FileJob{
 				{Src: "data/small", Dst: o("small")}, // 0
 				{Src: "data/d", Dst: o("d")},         // 1 a directory
 				{Src: "data/missing", Dst: o("m")},   // 2 fails
@@ -94,7 +96,7 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 				want = []string{"p0", "f0"}
 			}
 			if tc.recursive {
-				want = append(want, "t1") // its entries, in GetTree's order
+				want = append(want, "t1") // its entries, in Get's order
 			} else {
 				want = append(want, "f1")
 			}
@@ -117,13 +119,13 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 			if tc.recursive && strings.Join(entries, " ") != ". sub sub/y x" {
 				t.Errorf("tree entries %q", entries)
 			}
-			if packs := initiator.PacksOf(s); tc.packed != (packs > 0) {
+			if packs := s.Packs(); tc.packed != (packs > 0) {
 				t.Errorf("%d packs", packs)
 			}
 
 			for i, b := range map[int][]byte{0: small, 3: big} {
 				fr := r.lines[i]
-				if fr.Status != initiator.StatusOK || fr.Path != jobs[i].Dst || fr.Type != protocol.FileRegular || fr.Bytes != int64(len(b)) || fr.Digest == "" || fr.Err != nil {
+				if fr.Status != tree.StatusOK || fr.Path != jobs[i].Dst || fr.Type != protocol.FileRegular || fr.Bytes != int64(len(b)) || fr.Digest == "" || fr.Err != nil {
 					t.Errorf("line %d: %+v", i, fr)
 				}
 				if got, _ := os.ReadFile(jobs[i].Dst); !bytes.Equal(got, b) {
@@ -133,7 +135,7 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 			if r.progress[3] == 0 {
 				t.Error("no progress for the line copied on its own")
 			}
-			if fr := r.lines[2]; fr.Status != initiator.StatusFailed || fr.Path != o("m") || fr.Err == nil || !strings.Contains(fr.Err.Error(), "data/missing") {
+			if fr := r.lines[2]; fr.Status != tree.StatusFailed || fr.Path != o("m") || fr.Err == nil || !strings.Contains(fr.Err.Error(), "data/missing") {
 				t.Errorf("missing line: %+v", fr)
 			}
 			if tc.recursive {
@@ -146,7 +148,7 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 				return
 			}
 			var pe *protocol.Error
-			if fr := r.lines[1]; fr.Status != initiator.StatusFailed || fr.Type != protocol.FileDir || fr.Path != o("d") ||
+			if fr := r.lines[1]; fr.Status != tree.StatusFailed || fr.Type != protocol.FileDir || fr.Path != o("d") ||
 				!errors.As(fr.Err, &pe) || pe.Code != protocol.CodeIsDir || !strings.Contains(pe.Message, "data/d is a directory (add -r") {
 				t.Errorf("directory line without Recursive: %+v", fr)
 			}
@@ -154,25 +156,5 @@ func TestGetManifestPlansEachLine(t *testing.T) {
 				t.Error("a refused directory line made its destination")
 			}
 		})
-	}
-}
-
-// A line that fails because the connection is gone stops the manifest:
-// GetManifest returns its error, and tells no later line.
-func TestGetManifestStopsWithTheConnection(t *testing.T) {
-	e := startTarget(t, nil)
-	randomFile(t, filepath.Join(e.Dir, "big"), 300<<10)
-	out := t.TempDir()
-	for _, opt := range []initiator.ManifestOptions{{}, {NoPack: true}} {
-		s := e.Dial(t, nil)
-		initiator.HangUp(s)
-		jobs := []initiator.FileJob{{Src: "data/big", Dst: filepath.Join(out, "a")}, {Src: "data/big", Dst: filepath.Join(out, "b")}}
-		r, err := getManifest(t, s, jobs, opt)
-		if !errors.Is(err, initiator.ErrConnect) {
-			t.Errorf("%+v: %v, want ErrConnect", opt, err)
-		}
-		if len(r.lines) != 0 {
-			t.Errorf("%+v: told %v", opt, r.seq)
-		}
 	}
 }

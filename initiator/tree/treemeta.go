@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"path"
 	"sync"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -25,7 +26,7 @@ func dirOf(root *os.Root, rel string) (*os.File, string, error) {
 // treeMeta is a tree copy's metadata work: the entries whose metadata
 // is set once they are in place, and the hard links to make.
 type treeMeta struct {
-	s       *Session
+	s       *session
 	mu      sync.Mutex                // the packer reports files found the same (inPlace) too
 	entries map[string]protocol.Entry // by rel: files and symlinks
 	first   map[[2]uint64]string      // the rel copied of each linked inode
@@ -39,7 +40,7 @@ type hardLink struct {
 	e       protocol.Entry
 }
 
-func newTreeMeta(s *Session) *treeMeta {
+func newTreeMeta(s *session) *treeMeta {
 	return &treeMeta{s: s, entries: map[string]protocol.Entry{}, first: map[[2]uint64]string{}, kept: map[string]bool{}, targets: map[string]bool{}}
 }
 
@@ -63,25 +64,25 @@ func (m *treeMeta) inPlace(root *os.Root, rel string) error {
 // take notes an entry the tree copies (a file or symlink), and reports
 // whether it is a hard link to a file copied already: that one is not
 // copied but linked, by links.
-func (m *treeMeta) take(it item) bool {
+func (m *treeMeta) take(it initiator.Item) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	a := m.s.cfg.Archive
-	e := it.entry
+	e := it.Entry
 	if e.Type != protocol.FileRegular && e.Type != protocol.FileSymlink {
 		return false
 	}
-	if a.HardLinks && e.Type == protocol.FileRegular && m.s.Metadata().HasMeta(e) && e.Meta.Nlink > 1 {
+	if a.HardLinks && e.Type == protocol.FileRegular && m.s.meta.HasMeta(e) && e.Meta.Nlink > 1 {
 		k := [2]uint64{e.Meta.Dev, e.Meta.Ino}
 		if to, ok := m.first[k]; ok {
-			m.links = append(m.links, hardLink{rel: it.rel, to: to, e: e})
+			m.links = append(m.links, hardLink{rel: it.Rel, to: to, e: e})
 			return true
 		}
-		m.first[k] = it.rel
-		m.targets[it.rel] = true
+		m.first[k] = it.Rel
+		m.targets[it.Rel] = true
 	}
 	if a.Perms && e.Mode&0o7000 != 0 || a.NeedsMeta() || a.Times && e.Type == protocol.FileSymlink {
-		m.entries[it.rel] = e
+		m.entries[it.Rel] = e
 	}
 	return false
 }
@@ -134,7 +135,7 @@ func (m *treeMeta) set(root *os.Root, rel string, e protocol.Entry) error {
 		return err
 	}
 	defer d.Close()
-	return m.s.Metadata().Set(d, name, e)
+	return m.s.meta.Set(d, name, e)
 }
 
 // dir sets a directory's owner, mode and xattrs (its mtime is the
@@ -149,7 +150,7 @@ func (m *treeMeta) dir(root *os.Root, rel string, e protocol.Entry) error {
 			return err
 		}
 		defer d.Close()
-		return m.s.Metadata().Set(d, ".", e)
+		return m.s.meta.Set(d, ".", e)
 	}
 	return m.set(root, rel, e)
 }

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"context"
@@ -9,10 +9,12 @@ import (
 	"testing"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 )
 
 // BenchmarkTreeSmallFiles copies a tree of 10,000 files of 4 KiB (100
-// directories) with GetTree in one process, target and initiator
+// directories) with Get in one process, target and initiator
 // together, into a fresh directory each time (in tmpfs where there is
 // one), walked and listed, for profiling the many-small-files path:
 //
@@ -37,9 +39,9 @@ func BenchmarkTreeSmallFiles(b *testing.B) {
 	ctx := context.Background()
 	for _, tp := range treePaths {
 		b.Run(tp.name, func(b *testing.B) {
-			s := inProcess(b, src, initiator.Config{}, nil)
+			s := rig.Serve(b, src, initiator.Config{}, nil)
 			if tp.noWalk {
-				initiator.ListTrees(s)
+				tree.ListTrees(s)
 			}
 			out := memDir(b)
 			b.SetBytes(files * size)
@@ -47,7 +49,7 @@ func BenchmarkTreeSmallFiles(b *testing.B) {
 			for b.Loop() {
 				n++
 				dst := filepath.Join(out, fmt.Sprint(n))
-				res, err := s.GetTree(ctx, "data/tree", dst, initiator.TreeOptions{})
+				res, err := tree.Get(ctx, s, "data/tree", dst, tree.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"testing"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 )
 
 // BenchmarkDeepChain copies a chain of directories, each holding a
-// one-byte file and the next, with GetTree in one process: what a target
+// one-byte file and the next, with Get in one process: what a target
 // sending a deep tree costs the initiator. Names are 3 bytes, so the
 // deepest chain is at protocol.MaxPath; compare ns/op across depths
 // (twice the depth should cost about twice, plus what os.Root's
@@ -45,13 +47,13 @@ func BenchmarkDeepChain(b *testing.B) {
 				}
 			}
 			os.Chdir(wd)
-			s := inProcess(b, src, initiator.Config{}, nil)
+			s := rig.Serve(b, src, initiator.Config{}, nil)
 			out := memDir(b)
 			n := 0
 			for b.Loop() {
 				n++
 				dst := filepath.Join(out, fmt.Sprint(n))
-				res, err := s.GetTree(context.Background(), "data/t", dst, initiator.TreeOptions{})
+				res, err := tree.Get(context.Background(), s, "data/t", dst, tree.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 )
 
 // makeTree fills dir with a tree exercising what -r must keep; it returns
@@ -25,7 +27,7 @@ func makeTree(t *testing.T, dir string) map[string][]byte {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		files[rel] = randomFile(t, p, n)
+		files[rel] = rig.RandomFile(t, p, n)
 		os.Chmod(p, mode)
 	}
 	mk("top.bin", 200<<10+3, 0o640)
@@ -58,17 +60,17 @@ func TestGetTree(t *testing.T) {
 }
 
 func testGetTree(t *testing.T, noWalk bool) {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "tree")
 	files := makeTree(t, src)
 	s, log := dialLogged(t, e)
 	if noWalk {
-		initiator.ListTrees(s)
+		tree.ListTrees(s)
 	}
 	out := t.TempDir()
-	var seen []initiator.FileResult
+	var seen []tree.FileResult
 	before := s.BytesRead()
-	tr, err := s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{File: func(fr initiator.FileResult) { seen = append(seen, fr) }})
+	tr, err := tree.Get(context.Background(), s, "data/tree", out+"/", tree.Options{File: func(fr tree.FileResult) { seen = append(seen, fr) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,13 +121,13 @@ func testGetTree(t *testing.T, noWalk bool) {
 	})
 
 	// Again into the same place: everything is replaced, nothing fails.
-	tr, err = s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{})
+	tr, err = tree.Get(context.Background(), s, "data/tree", out+"/", tree.Options{})
 	if err != nil || tr.Failed != 0 {
 		t.Fatalf("second copy: %v %+v", err, tr)
 	}
 	// With SkipSame nothing is read.
 	before = s.BytesRead()
-	tr, err = s.GetTree(context.Background(), "data/tree", out+"/", initiator.TreeOptions{SkipSame: true})
+	tr, err = tree.Get(context.Background(), s, "data/tree", out+"/", tree.Options{SkipSame: true})
 	if err != nil || tr.Failed != 0 || s.BytesRead() != before || tr.BytesRead != 0 {
 		t.Fatalf("skip-same copy read %d: %v %+v", s.BytesRead()-before, err, tr)
 	}
@@ -135,16 +137,16 @@ func testGetTree(t *testing.T, noWalk bool) {
 // A file that fails leaves nothing at its destination, and the rest of
 // the tree is copied.
 func TestGetTreeOneFileFails(t *testing.T) {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	os.Mkdir(filepath.Join(e.Dir, "t"), 0o755)
-	randomFile(t, filepath.Join(e.Dir, "t", "a"), 1000)
-	randomFile(t, filepath.Join(e.Dir, "t", "blocker"), 1000)
-	randomFile(t, filepath.Join(e.Dir, "t", "z"), 1000)
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "a"), 1000)
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "blocker"), 1000)
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "z"), 1000)
 	out := t.TempDir()
 	// A non-empty directory where the file "blocker" must go.
 	os.MkdirAll(filepath.Join(out, "t", "blocker", "x"), 0o755)
 	s := e.Dial(t, nil)
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
+	tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,26 +186,26 @@ func TestGetTreeShards(t *testing.T) {
 // testGetTreeShards copies shards 0..n-1 of a tree and returns the files
 // each one copied, sorted.
 func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	var all []string
 	for i := range 40 {
 		rel := filepath.Join("d"+string(rune('0'+i%3)), "f"+string(rune('a'+i%26))+string(rune('a'+i/26)))
 		os.MkdirAll(filepath.Join(e.Dir, "t", filepath.Dir(rel)), 0o755)
-		randomFile(t, filepath.Join(e.Dir, "t", rel), 10+i)
+		rig.RandomFile(t, filepath.Join(e.Dir, "t", rel), 10+i)
 		all = append(all, rel)
 	}
-	randomFile(t, filepath.Join(e.Dir, "t", "top"), 100<<10) // too large to pack
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "top"), 100<<10) // too large to pack
 	all = append(all, "top")
 	sort.Strings(all)
 	s, log := dialLogged(t, e)
 	if noWalk {
-		initiator.ListTrees(s)
+		tree.ListTrees(s)
 	}
 	out := t.TempDir()
 	var got []string
 	shards := make([][]string, n)
 	for i := range n {
-		tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Shard: initiator.Shard{I: i, N: n}})
+		tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{Shard: initiator.Shard{I: i, N: n}})
 		if err != nil || tr.Failed != 0 {
 			t.Fatalf("shard %d: %v %+v", i, err, tr)
 		}
@@ -237,11 +239,11 @@ func testGetTreeShards(t *testing.T, noWalk bool, n int) [][]string {
 // A tree copied to a new destination is staged beside it and appears
 // whole at the end; interrupted, it leaves nothing.
 func TestGetTreeStaged(t *testing.T) {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "t")
 	os.MkdirAll(filepath.Join(src, "sub"), 0o755)
-	want := randomFile(t, filepath.Join(src, "sub", "big"), 1<<20) // read with Open, with progress
-	randomFile(t, filepath.Join(src, "small"), 100)                // packed
+	want := rig.RandomFile(t, filepath.Join(src, "sub", "big"), 1<<20) // read with Open, with progress
+	rig.RandomFile(t, filepath.Join(src, "small"), 100)                // packed
 	out := t.TempDir()
 	dst := filepath.Join(out, "t")
 	s := e.Dial(t, nil)
@@ -260,7 +262,7 @@ func TestGetTreeStaged(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := s.GetTree(ctx, "data/t", out, initiator.TreeOptions{Progress: func(p initiator.Progress) { check(p); cancel() }})
+	_, err := tree.Get(ctx, s, "data/t", out, tree.Options{Progress: func(p initiator.Progress) { check(p); cancel() }})
 	if err == nil {
 		t.Fatal("an interrupted copy succeeded")
 	}
@@ -269,7 +271,7 @@ func TestGetTreeStaged(t *testing.T) {
 	}
 
 	s = e.Dial(t, nil)
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Progress: check})
+	tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{Progress: check})
 	if err != nil || tr.Failed != 0 {
 		t.Fatalf("%v %+v", err, tr)
 	}
@@ -288,7 +290,7 @@ func TestGetTreeStaged(t *testing.T) {
 	os.RemoveAll(dst)
 	os.Chmod(filepath.Join(src, "sub"), 0o555)
 	defer os.Chmod(filepath.Join(src, "sub"), 0o755)
-	_, err = s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{Progress: func(initiator.Progress) { os.Mkdir(dst, 0o755) }})
+	_, err = tree.Get(context.Background(), s, "data/t", out, tree.Options{Progress: func(initiator.Progress) { os.Mkdir(dst, 0o755) }})
 	if err == nil {
 		t.Fatal("the copy replaced a destination made meanwhile")
 	}
@@ -304,29 +306,29 @@ func TestGetTreeStaged(t *testing.T) {
 // into a new destination and over an existing one, both ways of walking
 // it: directories closed to stay within the bound are opened again.
 func TestGetTreeManyDirectories(t *testing.T) {
-	defer initiator.SetDirCacheMax(2)()
+	defer tree.SetDirCacheMax(2)()
 	for _, tp := range treePaths {
 		t.Run(tp.name, func(t *testing.T) {
-			e := startTarget(t, nil)
+			e := rig.Start(t, nil)
 			src := filepath.Join(e.Dir, "t")
 			files := map[string][]byte{}
 			for i := range 30 {
 				for j := range 3 {
 					rel := filepath.Join(fmt.Sprintf("d%02d", i), fmt.Sprintf("s%d", i%4), fmt.Sprintf("f%d", j))
 					os.MkdirAll(filepath.Join(src, filepath.Dir(rel)), 0o755)
-					files[rel] = randomFile(t, filepath.Join(src, rel), 100+i*j)
+					files[rel] = rig.RandomFile(t, filepath.Join(src, rel), 100+i*j)
 				}
 			}
 			for _, rel := range []string{"d03/big", "d17/s1/big", "d29/big"} { // copied with Open
-				files[rel] = randomFile(t, filepath.Join(src, rel), 300<<10)
+				files[rel] = rig.RandomFile(t, filepath.Join(src, rel), 300<<10)
 			}
 			s := e.Dial(t, nil)
 			if tp.noWalk {
-				initiator.ListTrees(s)
+				tree.ListTrees(s)
 			}
 			out := t.TempDir()
 			for _, what := range []string{"new", "existing"} {
-				tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
+				tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{})
 				if err != nil || tr.Failed != 0 {
 					t.Fatalf("%s destination: %v %+v", what, err, tr)
 				}

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"bytes"
@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
 )
@@ -22,23 +23,23 @@ import (
 // back one by one in its place.
 func TestGetMany(t *testing.T) {
 	other := t.TempDir()
-	e := startTarget(t, func(c *target.Config) { // 256 KiB windows
+	e := rig.Start(t, func(c *target.Config) { // 256 KiB windows
 		c.Exports = append(c.Exports, target.Export{Name: "logs", Path: other})
 	})
 	src := e.Dir
 	os.Mkdir(filepath.Join(src, "sub"), 0o755)
 	want := map[string][]byte{
-		"a":       randomFile(t, filepath.Join(src, "a"), 3000),
-		"empty":   randomFile(t, filepath.Join(src, "empty"), 0),
-		"sub/c":   randomFile(t, filepath.Join(src, "sub", "c"), 100),
-		"replace": randomFile(t, filepath.Join(src, "replace"), 10),
-		"small":   randomFile(t, filepath.Join(src, "small"), 20),
-		"log":     randomFile(t, filepath.Join(other, "log"), 30),
+		"a":       rig.RandomFile(t, filepath.Join(src, "a"), 3000),
+		"empty":   rig.RandomFile(t, filepath.Join(src, "empty"), 0),
+		"sub/c":   rig.RandomFile(t, filepath.Join(src, "sub", "c"), 100),
+		"replace": rig.RandomFile(t, filepath.Join(src, "replace"), 10),
+		"small":   rig.RandomFile(t, filepath.Join(src, "small"), 20),
+		"log":     rig.RandomFile(t, filepath.Join(other, "log"), 30),
 	}
 	os.Chmod(filepath.Join(src, "a"), 0o640)
 	mt := time.Date(2020, 1, 2, 3, 4, 5, 6, time.UTC)
 	os.Chtimes(filepath.Join(src, "a"), mt, mt)
-	randomFile(t, filepath.Join(src, "big"), 300<<10) // over the window
+	rig.RandomFile(t, filepath.Join(src, "big"), 300<<10) // over the window
 	os.Mkdir(filepath.Join(src, "dir"), 0o755)
 	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o644); err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func TestGetMany(t *testing.T) {
 	os.WriteFile(filepath.Join(out, "old"), []byte("an older, longer file"), 0o644)
 	os.Symlink("elsewhere", filepath.Join(out, "link"))
 	o := func(p string) string { return filepath.Join(out, p) }
-	jobs := []initiator.FileJob{
+	jobs := []tree.FileJob{
 		{"data/a", o("a")},            // 0 packed
 		{"data/big", o("twice")},      // 1 one by one (too large)
 		{"data/small", o("twice")},    // 2 packed, after 1: it wins
@@ -66,10 +67,10 @@ func TestGetMany(t *testing.T) {
 	}
 	s := e.Dial(t, nil)
 	var seq []string
-	got := map[int]initiator.FileResult{}
+	got := map[int]tree.FileResult{}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := s.GetMany(ctx, jobs, func(i int, fr initiator.FileResult) {
+	err := tree.GetMany(ctx, s, jobs, func(i int, fr tree.FileResult) {
 		seq = append(seq, fmt.Sprintf("p%d", i))
 		got[i] = fr
 	}, func(i int) error {
@@ -86,12 +87,12 @@ func TestGetMany(t *testing.T) {
 		t.Fatalf("order %s\nwant  %s", strings.Join(seq, " "), w)
 	}
 	for i, dst := range map[int]string{0: "a", 2: "twice", 3: "into/empty", 6: "into/c", 8: "old", 10: "log"} {
-		if fr := got[i]; fr.Status != initiator.StatusOK || fr.Path != o(dst) || fr.Err != nil {
+		if fr := got[i]; fr.Status != tree.StatusOK || fr.Path != o(dst) || fr.Err != nil {
 			t.Errorf("job %d: %+v", i, fr)
 		}
 	}
 	for _, i := range []int{4, 11, 12, 13} {
-		if got[i].Status != initiator.StatusFailed || got[i].Err == nil {
+		if got[i].Status != tree.StatusFailed || got[i].Err == nil {
 			t.Errorf("job %d: %+v, want a failure", i, got[i])
 		}
 	}
@@ -116,13 +117,13 @@ func TestGetMany(t *testing.T) {
 		}
 		return nil
 	})
-	if initiator.PacksOf(s) == 0 {
+	if s.Packs() == 0 {
 		t.Error("no Pack was answered")
 	}
 
 	// An error from one stops the manifest.
 	stop := errors.New("stop")
-	if err := s.GetMany(ctx, jobs[:3], func(int, initiator.FileResult) {}, func(int) error { return stop }); err != stop {
+	if err := tree.GetMany(ctx, s, jobs[:3], func(int, tree.FileResult) {}, func(int) error { return stop }); err != stop {
 		t.Errorf("one's error: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/leftover"
@@ -66,41 +67,41 @@ func (c *treeCopy) closeStatDirs() {
 
 // sameLink reports whether it, a symlink, is already at the destination
 // with the same target.
-func sameLink(root *os.Root, it item) bool {
+func sameLink(root *os.Root, it initiator.Item) bool {
 	if root == nil {
 		return false
 	}
-	t, err := root.Readlink(it.rel)
-	return err == nil && t == it.entry.Target
+	t, err := root.Readlink(it.Rel)
+	return err == nil && t == it.Entry.Target
 }
 
 // unchanged reports (and reports to File) a regular file the quick check
 // finds in place. Its mode is set if it differs, as a copy would have.
-func (c *treeCopy) unchanged(it item) bool {
+func (c *treeCopy) unchanged(it initiator.Item) bool {
 	if !c.quick() {
 		return false
 	}
-	st, err := c.lstat(it.rel)
-	if err != nil || !sameStat(st, it.entry, c.opt.ModifyWindow) {
+	st, err := c.lstat(it.Rel)
+	if err != nil || !sameStat(st, it.Entry, c.opt.ModifyWindow) {
 		return false
 	}
 	// With --ignore-times, only what the journal says an interrupted run
 	// finished is skipped.
-	done := c.jn.Has(it.rel, it.entry.Size, it.entry.MtimeNs)
+	done := c.jn.Has(it.Rel, it.Entry.Size, it.Entry.MtimeNs)
 	if !done && !c.opt.QuickCheck {
 		return false
 	}
-	fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.entry.Size), Done: done}
+	fr := FileResult{Path: it.Rel, Type: protocol.FileRegular, Status: StatusUnchanged, Bytes: int64(it.Entry.Size), Done: done}
 	mask := c.s.cfg.Archive.ModeMask()
-	if want := it.entry.Mode & mask; st.Mode&mask != want {
-		if err := c.root.Chmod(it.rel, local.FileMode(want)); err != nil {
+	if want := it.Entry.Mode & mask; st.Mode&mask != want {
+		if err := c.root.Chmod(it.Rel, local.FileMode(want)); err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
 	}
 	if fr.Err == nil {
 		// -a's owners and xattrs, as rsync fixes them on a file it
 		// leaves; and a file that -H links to.
-		if err := c.meta.inPlace(c.root, it.rel); err != nil {
+		if err := c.meta.inPlace(c.root, it.Rel); err != nil {
 			fr.Status, fr.Err = StatusFailed, err
 		}
 	}
@@ -110,10 +111,10 @@ func (c *treeCopy) unchanged(it item) bool {
 }
 
 // found counts a regular file the walk found.
-func (c *treeCopy) found(it item) {
+func (c *treeCopy) found(it initiator.Item) {
 	if n := c.opt.Counts; n != nil {
 		n.Files.Add(1)
-		n.Bytes.Add(int64(it.entry.Size))
+		n.Bytes.Add(int64(it.Entry.Size))
 	}
 }
 
@@ -135,17 +136,17 @@ func (c *treeCopy) failed() int {
 // excluded reports whether Filter leaves it out, or it is in a directory
 // that was left out. Otherwise, with Delete, it notes that the source has
 // it.
-func (c *treeCopy) excluded(it item) bool {
-	if !c.opt.Filter.Empty() && it.err == nil {
-		if c.underExcluded(it.rel) || c.opt.Filter.Excluded(it.rel, it.entry.Type == protocol.FileDir) {
-			if it.entry.Type == protocol.FileDir {
-				c.exDirs[it.rel] = true
+func (c *treeCopy) excluded(it initiator.Item) bool {
+	if !c.opt.Filter.Empty() && it.Err == nil {
+		if c.underExcluded(it.Rel) || c.opt.Filter.Excluded(it.Rel, it.Entry.Type == protocol.FileDir) {
+			if it.Entry.Type == protocol.FileDir {
+				c.exDirs[it.Rel] = true
 			}
 			return true
 		}
 	}
 	if c.seen != nil {
-		c.seen[it.rel] = true
+		c.seen[it.Rel] = true
 	}
 	return false
 }
@@ -160,28 +161,28 @@ func (c *treeCopy) underExcluded(rel string) bool {
 }
 
 // keep is Filter for walkTreeKeep.
-func (c *treeCopy) keep(it item) bool {
-	return !c.opt.Filter.Excluded(it.rel, it.entry.Type == protocol.FileDir)
+func (c *treeCopy) keep(it initiator.Item) bool {
+	return !c.opt.Filter.Excluded(it.Rel, it.Entry.Type == protocol.FileDir)
 }
 
 // entries hands emit the tree's entries, in batches, without any file's
 // data: with Walk where the target has it, else listing it directory by
 // directory.
-func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]item) error) error {
+func (c *treeCopy) entries(ctx context.Context, l lister, emit func([]initiator.Item) error) error {
 	if c.s.lister == nil {
-		return c.s.walk(ctx, c.src, 0, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
-			items := make([]item, len(batch))
+		return c.s.Walk(ctx, c.src, 0, c.opt.Shard, c.opt.Filter, func(batch []initiator.Walked) error {
+			items := make([]initiator.Item, len(batch))
 			for i, w := range batch {
-				items[i] = w.it
+				items[i] = w.Item
 			}
 			return emit(items)
 		})
 	}
-	var keep func(item) bool
+	var keep func(initiator.Item) bool
 	if !c.opt.Filter.Empty() {
 		keep = c.keep
 	}
-	return walkTreeKeep(ctx, l, c.src, c.opt.Shard, keep, func(it item) error { return emit([]item{it}) })
+	return walkTreeKeep(ctx, l, c.src, c.opt.Shard, keep, func(it initiator.Item) error { return emit([]initiator.Item{it}) })
 }
 
 // clean removes the leftovers of killed runs from directory rel of the
@@ -198,9 +199,9 @@ func (c *treeCopy) clean(rel string) {
 	}
 }
 
-// dryTree is GetTree with DryRun: it walks the source, compares it with
+// dryTree is Get with DryRun: it walks the source, compares it with
 // the destination, and reports what a copy would do.
-func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt TreeOptions, tr *TreeResult) (*TreeResult, error) {
+func (s *session) dryTree(ctx context.Context, l lister, src, top string, opt Options, tr *Result) (*Result, error) {
 	start := time.Now()
 	var root *os.Root
 	if fi, err := os.Lstat(top); err == nil && fi.IsDir() {
@@ -210,7 +211,7 @@ func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt Tr
 		defer root.Close()
 	}
 	c := newTreeCopy(s, ctx, src, opt, root, tr)
-	err := c.entries(ctx, l, func(batch []item) error {
+	err := c.entries(ctx, l, func(batch []initiator.Item) error {
 		for _, it := range batch {
 			c.dryEntry(root, it)
 		}
@@ -240,33 +241,33 @@ func (s *Session) dryTree(ctx context.Context, l lister, src, top string, opt Tr
 }
 
 // dryEntry reports what a copy would do with it.
-func (c *treeCopy) dryEntry(root *os.Root, it item) {
+func (c *treeCopy) dryEntry(root *os.Root, it initiator.Item) {
 	if c.excluded(it) {
 		return
 	}
 	opt := c.opt
-	fr := FileResult{Path: it.rel, Type: it.entry.Type, Status: StatusWouldCopy}
+	fr := FileResult{Path: it.Rel, Type: it.Entry.Type, Status: StatusWouldCopy}
 	var fi fs.FileInfo
 	if root != nil {
-		fi, _ = root.Lstat(it.rel)
+		fi, _ = root.Lstat(it.Rel)
 	}
-	switch t := it.entry.Type; {
-	case it.err != nil || c.underFailed(it.rel):
-		fr.Status, fr.Err = StatusFailed, cmpErr(it.err, fmt.Errorf("%s: its directory could not be read", it.rel))
+	switch t := it.Entry.Type; {
+	case it.Err != nil || c.underFailed(it.Rel):
+		fr.Status, fr.Err = StatusFailed, cmpErr(it.Err, fmt.Errorf("%s: its directory could not be read", it.Rel))
 		if t == protocol.FileDir {
-			c.failedDirs[it.rel] = true
+			c.failedDirs[it.Rel] = true
 		}
 	case t == protocol.FileDir:
 		if fi != nil && fi.IsDir() {
 			fr.Status = StatusUnchanged
 		}
 	case t == protocol.FileRegular:
-		fr.Bytes = int64(it.entry.Size)
+		fr.Bytes = int64(it.Entry.Size)
 		c.found(it)
-		if fi != nil && opt.QuickCheck && !opt.SkipSame && local.SameMeta(fi, it.entry, opt.ModifyWindow) {
+		if fi != nil && opt.QuickCheck && !opt.SkipSame && local.SameMeta(fi, it.Entry, opt.ModifyWindow) {
 			fr.Status = StatusUnchanged
 		}
-		if fi != nil && opt.SkipSame && fi.Mode().IsRegular() && fi.Size() == int64(it.entry.Size) {
+		if fi != nil && opt.SkipSame && fi.Mode().IsRegular() && fi.Size() == int64(it.Entry.Size) {
 			fr.Status, fr.Err = c.dryChecksum(root, it)
 		}
 	case t == protocol.FileSymlink:
@@ -274,7 +275,7 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 			fr.Status = StatusUnchanged
 		}
 	default:
-		fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.rel, t)
+		fr.Status, fr.Err = StatusSkipped, fmt.Errorf("%s: skipping special file (%v)", it.Rel, t)
 	}
 	c.report(fr)
 }
@@ -282,10 +283,10 @@ func (c *treeCopy) dryEntry(root *os.Root, it item) {
 // dryChecksum is -n -c for one file of a tree whose DEST has its size:
 // StatusUnchanged when the digests match (a real run's -c says "same";
 // unchanged keeps it out of the dry run's list and its bytes to copy).
-func (c *treeCopy) dryChecksum(root *os.Root, it item) (string, error) {
-	remote := c.src + "/" + it.rel
-	r, err := c.s.dryChecksum(c.ctx, remote, it.rel, func() (*os.File, error) {
-		return local.OpenRegularRoot(root, it.rel, local.OpenMode{Flag: os.O_RDONLY})
+func (c *treeCopy) dryChecksum(root *os.Root, it initiator.Item) (string, error) {
+	remote := c.src + "/" + it.Rel
+	r, err := c.s.DryChecksum(c.ctx, remote, it.Rel, func() (*os.File, error) {
+		return local.OpenRegularRoot(root, it.Rel, local.OpenMode{Flag: os.O_RDONLY})
 	})
 	switch {
 	case err != nil:

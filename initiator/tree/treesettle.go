@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"path"
 	"syscall"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -144,7 +145,7 @@ func (c *treeCopy) settle(final bool) error {
 // be written is not.
 func landFailed(err error) bool {
 	var te *protocol.Error
-	if err == nil || errors.As(err, &te) || errors.Is(err, ErrName) {
+	if err == nil || errors.As(err, &te) || errors.Is(err, initiator.ErrName) {
 		return false
 	}
 	var pe *fs.PathError

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"context"
@@ -11,17 +11,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
 func TestValidName(t *testing.T) {
 	for _, ok := range []string{"a", "file.txt", "...", ".hidden", "naïve ✓", "日本語", "a b", "\\"} {
-		if err := ValidName(ok); err != nil {
+		if err := initiator.ValidName(ok); err != nil {
 			t.Errorf("%q refused: %v", ok, err)
 		}
 	}
 	for _, bad := range []string{"", ".", "..", "a/b", "/", "/etc", "../x", "x/..", "a\x00b"} {
-		if err := ValidName(bad); !errors.Is(err, ErrName) {
+		if err := initiator.ValidName(bad); !errors.Is(err, initiator.ErrName) {
 			t.Errorf("%q accepted (%v)", bad, err)
 		}
 	}
@@ -54,28 +55,28 @@ func TestPlanTreeRefusesNames(t *testing.T) {
 		"x/d/..":  {{Type: protocol.FileRegular, Name: "passwd"}},
 		"x/d/dup": {{Type: protocol.FileRegular, Name: "passwd"}},
 	}
-	plan, err := planTree(context.Background(), evil, "x/d", Shard{})
+	plan, err := planTree(context.Background(), evil, "x/d", initiator.Shard{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var good []string
 	refused := 0
 	for _, it := range plan {
-		if it.err != nil {
-			if !errors.Is(it.err, ErrName) {
-				t.Errorf("%s: %v", it.rel, it.err)
+		if it.Err != nil {
+			if !errors.Is(it.Err, initiator.ErrName) {
+				t.Errorf("%s: %v", it.Rel, it.Err)
 			}
 			refused++
 			continue
 		}
-		good = append(good, it.rel)
+		good = append(good, it.Rel)
 	}
 	if refused != 6 || len(good) != 2 || good[0] != "dup" || good[1] != "ok" {
 		t.Fatalf("refused %d, kept %q", refused, good)
 	}
 }
 
-// A fake target's names cannot make GetTree write outside DEST: refused
+// A fake target's names cannot make Get write outside DEST: refused
 // names are reported as failures, and what is left goes through an
 // os.Root.
 func TestGetTreeNameAttack(t *testing.T) {
@@ -91,9 +92,9 @@ func TestGetTreeNameAttack(t *testing.T) {
 		},
 		"x/d/sub": {{Type: protocol.FileSymlink, Name: "fine", Target: "../../../anywhere"}},
 	}
-	s := &Session{lister: evil, cfg: Config{Logger: slog.New(slog.DiscardHandler)}}
+	s := &session{Session: new(initiator.Session), lister: evil, cfg: initiator.Config{Logger: slog.New(slog.DiscardHandler)}}
 	var results []FileResult
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true, File: func(fr FileResult) { results = append(results, fr) }})
+	tr, err := s.getTree(context.Background(), "x/d", dst, Options{Contents: true, File: func(fr FileResult) { results = append(results, fr) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestShardSplitsEvenly(t *testing.T) {
 		p := "data/dir/file-" + string(rune('a'+i%26)) + "-" + strconv.Itoa(i)
 		k := 0
 		for j := range n {
-			if (Shard{I: j, N: n}).Has(p) {
+			if (initiator.Shard{I: j, N: n}).Has(p) {
 				counts[j]++
 				k++
 			}
@@ -134,7 +135,7 @@ func TestShardSplitsEvenly(t *testing.T) {
 			t.Errorf("shard %d has %d of 4000", j, c)
 		}
 	}
-	if !(Shard{}).Has("anything") || !(Shard{I: 0, N: 1}).Has("x") {
+	if !(initiator.Shard{}).Has("anything") || !(initiator.Shard{I: 0, N: 1}).Has("x") {
 		t.Error("the whole is not its only shard")
 	}
 }
@@ -164,9 +165,9 @@ func TestByDir(t *testing.T) {
 }
 
 // planTree is walkTree collecting its items.
-func planTree(ctx context.Context, l lister, src string, sh Shard) ([]item, error) {
-	var plan []item
-	err := walkTree(ctx, l, src, sh, func(it item) error {
+func planTree(ctx context.Context, l lister, src string, sh initiator.Shard) ([]initiator.Item, error) {
+	var plan []initiator.Item
+	err := walkTree(ctx, l, src, sh, func(it initiator.Item) error {
 		plan = append(plan, it)
 		return nil
 	})

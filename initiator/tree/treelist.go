@@ -1,9 +1,10 @@
-package initiator
+package tree
 
 import (
 	"context"
 	"errors"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -22,13 +23,13 @@ type lister interface {
 // lists twice, are refused (items with err set); the rest of the tree
 // goes on. Directories are kept whatever the shard; other entries only if
 // the shard has them. An error emit returns stops the walk.
-func walkTree(ctx context.Context, l lister, src string, sh Shard, emit func(item) error) error {
+func walkTree(ctx context.Context, l lister, src string, sh initiator.Shard, emit func(initiator.Item) error) error {
 	return walkTreeKeep(ctx, l, src, sh, nil, emit)
 }
 
 // walkTreeKeep is walkTree leaving out, when keep is set, the entries
 // keep is false for: a directory left out is not listed.
-func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func(item) bool, emit func(item) error) error {
+func walkTreeKeep(ctx context.Context, l lister, src string, sh initiator.Shard, keep func(initiator.Item) bool, emit func(initiator.Item) error) error {
 	// Listings are fetched ahead, several at once: a directory's
 	// subdirectories are all asked for before the first is walked.
 	type listing struct {
@@ -59,27 +60,27 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 			return ls.err
 		}
 		seen := make(map[string]bool, len(ls.ents))
-		items := make([]item, len(ls.ents))
+		items := make([]initiator.Item, len(ls.ents))
 		kids := map[string]*listing{}
 		for i, e := range ls.ents {
-			items[i] = listed(rel, e, seen)
-			if err := overCap(src, items[i].rel, depth+1, e.Type); err != nil {
+			items[i] = initiator.Listed(rel, e, seen)
+			if err := initiator.OverCap(src, items[i].Rel, depth+1, e.Type); err != nil {
 				return err
 			}
-			if items[i].err == nil && keep != nil && !keep(items[i]) {
-				items[i].err = errLeftOut
+			if items[i].Err == nil && keep != nil && !keep(items[i]) {
+				items[i].Err = errLeftOut
 				continue
 			}
-			if items[i].err == nil && e.Type == protocol.FileDir {
+			if items[i].Err == nil && e.Type == protocol.FileDir {
 				kids[e.Name] = start(remote + "/" + e.Name)
 			}
 		}
 		for i, e := range ls.ents {
 			it := items[i]
-			if it.err == errLeftOut {
+			if it.Err == errLeftOut {
 				continue
 			}
-			if it.err != nil {
+			if it.Err != nil {
 				if err := emit(it); err != nil {
 					return err
 				}
@@ -89,7 +90,7 @@ func walkTreeKeep(ctx context.Context, l lister, src string, sh Shard, keep func
 				if err := emit(it); err != nil {
 					return err
 				}
-				if err := walk(remote+"/"+e.Name, it.rel, depth+1, kids[e.Name]); err != nil {
+				if err := walk(remote+"/"+e.Name, it.Rel, depth+1, kids[e.Name]); err != nil {
 					return err
 				}
 				continue
@@ -127,27 +128,27 @@ func (c *treeCopy) fill(l lister) error {
 func (c *treeCopy) viaWalk() error {
 	packMax := int64(0)
 	if c.packs() {
-		packMax = c.s.packMax()
+		packMax = c.s.PackMax()
 	}
-	return c.s.walk(c.ctx, c.src, packMax, c.opt.Shard, c.opt.Filter, func(batch []walked) error {
+	return c.s.Walk(c.ctx, c.src, packMax, c.opt.Shard, c.opt.Filter, func(batch []initiator.Walked) error {
 		c.dr.trim()
 		jobs := c.jobs[:0]
 		defer func() { clear(jobs); c.jobs = jobs[:0] }() // kept for the next batch: written by then
 		for _, w := range batch {
-			if c.excluded(w.it) || !c.place(w.it) {
+			if c.excluded(w.Item) || !c.place(w.Item) {
 				continue
 			}
-			if !w.packed {
-				c.large.add(w.it)
+			if !w.Packed {
+				c.large.add(w.Item)
 				continue
 			}
-			dir, err := c.dr.dir(w.it.rel)
+			dir, err := c.dr.dir(w.Item.Rel)
 			if err != nil {
-				c.report(FileResult{Path: w.it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+				c.report(FileResult{Path: w.Item.Rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
 				continue
 			}
-			jobs = append(jobs, packedJob{rel: w.it.rel, dir: dir, name: c.dr.fileName(w.it.rel),
-				f: packedFile{entry: w.it.entry, data: w.data, digest: w.digest}})
+			jobs = append(jobs, packedJob{rel: w.Item.Rel, dir: dir, name: c.dr.fileName(w.Item.Rel),
+				f: initiator.PackedFile{Entry: w.Item.Entry, Data: w.Data, Digest: w.Digest}})
 		}
 		c.writeJobs(jobs)
 		return c.maybeSettle()
@@ -160,13 +161,13 @@ func (c *treeCopy) viaList(l lister) error {
 	defer c.s.Share()() // the lister runs beside the copies
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
-	items := make(chan []item, 16) // in batches: a hand-over per entry costs more than a quick check
+	items := make(chan []initiator.Item, 16) // in batches: a hand-over per entry costs more than a quick check
 	var planErr error
 	planned := make(chan struct{})
 	go func() {
 		defer close(planned)
 		defer close(items)
-		planErr = c.entries(ctx, l, func(batch []item) error {
+		planErr = c.entries(ctx, l, func(batch []initiator.Item) error {
 			select {
 			case items <- batch:
 				return nil
@@ -175,7 +176,7 @@ func (c *treeCopy) viaList(l lister) error {
 			}
 		})
 	}()
-	feed := &treeFeed{in: make(chan item, 1024), src: c.src, ctx: ctx}
+	feed := &treeFeed{in: make(chan initiator.Item, 1024), src: c.src, ctx: ctx}
 	packErr := make(chan error, 1)
 	go func() {
 		err := c.packed(ctx, feed)
@@ -200,7 +201,7 @@ take:
 			if c.excluded(it) || !c.place(it) || c.unchanged(it) {
 				continue
 			}
-			if c.packs() && int64(it.entry.Size) <= c.s.packMax() {
+			if c.packs() && int64(it.Entry.Size) <= c.s.PackMax() {
 				if !feed.put(it) { // the packer stopped: its error says why
 					break take
 				}

@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/filter"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 
 	"github.com/rdmacp/rdmacp/initiator"
 )
@@ -37,7 +39,7 @@ func TestGetTreeIncremental(t *testing.T) {
 }
 
 func testGetTreeIncremental(t *testing.T, noWalk bool) {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "t")
 	for _, p := range []string{"a", "big", "skip.o", "sub/b", "cache/c", "cache/deep/d"} {
 		os.MkdirAll(filepath.Dir(filepath.Join(src, p)), 0o755)
@@ -45,19 +47,19 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 		if p == "big" {
 			n = 3 << 20 // not packed
 		}
-		randomFile(t, filepath.Join(src, p), n)
+		rig.RandomFile(t, filepath.Join(src, p), n)
 	}
 	s := e.Dial(t, nil)
 	if noWalk {
-		initiator.ListTrees(s)
+		tree.ListTrees(s)
 	}
 	ctx := context.Background()
 	out := t.TempDir()
 	var f filter.Filter
 	f.Add("*.o", false)
 	f.Add("cache/", false)
-	opt := initiator.TreeOptions{QuickCheck: true, Filter: &f, Delete: true}
-	if _, err := s.GetTree(ctx, "data/t", out, opt); err != nil {
+	opt := tree.Options{QuickCheck: true, Filter: &f, Delete: true}
+	if _, err := tree.Get(ctx, s, "data/t", out, opt); err != nil {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(out, "t")
@@ -69,7 +71,7 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 	os.WriteFile(filepath.Join(dst, "extra"), nil, 0o644)
 	os.WriteFile(filepath.Join(dst, "sub", "local.o"), nil, 0o644)
 	before := s.BytesRead()
-	tr, err := s.GetTree(ctx, "data/t", out, opt)
+	tr, err := tree.Get(ctx, s, "data/t", out, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 	os.Chtimes(filepath.Join(src, "a"), old, old)
 	os.Chtimes(filepath.Join(src, "big"), old, old)
 	before = s.BytesRead()
-	if tr, err = s.GetTree(ctx, "data/t", out, opt); err != nil {
+	if tr, err = tree.Get(ctx, s, "data/t", out, opt); err != nil {
 		t.Fatal(err)
 	}
 	if n := s.BytesRead() - before; n < 3<<20+100 || n > 3<<20+100+64<<10 || tr.Unchanged != 3 {
@@ -99,10 +101,10 @@ func testGetTreeIncremental(t *testing.T, noWalk bool) {
 // is the source's: "blocker" goes from it while "a" is being copied
 // (both too large to pack, so copied one after the other, after the walk).
 func TestGetTreeDeleteHeldOnFailure(t *testing.T) {
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	os.Mkdir(filepath.Join(e.Dir, "t"), 0o755)
-	randomFile(t, filepath.Join(e.Dir, "t", "a"), 2<<20)
-	randomFile(t, filepath.Join(e.Dir, "t", "blocker"), 2<<20)
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "a"), 2<<20)
+	rig.RandomFile(t, filepath.Join(e.Dir, "t", "blocker"), 2<<20)
 	out := t.TempDir()
 	os.MkdirAll(filepath.Join(out, "t"), 0o755)
 	os.WriteFile(filepath.Join(out, "t", "extra"), nil, 0o644)
@@ -111,7 +113,7 @@ func TestGetTreeDeleteHeldOnFailure(t *testing.T) {
 	gone := func(p initiator.Progress) {
 		once.Do(func() { os.Remove(filepath.Join(e.Dir, "t", "blocker")) })
 	}
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{QuickCheck: true, Delete: true, Progress: gone})
+	tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{QuickCheck: true, Delete: true, Progress: gone})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -14,7 +15,7 @@ import (
 // spilled to an unlinked temporary file, so that a tree of millions of
 // large files costs no more memory than one of a few thousand.
 type largeQueue struct {
-	mem     []item
+	mem     []initiator.Item
 	f       *os.File // the spill, once needed
 	w       *bufio.Writer
 	enc     *gob.Encoder
@@ -32,12 +33,12 @@ type spilledItem struct {
 }
 
 // add queues it; where the spill cannot be written, it stays in memory.
-func (q *largeQueue) add(it item) {
+func (q *largeQueue) add(it initiator.Item) {
 	if len(q.mem) < largeInMemory || !q.spill() {
 		q.mem = append(q.mem, it)
 		return
 	}
-	if q.enc.Encode(spilledItem{Rel: it.rel, Entry: it.entry}) != nil {
+	if q.enc.Encode(spilledItem{Rel: it.Rel, Entry: it.Entry}) != nil {
 		q.mem = append(q.mem, it)
 		return
 	}
@@ -64,7 +65,7 @@ func (q *largeQueue) len() int { return len(q.mem) + q.spilled }
 
 // each hands fn the queued files in the order they came, and empties the
 // queue.
-func (q *largeQueue) each(fn func(item) error) error {
+func (q *largeQueue) each(fn func(initiator.Item) error) error {
 	defer q.close()
 	mem := q.mem
 	q.mem = nil
@@ -88,7 +89,7 @@ func (q *largeQueue) each(fn func(item) error) error {
 		if err := dec.Decode(&s); err != nil {
 			return err
 		}
-		if err := fn(item{rel: s.Rel, entry: s.Entry}); err != nil {
+		if err := fn(initiator.Item{Rel: s.Rel, Entry: s.Entry}); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"os"
@@ -13,14 +13,14 @@ import (
 // copy inside the first, as cp -r and scp -r do on the second night):
 //
 //   - a tree named without a trailing slash lands as DEST/NAME; with one
-//     (TreeOptions.Contents), its contents land in DEST;
+//     (Options.Contents), its contents land in DEST;
 //   - a file lands in DEST/NAME when DEST is a directory or is written
 //     with a trailing slash, else at DEST;
 //   - DEST itself is made when it is missing (a tree's DEST, a file's
 //     DEST/), but not the directories above it unless MkPath asks
 //     (rsync's --mkpath).
 
-// treeTop is the directory GetTree makes src into.
+// treeTop is the directory Get makes src into.
 func treeTop(src, dst string, contents bool) string {
 	if contents {
 		return filepath.Clean(dst)
@@ -31,7 +31,7 @@ func treeTop(src, dst string, contents bool) string {
 // makeTreeDest makes what a tree copy to top needs, as rsync does: DEST
 // (not the directories above it, but with MkPath), or for Contents only
 // MkPath's parents; then top's directory must exist.
-func makeTreeDest(dst, top string, opt TreeOptions) error {
+func makeTreeDest(dst, top string, opt Options) error {
 	var err error
 	if opt.Contents {
 		err = local.MakeParents(top, opt.MkPath, opt.DryRun)

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -34,47 +35,47 @@ func (c *treeCopy) packs() bool {
 // know Pack, go through treeFile.
 func (c *treeCopy) packed(ctx context.Context, feed *treeFeed) error {
 	s := c.s
-	one := func(it item) error {
+	one := func(it initiator.Item) error {
 		p, err := s.treeFile(ctx, c.dr, c.src, it, c.opt)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, ErrConnect) {
+			if ctx.Err() != nil || errors.Is(err, initiator.ErrConnect) {
 				return err
 			}
-			c.report(FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
+			c.report(FileResult{Path: it.Rel, Type: protocol.FileRegular, Status: StatusFailed, Err: err})
 			return nil
 		}
 		c.landed(p.res.Bytes)
 		if p.tmp == "" && !p.placed { // already the same
-			c.same(p, it.rel)
+			c.same(p, it.Rel)
 			return nil
 		}
 		c.wait(p)
 		return nil
 	}
-	var later []item
-	err := s.getPackedFeed(ctx, feed, func(first int, files []packedFile) error {
+	var later []initiator.Item
+	err := s.GetPackedFeed(ctx, feed, func(first int, files []initiator.PackedFile) error {
 		c.dr.trim()
 		jobs := make([]packedJob, 0, len(files))
 		for k, f := range files {
 			it := feed.item(first + k)
 			var pe *protocol.Error
-			if errors.As(f.err, &pe) && pe.Code == protocol.CodeTooMany {
+			if errors.As(f.Err, &pe) && pe.Code == protocol.CodeTooMany {
 				later = append(later, it)
 				continue
 			}
-			fr := FileResult{Path: it.rel, Type: protocol.FileRegular, Status: StatusFailed}
-			if f.err != nil {
-				fr.Err = fmt.Errorf("%s/%s: %w", c.src, it.rel, f.err)
+			fr := FileResult{Path: it.Rel, Type: protocol.FileRegular, Status: StatusFailed}
+			if f.Err != nil {
+				fr.Err = fmt.Errorf("%s/%s: %w", c.src, it.Rel, f.Err)
 				c.report(fr)
 				continue
 			}
-			dir, err := c.dr.dir(it.rel)
+			dir, err := c.dr.dir(it.Rel)
 			if err != nil {
 				fr.Err = err
 				c.report(fr)
 				continue
 			}
-			jobs = append(jobs, packedJob{rel: it.rel, dir: dir, name: c.dr.fileName(it.rel), f: f})
+			jobs = append(jobs, packedJob{rel: it.Rel, dir: dir, name: c.dr.fileName(it.Rel), f: f})
 		}
 		c.writeJobs(jobs)
 		return nil
@@ -102,7 +103,7 @@ const flushEvery = 8 << 20
 
 func (f *flusher) wrote(root *os.Root, jobs []packedJob) {
 	for _, j := range jobs {
-		f.bytes += int64(len(j.f.data))
+		f.bytes += int64(len(j.f.Data))
 	}
 	if f.bytes < flushEvery {
 		return
@@ -140,14 +141,14 @@ func (c *treeCopy) writeJobs(jobs []packedJob) {
 			c.report(fr)
 			continue
 		}
-		n := int64(len(j.f.data))
+		n := int64(len(j.f.Data))
 		fr.Status, fr.Bytes, fr.BytesRead = StatusOK, n, n
 		c.landed(n)
 		// The digest of the file's bytes, which they matched: for crc32c
 		// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
 		// file, not the chunk-list form a file copied with Open reports.
-		fr.Digest = chunker.FormatDigest(c.s.cfg.Algorithm, j.f.digest)
-		p := pending{res: &fr, rel: j.rel, placed: c.dr.final, mtime: j.f.entry.MtimeNs}
+		fr.Digest = chunker.FormatDigest(c.s.cfg.Algorithm, j.f.Digest)
+		p := pending{res: &fr, rel: j.rel, placed: c.dr.final, mtime: j.f.Entry.MtimeNs}
 		if !c.dr.final {
 			p.tmp = path.Join(path.Dir(j.rel), j.name)
 		}
@@ -157,20 +158,20 @@ func (c *treeCopy) writeJobs(jobs []packedJob) {
 
 // treeFeed hands a tree's small files to the packer as they are found.
 type treeFeed struct {
-	in   chan item
+	in   chan initiator.Item
 	src  string
 	ctx  context.Context
 	once sync.Once
 
-	mu sync.Mutex // items and paths: appended by upTo, read by the packer
+	mu sync.Mutex // items and paths: appended by UpTo, read by the packer
 	// items and paths received, in order, from the one numbered base on:
 	// those before the pack being read are forgotten, so the feed holds
 	// a few packs' worth, not the tree.
-	items []item
+	items []initiator.Item
 	paths []string
 	base  int
-	last  int  // the i of upTo's previous call
-	ended bool // upTo's alone
+	last  int  // the i of UpTo's previous call
+	ended bool // UpTo's alone
 }
 
 // packFill is how many paths the packer waits for before a Pack, unless
@@ -178,7 +179,7 @@ type treeFeed struct {
 const packFill = 512
 
 // put hands it to the packer; false if the packer has stopped.
-func (f *treeFeed) put(it item) bool {
+func (f *treeFeed) put(it initiator.Item) bool {
 	select {
 	case f.in <- it:
 		return true
@@ -190,7 +191,7 @@ func (f *treeFeed) put(it item) bool {
 // close says there are no more files.
 func (f *treeFeed) close() { f.once.Do(func() { close(f.in) }) }
 
-func (f *treeFeed) upTo(i int) []string {
+func (f *treeFeed) UpTo(i int) []string {
 	f.mu.Lock()
 	if k := f.last - f.base; k > 0 { // the packs before last's are done
 		clear(f.items[:k])
@@ -208,7 +209,7 @@ func (f *treeFeed) upTo(i int) []string {
 			}
 			f.mu.Lock()
 			f.items = append(f.items, it)
-			f.paths = append(f.paths, f.src+"/"+it.rel)
+			f.paths = append(f.paths, f.src+"/"+it.Rel)
 			n = f.base + len(f.paths)
 			f.mu.Unlock()
 		case <-f.ctx.Done():
@@ -220,7 +221,7 @@ func (f *treeFeed) upTo(i int) []string {
 	return f.paths[min(i-f.base, len(f.paths)):]
 }
 
-func (f *treeFeed) item(i int) item {
+func (f *treeFeed) item(i int) initiator.Item {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.items[i-f.base]
@@ -228,7 +229,7 @@ func (f *treeFeed) item(i int) item {
 
 // each hands fn every file not yet forgotten and every one still to come,
 // in order.
-func (f *treeFeed) each(fn func(item) error) error {
+func (f *treeFeed) each(fn func(initiator.Item) error) error {
 	f.mu.Lock()
 	held := slices.Clone(f.items)
 	f.mu.Unlock()
@@ -259,7 +260,7 @@ type packedJob struct {
 	rel  string
 	dir  *os.File
 	name string
-	f    packedFile
+	f    initiator.PackedFile
 	err  error
 }
 
@@ -284,7 +285,7 @@ func writePacked(jobs []packedJob) {
 					return
 				}
 				for _, j := range runs[k] {
-					j.err = writeSmall(j.dir, j.name, j.f.entry, j.f.data)
+					j.err = writeSmall(j.dir, j.name, j.f.Entry, j.f.Data)
 					if j.err != nil {
 						j.err = fmt.Errorf("%s: %w", j.rel, j.err)
 					}

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"context"
@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // ManifestOptions tune GetManifest.
 type ManifestOptions struct {
 	// Recursive copies a line whose source is a directory as a tree
-	// (GetTree); without it such a line fails (protocol.CodeIsDir).
+	// (Get); without it such a line fails (protocol.CodeIsDir).
 	Recursive bool
 	// Force, Partial, SkipSame and NoDirect are GetOptions' for each
 	// line copied as a file; Partial, SkipSame and NoDirect are the
@@ -27,17 +28,17 @@ type ManifestOptions struct {
 	// by one), instead of runs of small files many to a request.
 	NoPack bool
 	// DryRun reports what each line would do (StatusWouldCopy,
-	// StatusUnchanged, a tree's entries as GetTree's DryRun) and changes
+	// StatusUnchanged, a tree's entries as Get's DryRun) and changes
 	// nothing; every line is then judged on its own.
 	DryRun bool
-	// Delete is TreeOptions.Delete for each line copied as a tree: what
+	// Delete is Options.Delete for each line copied as a tree: what
 	// its DEST has and its source does not goes. File lines have nothing
 	// to delete.
 	Delete bool
 	// Progress, if set, is called as line i starts being copied on its
 	// own as a file (not packed, not a tree) and returns what that copy
 	// reports its progress to (GetOptions.Progress; nil for nothing).
-	Progress func(i int) func(Progress)
+	Progress func(i int) func(initiator.Progress)
 	// File, if set, is told each outcome once it is final: of line i
 	// itself (tree false; Path is its destination), or of an entry of
 	// line i copied as a tree (tree true; Path is relative to the tree's
@@ -52,7 +53,11 @@ type ManifestOptions struct {
 // to be copied on its own. A line that fails is told to File and does not
 // stop the others; GetManifest returns only an error that stops every
 // line: the connection, or ctx.
-func (s *Session) GetManifest(ctx context.Context, jobs []FileJob, opt ManifestOptions) error {
+func GetManifest(ctx context.Context, s *initiator.Session, jobs []FileJob, opt ManifestOptions) error {
+	return newSession(s).getManifest(ctx, jobs, opt)
+}
+
+func (s *session) getManifest(ctx context.Context, jobs []FileJob, opt ManifestOptions) error {
 	file := func(i int, fr FileResult, tree bool) {
 		if opt.File != nil {
 			opt.File(i, fr, tree)
@@ -69,7 +74,7 @@ func (s *Session) GetManifest(ctx context.Context, jobs []FileJob, opt ManifestO
 		return nil
 	}
 	if !opt.SkipSame && !opt.Partial && !opt.NoPack && !opt.DryRun {
-		return s.GetMany(ctx, jobs, func(i int, fr FileResult) { file(i, fr, false) }, one)
+		return s.getMany(ctx, jobs, func(i int, fr FileResult) { file(i, fr, false) }, one)
 	}
 	for i := range jobs {
 		if err := one(i); err != nil {
@@ -84,7 +89,7 @@ type lineKind int
 
 const (
 	lineFile    lineKind = iota // Get: a file, or whatever Get makes of it
-	lineTree                    // GetTree: a directory, with Recursive
+	lineTree                    // Get: a directory, with Recursive
 	lineRefused                 // a directory without Recursive
 )
 
@@ -102,13 +107,13 @@ func planLine(e protocol.Entry, recursive bool) lineKind {
 // stopsAll reports whether err, of one line, stops the whole manifest:
 // the connection is gone, or ctx is done.
 func stopsAll(ctx context.Context, err error) bool {
-	return ctx.Err() != nil || errors.Is(err, ErrConnect)
+	return ctx.Err() != nil || errors.Is(err, initiator.ErrConnect)
 }
 
 // getLine copies line i of a manifest, job, on its own. It returns the
 // line's outcome (nil for a tree, whose entries it told file one by one),
 // or an error that stops the whole manifest.
-func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestOptions, file func(int, FileResult, bool)) (*FileResult, error) {
+func (s *session) getLine(ctx context.Context, i int, job FileJob, opt ManifestOptions, file func(int, FileResult, bool)) (*FileResult, error) {
 	src, dst := job.Src, job.Dst
 	fr := &FileResult{Path: dst, Type: protocol.FileRegular, Status: StatusFailed}
 	e, err := s.Stat(ctx, src)
@@ -128,7 +133,7 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		fr.Type = e.Type
 		// A manifest line maps SRC to DEST: DEST is the copy, so the same
 		// manifest run twice leaves the same tree.
-		_, err := s.GetTree(ctx, src, dst, TreeOptions{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow,
+		_, err := s.getTree(ctx, src, dst, Options{Contents: true, SkipSame: opt.SkipSame, NoPack: opt.NoPack, Partial: opt.Partial, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow,
 			DryRun: opt.DryRun, Delete: opt.Delete, File: func(f FileResult) { file(i, f, true) }})
 		if err != nil {
 			if stopsAll(ctx, err) {
@@ -139,11 +144,11 @@ func (s *Session) getLine(ctx context.Context, i int, job FileJob, opt ManifestO
 		}
 		return nil, nil
 	}
-	var progress func(Progress)
+	var progress func(initiator.Progress)
 	if opt.Progress != nil {
 		progress = opt.Progress(i)
 	}
-	res, err := s.Get(ctx, src, dst, GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow, DryRun: opt.DryRun})
+	res, err := s.Get(ctx, src, dst, initiator.GetOptions{Progress: progress, Force: opt.Force, Partial: opt.Partial, SkipSame: opt.SkipSame, NoDirect: opt.NoDirect, QuickCheck: opt.QuickCheck, ModifyWindow: opt.ModifyWindow, DryRun: opt.DryRun})
 	if res != nil {
 		fr.BytesRead = res.BytesRead
 		if res.Dest != "" {

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"path"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -21,23 +22,23 @@ import (
 
 // openDir is a directory made and not finished.
 type openDir struct {
-	it     item // rel, entry, existed
-	held   int  // its entries not reported yet, and its directories not finished
-	closed bool // the walk has left it: nothing more will come in it
+	it     initiator.Item // rel, entry, existed
+	held   int            // its entries not reported yet, and its directories not finished
+	closed bool           // the walk has left it: nothing more will come in it
 	kids   []string
 }
 
 // opened notes directory it, just made (or found).
-func (c *treeCopy) opened(it item) {
+func (c *treeCopy) opened(it initiator.Item) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.open[it.rel] = &openDir{it: it}
-	if it.rel == "." {
+	c.open[it.Rel] = &openDir{it: it}
+	if it.Rel == "." {
 		return
 	}
-	if p := c.open[path.Dir(it.rel)]; p != nil {
+	if p := c.open[path.Dir(it.Rel)]; p != nil {
 		p.held++
-		p.kids = append(p.kids, it.rel)
+		p.kids = append(p.kids, it.Rel)
 	}
 }
 
@@ -97,7 +98,7 @@ func (c *treeCopy) release(dir string) {
 // maybeFinish finishes d if nothing more is to come in it. With Delete,
 // directories wait for the deletions (which change their mtimes).
 func (c *treeCopy) maybeFinish(d *openDir) {
-	if d.closed && d.held <= 0 && !c.opt.Delete && d.it.rel != "." {
+	if d.closed && d.held <= 0 && !c.opt.Delete && d.it.Rel != "." {
 		c.finishLocked(d)
 	}
 }
@@ -105,8 +106,8 @@ func (c *treeCopy) maybeFinish(d *openDir) {
 // finishLocked sets directory d's mode, metadata and mtime, reports it,
 // and forgets it.
 func (c *treeCopy) finishLocked(d *openDir) {
-	delete(c.open, d.it.rel)
-	rel, e := d.it.rel, d.it.entry
+	delete(c.open, d.it.Rel)
+	rel, e := d.it.Rel, d.it.Entry
 	mt := time.Unix(0, e.MtimeNs)
 	err := c.root.Chmod(rel, local.FileMode(e.Mode&c.s.cfg.Archive.ModeMask()))
 	if err == nil {
@@ -116,7 +117,7 @@ func (c *treeCopy) finishLocked(d *openDir) {
 		err = c.root.Chtimes(rel, mt, mt)
 	}
 	fr := FileResult{Path: rel, Type: protocol.FileDir, Status: StatusOK}
-	if d.it.existed {
+	if d.it.Existed {
 		fr.Status = StatusUnchanged
 	}
 	if err != nil {

@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"github.com/rdmacp/rdmacp/protocol"
@@ -38,11 +39,11 @@ func TestTreeMeta(t *testing.T) {
 		}},
 	}
 	var logs bytes.Buffer
-	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs),
+	s := &session{Session: new(initiator.Session), lister: tree, cfg: initiator.Config{Logger: logTo(&logs),
 		Archive: local.Archive{Perms: true, Owner: true, Group: true, Times: true, Xattrs: true, NumericIDs: true}}}
 	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	dst := filepath.Join(base, "dest")
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
+	tr, err := s.getTree(context.Background(), "x/d", dst, Options{Contents: true})
 	if err != nil || tr.Failed != 0 {
 		t.Fatalf("%v %+v", err, tr)
 	}
@@ -90,10 +91,10 @@ func TestTreeMetaOldTarget(t *testing.T) {
 		}, "x/d/sub": {{Type: protocol.FileSymlink, Name: "b", Target: "y"}}},
 	}
 	var logs bytes.Buffer
-	s := &Session{lister: tree, cfg: Config{Logger: logTo(&logs), Archive: local.Archive{Owner: true, Group: true, HardLinks: true, Xattrs: true}}}
+	s := &session{Session: new(initiator.Session), lister: tree, cfg: initiator.Config{Logger: logTo(&logs), Archive: local.Archive{Owner: true, Group: true, HardLinks: true, Xattrs: true}}}
 	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	dst := filepath.Join(t.TempDir(), "dest")
-	tr, err := s.GetTree(context.Background(), "x/d", dst, TreeOptions{Contents: true})
+	tr, err := s.getTree(context.Background(), "x/d", dst, Options{Contents: true})
 	if err != nil || tr.Failed != 0 || tr.OK != 4 {
 		t.Fatalf("%v %+v", err, tr)
 	}
@@ -108,14 +109,14 @@ func TestTreeMetaOldTarget(t *testing.T) {
 // Files of one inode on the target: the first is copied, the rest are
 // noted as links to it; a different inode, or nlink 1, is not.
 func TestTreeMetaTakeLinks(t *testing.T) {
-	s := &Session{cfg: Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s := &session{Session: new(initiator.Session), cfg: initiator.Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
 	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	m := newTreeMeta(s)
-	file := func(rel string, ino uint64, nlink uint32) item {
-		return item{rel: rel, entry: protocol.Entry{Type: protocol.FileRegular, Name: filepath.Base(rel), Meta: &protocol.Meta{Dev: 1, Ino: ino, Nlink: nlink}}}
+	file := func(rel string, ino uint64, nlink uint32) initiator.Item {
+		return initiator.Item{Rel: rel, Entry: protocol.Entry{Type: protocol.FileRegular, Name: filepath.Base(rel), Meta: &protocol.Meta{Dev: 1, Ino: ino, Nlink: nlink}}}
 	}
 	for _, c := range []struct {
-		it   item
+		it   initiator.Item
 		link bool
 	}{
 		{file("a", 10, 3), false},
@@ -126,7 +127,7 @@ func TestTreeMetaTakeLinks(t *testing.T) {
 		{file("g", 12, 1), false}, // nlink 1: the same inode twice is not a link
 	} {
 		if got := m.take(c.it); got != c.link {
-			t.Errorf("%s: linked %v, want %v", c.it.rel, got, c.link)
+			t.Errorf("%s: linked %v, want %v", c.it.Rel, got, c.link)
 		}
 	}
 	if len(m.links) != 2 || m.links[0].to != "a" || m.links[1].rel != "d/e" {
@@ -149,7 +150,7 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer root.Close()
-	s := &Session{cfg: Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
+	s := &session{Session: new(initiator.Session), cfg: initiator.Config{Archive: local.Archive{HardLinks: true}, Logger: slog.New(slog.DiscardHandler)}}
 	s.meta = &local.Metadata{Archive: s.cfg.Archive, Log: s.cfg.Logger}
 	m := newTreeMeta(s)
 	m.links = []hardLink{{rel: "b", to: "a"}, {rel: "old", to: "a"}, {rel: "c", to: "gone"}}

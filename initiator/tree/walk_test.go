@@ -1,4 +1,4 @@
-package initiator_test
+package tree_test
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/initiator/internal/rig"
+	"github.com/rdmacp/rdmacp/initiator/tree"
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
 )
@@ -48,7 +50,7 @@ func (l *logBuffer) walked(t *testing.T, want bool) {
 	}
 }
 
-func dialLogged(t *testing.T, e *env) (*initiator.Session, *logBuffer) {
+func dialLogged(t *testing.T, e *rig.Env) (*initiator.Session, *logBuffer) {
 	t.Helper()
 	log := &logBuffer{}
 	s := e.Dial(t, func(c *initiator.Config) {
@@ -63,25 +65,25 @@ func dialLogged(t *testing.T, e *env) (*initiator.Session, *logBuffer) {
 func TestGetTreeTightBudget(t *testing.T) {
 	for _, tp := range treePaths {
 		t.Run(tp.name, func(t *testing.T) {
-			e := startTarget(t, func(c *target.Config) {
+			e := rig.Start(t, func(c *target.Config) {
 				c.MaxWindow, c.WindowBudget = 256<<10, 256<<10
 			})
 			src := filepath.Join(e.Dir, "t")
 			files := smallTree(t, src, 400) // about 1 MiB of small files
 			s, log := dialLogged(t, e)
 			if tp.noWalk {
-				initiator.ListTrees(s)
+				tree.ListTrees(s)
 			}
 			// Much less than the minute a walk waits for the budget.
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			out := t.TempDir()
-			tr, err := s.GetTree(ctx, "data/t", out, initiator.TreeOptions{})
+			tr, err := tree.Get(ctx, s, "data/t", out, tree.Options{})
 			if err != nil || tr.Failed != 0 {
 				t.Fatalf("%v %+v", err, tr)
 			}
 			checkTree(t, src, filepath.Join(out, "t"), files)
-			if packs := initiator.PacksOf(s); packs < 4 {
+			if packs := s.Packs(); packs < 4 {
 				t.Errorf("%d windows of packed files for about 1 MiB: the budget was not tight", packs)
 			}
 			log.walked(t, !tp.noWalk)
@@ -95,12 +97,12 @@ func TestGetTreeUnreadable(t *testing.T) {
 	if os.Geteuid() == 0 {
 		t.Skip("root reads every file")
 	}
-	e := startTarget(t, nil)
+	e := rig.Start(t, nil)
 	src := filepath.Join(e.Dir, "t")
 	want := map[string][]byte{}
 	for _, rel := range []string{"a", "locked/secret", "locked/sub/deeper", "nope", "z/f"} {
 		os.MkdirAll(filepath.Join(src, filepath.Dir(rel)), 0o755)
-		want[rel] = randomFile(t, filepath.Join(src, rel), 100)
+		want[rel] = rig.RandomFile(t, filepath.Join(src, rel), 100)
 	}
 	for _, p := range []string{"locked", "nope"} {
 		os.Chmod(filepath.Join(src, p), 0)
@@ -108,13 +110,13 @@ func TestGetTreeUnreadable(t *testing.T) {
 	}
 	s := e.Dial(t, nil)
 	out := t.TempDir()
-	tr, err := s.GetTree(context.Background(), "data/t", out, initiator.TreeOptions{})
+	tr, err := tree.Get(context.Background(), s, "data/t", out, tree.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	failed := map[string]bool{}
 	for _, fr := range tr.Files {
-		if fr.Status == initiator.StatusFailed {
+		if fr.Status == tree.StatusFailed {
 			failed[fr.Path] = true
 			var pe *protocol.Error
 			if !errors.As(fr.Err, &pe) || pe.Code != protocol.CodePermission {

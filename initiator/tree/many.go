@@ -1,4 +1,4 @@
-package initiator
+package tree
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/local"
 
 	"golang.org/x/sys/unix"
@@ -35,18 +36,22 @@ const (
 // destination, made durable with the rest of its run (one syncfs per file
 // system) and renamed into place; fn is told each one's outcome (its Path
 // is the destination). A job Pack will not take (larger than the target's
-// window, not a regular file, or every job, for a target without Pack),
-// or whose destination is something else, is handed to one, in its
-// place: one copies it the usual way (Get, GetTree) and returns an error
-// only if that stops the manifest. GetMany returns such an error, or one
+// window, not a regular file), or whose destination is something else,
+// is handed to one, in its place: one copies it the usual way
+// (Session.Get, or Get for a tree) and returns an error only if that
+// stops the manifest. GetMany returns such an error, or one
 // that stops every job (the connection, an interrupt).
-func (s *Session) GetMany(ctx context.Context, jobs []FileJob, fn func(i int, fr FileResult), one func(i int) error) error {
+func GetMany(ctx context.Context, s *initiator.Session, jobs []FileJob, fn func(i int, fr FileResult), one func(i int) error) error {
+	return newSession(s).getMany(ctx, jobs, fn, one)
+}
+
+func (s *session) getMany(ctx context.Context, jobs []FileJob, fn func(i int, fr FileResult), one func(i int) error) error {
 	run := manyFirst
 	for i := 0; i < len(jobs); {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !newOrRegular(DestPath(jobs[i].Src, jobs[i].Dst)) {
+		if !newOrRegular(initiator.DestPath(jobs[i].Src, jobs[i].Dst)) {
 			if err := one(i); err != nil {
 				return err
 			}
@@ -63,14 +68,14 @@ func (s *Session) GetMany(ctx context.Context, jobs []FileJob, fn func(i int, fr
 		for j := i + 1; j < len(jobs) && len(paths) < run; j++ {
 			p := jobs[j].Src
 			size += protocol.PackSize([]string{p}) - protocol.PackSize(nil)
-			if x, _, _ := strings.Cut(p, "/"); x != export || size > protocol.MaxMessage || !newOrRegular(DestPath(p, jobs[j].Dst)) {
+			if x, _, _ := strings.Cut(p, "/"); x != export || size > protocol.MaxMessage || !newOrRegular(initiator.DestPath(p, jobs[j].Dst)) {
 				break
 			}
 			paths = append(paths, p)
 		}
 		done, refused, err := s.packRun(ctx, jobs[i:i+len(paths)], paths, func(k int, fr FileResult) { fn(i+k, fr) })
 		switch {
-		case err != nil && (ctx.Err() != nil || errors.Is(err, ErrConnect)):
+		case err != nil && (ctx.Err() != nil || errors.Is(err, initiator.ErrConnect)):
 			return err
 		case err != nil: // the target would not pack this run: its first job goes alone
 			s.cfg.Logger.Warn("pack failed; copying a file on its own", "file", jobs[i].Src, "err", err)
@@ -101,29 +106,29 @@ func newOrRegular(dst string) bool {
 // the files it packed, telling fn each one's outcome by its index in jobs,
 // up to the first the target would not pack (refused; it is left
 // undone) or the end of its answer. It returns how many jobs it did.
-func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, fn func(k int, fr FileResult)) (done int, refused bool, err error) {
-	r, gens, err := s.packCall(ctx, &protocol.Pack{Algorithm: uint8(s.cfg.Algorithm), Paths: paths})
+func (s *session) packRun(ctx context.Context, jobs []FileJob, paths []string, fn func(k int, fr FileResult)) (done int, refused bool, err error) {
+	r, gens, err := s.PackCall(ctx, &protocol.Pack{Algorithm: uint8(s.cfg.Algorithm), Paths: paths})
 	if err != nil {
 		return 0, false, err
 	}
-	defer s.closeHandle(ctx, r.Handle)
+	defer s.CloseHandle(ctx, r.Handle)
 	dirs := destDirs{}
 	defer dirs.close()
 	var results []FileResult // in order, with put's files placed first
 	var put []placed
-	err = s.readPack(ctx, r, gens, func(files []packedFile) error {
+	err = s.ReadPack(ctx, r, gens, func(files []initiator.PackedFile) error {
 		for k, f := range files {
 			var pe *protocol.Error
-			if errors.As(f.err, &pe) && (pe.Code == protocol.CodeTooMany || pe.Code == protocol.CodeUnsupported) {
+			if errors.As(f.Err, &pe) && (pe.Code == protocol.CodeTooMany || pe.Code == protocol.CodeUnsupported) {
 				refused = true // too large, or not a file: one by one
 				break
 			}
-			dst := DestPath(jobs[k].Src, jobs[k].Dst)
+			dst := initiator.DestPath(jobs[k].Src, jobs[k].Dst)
 			fr := FileResult{Path: dst, Type: protocol.FileRegular, Status: StatusFailed}
 			results = append(results, fr)
 			res := &results[len(results)-1]
-			if f.err != nil {
-				res.Err = fmt.Errorf("%s: %w", jobs[k].Src, f.err)
+			if f.Err != nil {
+				res.Err = fmt.Errorf("%s: %w", jobs[k].Src, f.Err)
 				continue
 			}
 			d, err := dirs.open(filepath.Dir(dst))
@@ -132,14 +137,14 @@ func (s *Session) packRun(ctx context.Context, jobs []FileJob, paths []string, f
 				continue
 			}
 			name := filepath.Base(local.TempName(dst))
-			if err := writeSmall(d, name, f.entry, f.data); err != nil {
+			if err := writeSmall(d, name, f.Entry, f.Data); err != nil {
 				res.Err = fmt.Errorf("%s: %s: %w", jobs[k].Src, dst, err)
 				continue
 			}
-			n := int64(len(f.data))
+			n := int64(len(f.Data))
 			res.Status, res.Bytes, res.BytesRead = StatusOK, n, n
-			res.Digest = chunker.FormatDigest(s.cfg.Algorithm, f.digest)
-			put = append(put, placed{job: len(results) - 1, dir: d, tmp: name, name: filepath.Base(dst), entry: f.entry})
+			res.Digest = chunker.FormatDigest(s.cfg.Algorithm, f.Digest)
+			put = append(put, placed{job: len(results) - 1, dir: d, tmp: name, name: filepath.Base(dst), entry: f.Entry})
 		}
 		return nil
 	})
@@ -175,11 +180,11 @@ type placed struct {
 }
 
 // packedMeta gives a packed file, in place, what -a's parts keep.
-func (s *Session) packedMeta(p placed) error {
+func (s *session) packedMeta(p placed) error {
 	if a := s.cfg.Archive; !a.Perms && !a.NeedsMeta() {
 		return nil
 	}
-	return s.Metadata().Set(p.dir, p.name, p.entry)
+	return s.meta.Set(p.dir, p.name, p.entry)
 }
 
 // destDirs are the directories a run of packed files lands in, each
