@@ -219,19 +219,70 @@ func exportsOf(c *cli.Context, file serveFile) ([]target.Export, error) {
 }
 
 func runServe(c *cli.Context) error {
+	sc, err := serveConfig(c)
+	if err != nil {
+		return err
+	}
+	log := sc.cfg.Logger
+	if len(sc.secret) == 0 {
+		log.Warn("no secret configured: listening on loopback only, and any local user can read the exports")
+	}
+	sd, err := openServe(c, sc)
+	if err != nil {
+		return err
+	}
+	cfg := sc.cfg
+	cfg.Device, cfg.DataAddrs, cfg.Digests = sd.devs[0], target.DataAddrs(sd.lns), sd.store
+	srv, err := target.New(cfg)
+	if err != nil {
+		sd.close()
+		return usageError{err}
+	}
+	metrics, err := listenMetrics(c.String("metrics-listen"))
+	if err != nil {
+		sd.close()
+		return err
+	}
+	defer closeWithin(closeTimeout, log, sd.ln.Close, func() error { closeAll(sd.devs); return nil })
+	if metrics != nil {
+		go serveMetrics(c.Context, metrics, srv.Registry(), log)
+	}
+	log.Info("serving", "addr", strings.Join(addrsOf(sd.lns), ","), "transport", sd.why, "exports", exportsText(cfg.Exports), "auth", len(sc.secret) > 0)
+	go reloadOnHUP(c, srv, log)
+	// digestStore gives --prehash a DirStore or an error.
+	if dir, ok := sd.store.(*chunker.DirStore); ok && c.Bool("prehash") {
+		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
+		go prehash(c.Context, log, dir, max, cfg.Algorithm, cfg.ChunkSize, cfg.Exports)
+	}
+	err = srv.Serve(c.Context, sd.ln)
+	log.Info("stopped")
+	return err
+}
+
+// serveSetup is what serve's flags and --config say, before anything is
+// opened: the target's policy, exports, keys and logger, the secret and
+// where to listen.
+type serveSetup struct {
+	cfg     target.Config
+	secret  []byte // a keys file counts as one, for the listen checks
+	listens []string
+}
+
+// serveConfig reads serve's flags and --config into a serveSetup.
+func serveConfig(c *cli.Context) (*serveSetup, error) {
 	if c.NArg() != 0 {
-		return usagef("serve takes no arguments, got %q: exports are --export NAME=PATH", c.Args().First())
+		return nil, usagef("serve takes no arguments, got %q: exports are --export NAME=PATH", c.Args().First())
 	}
 	file, err := readServeFile(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := applyConfigKeys(c); err != nil {
-		return err
+		return nil, err
 	}
 	exports, err := exportsOf(c, file)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if file.SecretFile != "" && !c.IsSet("secret-file") {
 		c.Set("secret-file", file.SecretFile)
@@ -241,85 +292,76 @@ func runServe(c *cli.Context) error {
 	}
 	secret, err := serveSecret(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	keys, err := serveKeys(c, secret)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if keys != nil && len(secret) == 0 {
 		secret = []byte("keys") // for the listen checks below: a keys file is a secret too; Config.Keys wins
 	}
 	cfg, err := servePolicy(c, file)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	level := c.String("log-level")
 	if quiet(c) && !c.IsSet("log-level") {
 		level = "warn"
 	}
-	log, err := newLogger(c.String("log-format"), level)
-	if err != nil {
-		return err
+	if cfg.Logger, err = newLogger(c.String("log-format"), level); err != nil {
+		return nil, err
 	}
 	listens, err := serveListens(c, secret)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if len(secret) == 0 {
-		log.Warn("no secret configured: listening on loopback only, and any local user can read the exports")
-	}
+	cfg.Exports, cfg.Keys = exports, keys
+	return &serveSetup{cfg: cfg, secret: secret, listens: listens}, nil
+}
+
+// serveOpened is what serve opened: its devices (the transport's first),
+// their listeners, and the digest store.
+type serveOpened struct {
+	devs  []verbs.Device
+	lns   []verbs.Listener
+	ln    verbs.Listener // all of lns
+	store chunker.Store
+	why   string // the transport line
+}
+
+// openServe opens the transport, its further devices, the digest store
+// and the listeners.
+func openServe(c *cli.Context, sc *serveSetup) (*serveOpened, error) {
 	dev, why, err := openTransport(c.Context, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	more, err := openMore(c, dev)
 	if err != nil {
 		dev.Close()
-		return err
+		return nil, err
 	}
-	store, err := digestStore(c, log)
+	store, err := digestStore(c, sc.cfg.Logger)
 	if err != nil {
 		closeAll(append(more, dev))
-		return err
+		return nil, err
 	}
-	lns, devs, err := serveDevices(c.Context, c, append([]verbs.Device{dev}, more...), listens)
+	lns, devs, err := serveDevices(c.Context, c, append([]verbs.Device{dev}, more...), sc.listens)
 	if err != nil {
 		dev.Close()
-		return err
+		return nil, err
 	}
 	if len(devs) > 1 {
 		why += "; devices " + strings.Join(deviceNamesOf(devs), ",")
 	}
-	closeDevs := func() error { closeAll(devs); return nil }
-	ln := target.Listeners(lns...)
-	cfg.Device, cfg.Exports, cfg.Keys, cfg.DataAddrs, cfg.Digests, cfg.Logger = dev, exports, keys, target.DataAddrs(lns), store, log
-	srv, err := target.New(cfg)
-	if err != nil {
-		ln.Close()
-		closeDevs()
-		return usageError{err}
-	}
-	metrics, err := listenMetrics(c.String("metrics-listen"))
-	if err != nil {
-		ln.Close()
-		closeDevs()
-		return err
-	}
-	defer closeWithin(closeTimeout, log, ln.Close, closeDevs)
-	if metrics != nil {
-		go serveMetrics(c.Context, metrics, srv.Registry(), log)
-	}
-	log.Info("serving", "addr", strings.Join(addrsOf(lns), ","), "transport", why, "exports", exportsText(exports), "auth", len(secret) > 0)
-	go reloadOnHUP(c, srv, log)
-	// digestStore gives --prehash a DirStore or an error.
-	if dir, ok := store.(*chunker.DirStore); ok && c.Bool("prehash") {
-		max, _ := parseSize(c.String("max-state-size")) // digestStore checked it
-		go prehash(c.Context, log, dir, max, cfg.Algorithm, cfg.ChunkSize, exports)
-	}
-	err = srv.Serve(c.Context, ln)
-	log.Info("stopped")
-	return err
+	return &serveOpened{devs: devs, lns: lns, ln: target.Listeners(lns...), store: store, why: why}, nil
+}
+
+// close closes the listeners and the devices.
+func (sd *serveOpened) close() {
+	sd.ln.Close()
+	closeAll(sd.devs)
 }
 
 // servePolicy reads the numbers and choices of a target.Config from the
