@@ -44,19 +44,11 @@ func (c *treeCopy) settle(final bool) error {
 	waiting := c.waiting
 	c.waiting = nil
 	c.mu.Unlock()
-	root, dr := c.root, c.sdr
-	if dr.final { // symlinks straight at their names too
-		for i := range waiting {
-			if p := &waiting[i]; !p.placed {
-				if err := root.Symlink(p.link, p.rel); err != nil {
-					p.res.Status, p.res.Err = StatusFailed, err
-				}
-				p.placed = true
-			}
-		}
+	if c.sdr.final { // symlinks straight at their names too
+		c.linkFinal(waiting)
 	}
 	if len(waiting) > 0 {
-		if err := syncRoot(root); err != nil {
+		if err := syncRoot(c.root); err != nil {
 			c.mu.Lock()
 			c.waiting = append(waiting, c.waiting...) // removed on the way out
 			c.mu.Unlock()
@@ -65,52 +57,87 @@ func (c *treeCopy) settle(final bool) error {
 	}
 	touched := map[string]bool{}
 	for i := range waiting {
-		p := &waiting[i]
-		if p.placed {
-			continue
+		if p := &waiting[i]; !p.placed {
+			c.rename(p)
+			touched[path.Dir(p.rel)] = true
 		}
-		if p.tmp == "" {
-			tmp := local.TempName(p.rel)
-			if err := root.Symlink(p.link, tmp); err != nil {
-				p.res.Status, p.res.Err = StatusFailed, err
-				continue
-			}
-			p.tmp = tmp
-		}
-		// A temporary file is in the directory of its destination.
-		err := fmt.Errorf("%s: no directory", p.rel)
-		if d, base, derr := dr.in(p.rel); derr == nil {
-			err = d.Rename(path.Base(p.tmp), base)
-			if err != nil {
-				switch werr := local.MakeWay(d, base, c.opt.Delete); {
-				case werr == nil:
-					err = d.Rename(path.Base(p.tmp), base)
-				case errors.Is(werr, local.ErrInTheWay):
-					err = fmt.Errorf("%w: not replaced without --delete (rsync needs --delete or --force too)", werr)
-				}
-			}
-			if err != nil {
-				d.Remove(path.Base(p.tmp))
-			}
-			if p.rs != nil {
-				p.rs.Finished()
-			}
-		}
-		if err != nil {
-			root.Remove(p.tmp)
-			p.res.Status, p.res.Err = StatusFailed, err
-		}
-		p.tmp = ""
-		touched[path.Dir(p.rel)] = true
 	}
 	for d := range touched {
-		if f, err := root.Open(d); err == nil {
+		if f, err := c.root.Open(d); err == nil {
 			f.Sync()
 			f.Close()
 		}
 	}
-	dr.trim()
-	done := c.meta.placed(root, waiting, final) // the hard links' results
+	c.sdr.trim()
+	if err := c.settled(waiting, final); err != nil {
+		return err
+	}
+	// The next batch waits in this one's slice: growing a new one to
+	// settleEvery entries each time was a tenth of a small-files copy's
+	// allocation (BenchmarkTreeSmallFiles -memprofile).
+	clear(waiting)
+	c.mu.Lock()
+	if c.waiting == nil {
+		c.waiting = waiting[:0]
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// linkFinal makes the symlinks of a staged tree at their own names.
+func (c *treeCopy) linkFinal(waiting []pending) {
+	for i := range waiting {
+		if p := &waiting[i]; !p.placed {
+			if err := c.root.Symlink(p.link, p.rel); err != nil {
+				p.res.Status, p.res.Err = StatusFailed, err
+			}
+			p.placed = true
+		}
+	}
+}
+
+// rename puts p, synced, at its name: its temporary file, or a symlink
+// made now under a temporary name. What is in the way goes only with
+// --delete, as rsync's.
+func (c *treeCopy) rename(p *pending) {
+	if p.tmp == "" {
+		tmp := local.TempName(p.rel)
+		if err := c.root.Symlink(p.link, tmp); err != nil {
+			p.res.Status, p.res.Err = StatusFailed, err
+			return
+		}
+		p.tmp = tmp
+	}
+	// A temporary file is in the directory of its destination.
+	err := fmt.Errorf("%s: no directory", p.rel)
+	if d, base, derr := c.sdr.in(p.rel); derr == nil {
+		err = d.Rename(path.Base(p.tmp), base)
+		if err != nil {
+			switch werr := local.MakeWay(d, base, c.opt.Delete); {
+			case werr == nil:
+				err = d.Rename(path.Base(p.tmp), base)
+			case errors.Is(werr, local.ErrInTheWay):
+				err = fmt.Errorf("%w: not replaced without --delete (rsync needs --delete or --force too)", werr)
+			}
+		}
+		if err != nil {
+			d.Remove(path.Base(p.tmp))
+		}
+		if p.rs != nil {
+			p.rs.Finished()
+		}
+	}
+	if err != nil {
+		c.root.Remove(p.tmp)
+		p.res.Status, p.res.Err = StatusFailed, err
+	}
+	p.tmp = ""
+}
+
+// settled journals and reports a batch put in place, and the hard links
+// made with it.
+func (c *treeCopy) settled(waiting []pending, final bool) error {
+	done := c.meta.placed(c.root, waiting, final) // the hard links' results
 	for _, p := range waiting {
 		if p.res.Status == StatusOK && p.res.Type == protocol.FileRegular {
 			c.jn.Add(p.rel, uint64(p.res.Bytes), p.mtime)
@@ -125,15 +152,6 @@ func (c *treeCopy) settle(final bool) error {
 	for _, fr := range done {
 		c.report(fr)
 	}
-	// The next batch waits in this one's slice: growing a new one to
-	// settleEvery entries each time was a tenth of a small-files copy's
-	// allocation (BenchmarkTreeSmallFiles -memprofile).
-	clear(waiting)
-	c.mu.Lock()
-	if c.waiting == nil {
-		c.waiting = waiting[:0]
-	}
-	c.mu.Unlock()
 	return nil
 }
 
