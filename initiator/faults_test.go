@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/initiator"
+	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
 	"github.com/rdmacp/rdmacp/verbs"
 	"github.com/rdmacp/rdmacp/verbs/faulty"
@@ -402,6 +403,48 @@ func TestSessionGoesOnAfterFailedCopy(t *testing.T) {
 		}
 		if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
 			t.Fatalf("%s differs", name)
+		}
+	}
+}
+
+// A packed file whose READ comes in corrupted is read again, in place,
+// by the rule every chunk follows (--retries); with no retries it fails
+// alone, as ErrVerify, and the pack's other files still arrive.
+func TestCorruptPackedFileIsReread(t *testing.T) {
+	for _, retries := range []int{3, initiator.NoRetries} {
+		e, inj := faultyEnv(t)
+		want := map[string][]byte{}
+		var paths []string
+		for i := range 8 {
+			name := fmt.Sprintf("f%d", i)
+			want["data/"+name] = randomFile(t, filepath.Join(e.Dir, name), 3000+i)
+			paths = append(paths, "data/"+name)
+		}
+		s := e.Dial(t, func(c *initiator.Config) { c.ReadSize = 4096; c.Retries = retries })
+		inj.CorruptReads(1, nil)
+		good, bad := 0, 0
+		err := initiator.GetPacked(s, context.Background(), paths, func(i int, en protocol.Entry, data []byte, err error) error {
+			switch {
+			case err == nil && bytes.Equal(data, want[paths[i]]):
+				good++
+			case errors.Is(err, initiator.ErrVerify) && strings.Contains(err.Error(), "digest 1 times"):
+				bad++
+			default:
+				t.Errorf("retries %d: %s: %d bytes, %v", retries, paths[i], len(data), err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("retries %d: %v", retries, err)
+		}
+		if got := inj.Stats().CorruptedReads; got != 1 {
+			t.Fatalf("retries %d: injected %d corruptions, want 1", retries, got)
+		}
+		if retries > 0 && (good != 8 || bad != 0) {
+			t.Errorf("retries %d: %d good, %d failed; want every file read again until good", retries, good, bad)
+		}
+		if retries < 0 && (bad == 0 || good+bad != 8) {
+			t.Errorf("no retries: %d good, %d failed; want the corrupted file(s) failed and the rest good", good, bad)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package initiator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/rdmacp/rdmacp/chunker"
@@ -162,17 +161,23 @@ func (s *Session) ReadPack(ctx context.Context, r *protocol.PackReply, gens []ui
 		}
 	}
 	files := make([]PackedFile, len(r.Files))
+	packed := make([]*protocol.PackedFile, len(r.Files)) // nil: not packed
 	for k := range r.Files {
 		f := &r.Files[k]
 		if f.Code != 0 {
 			files[k] = PackedFile{Entry: f.Entry, Err: &protocol.Error{Code: f.Code, Message: f.Message}}
 			continue
 		}
-		data, err := s.verifyPacked(ctx, r.Window, gens, buf, f)
-		if err != nil && !errors.Is(err, ErrVerify) {
-			return err
+		packed[k] = f
+	}
+	errs, err := s.checkPacked(ctx, r.Window, gens, buf, packed)
+	if err != nil {
+		return err
+	}
+	for k, f := range packed {
+		if f != nil {
+			files[k] = PackedFile{Entry: f.Entry, Data: packedData(buf, f), Digest: f.Digest, Err: errs[k]}
 		}
-		files[k] = PackedFile{Entry: f.Entry, Data: data, Digest: f.Digest, Err: err}
 	}
 	return fn(files)
 }
@@ -191,23 +196,77 @@ func (s *Session) readWindow(ctx context.Context, w protocol.Window, gens []uint
 	return b[:n], nil
 }
 
-// verifyPacked checks packed file f, whose bytes window w put in buf,
-// against its digest, reading it again (--retries) while it fails. An
-// error wrapping ErrVerify is the file's own; any other stops everything.
-func (s *Session) verifyPacked(ctx context.Context, w protocol.Window, gens []uint32, buf []byte, f *protocol.PackedFile) ([]byte, error) {
+// packedData is packed file f's bytes in buf, its window's.
+func packedData(buf []byte, f *protocol.PackedFile) []byte {
+	return buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
+}
+
+// checkPacked checks the packed files of window w (nil: not packed),
+// whose bytes readWindow READ into buf, against their digests, and READs
+// each that fails again, in place, by the rule every chunk follows: its
+// group of READs queued again (reads.Engine.Retry), up to --retries
+// times. errs[i], an ErrVerify, is file i's failure; err, anything else,
+// stops everything.
+func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uint32, buf []byte, files []*protocol.PackedFile) (errs []error, err error) {
 	alg := s.cfg.Algorithm
-	data := buf[f.Offset : f.Offset+f.Entry.Size : f.Offset+f.Entry.Size]
-	for try := 0; alg.Size() > 0 && !chunker.Equal(chunker.Sum(alg, data), f.Digest); try++ {
-		if try >= max(s.cfg.Retries, 0) || len(data) == 0 {
-			return nil, fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, f.Entry.Name, alg, try+1)
-		}
-		s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", try+1)
-		// The MR is gone: read again through a fresh one.
-		if err := s.reread(ctx, w, gens, f.Offset, data); err != nil {
-			return nil, err
-		}
+	errs = make([]error, len(files))
+	if alg.Size() == 0 {
+		return errs, nil
 	}
-	return data, nil
+	retries := max(s.cfg.Retries, 0)
+	good := func(f *protocol.PackedFile) bool {
+		return chunker.Equal(chunker.Sum(alg, packedData(buf, f)), f.Digest)
+	}
+	failed := func(g *reads.Group) {
+		errs[g.Tag] = fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, files[g.Tag].Entry.Name, alg, g.Tries)
+	}
+	warn := func(g *reads.Group) {
+		s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", files[g.Tag].Entry.Name, "try", g.Tries)
+	}
+	var again []*reads.Group
+	for i, f := range files {
+		if f == nil || good(f) {
+			continue
+		}
+		g := &reads.Group{Tag: i, Tries: 1} // the READ into buf failed once
+		if retries == 0 || f.Entry.Size == 0 {
+			failed(g)
+			continue
+		}
+		warn(g)
+		again = append(again, g)
+	}
+	if len(again) == 0 {
+		return errs, nil
+	}
+	var eng *reads.Engine
+	eng, err = s.engine(ctx, reads.Config{GroupDone: func(g *reads.Group) {
+		switch {
+		case good(files[g.Tag]):
+		case eng.Retry(g, retries) != nil:
+			failed(g)
+		default:
+			warn(g)
+		}
+	}})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		s.endEngine(ctx, eng, err)
+		s.bytesRead.Add(eng.BytesRead())
+	}()
+	for _, g := range again {
+		f := files[g.Tag]
+		eng.AddGroup(g, s.rangePieces(s.packMR, w, gens, f.Offset, f.Entry.Size))
+	}
+	if err := eng.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: reading packed files again: %w", ErrConnect, err)
+	}
+	return errs, nil
 }
 
 // packSink returns registered memory of at least n bytes to READ a pack
@@ -239,24 +298,7 @@ func (s *Session) freePackSink() {
 	}
 }
 
-// reread READs window bytes [off, off+len(dst)) again into dst.
-func (s *Session) reread(ctx context.Context, w protocol.Window, gens []uint32, off uint64, dst []byte) error {
-	b, err := verbs.AllocBuffer(len(dst))
-	if err != nil {
-		return err
-	}
-	defer b.Free()
-	mr, err := s.regMR(b.Bytes(), verbs.AccessLocalWrite)
-	if err != nil {
-		return err
-	}
-	err = s.readRange(ctx, mr, w, gens, off, uint64(len(dst)))
-	mr.Close()
-	copy(dst, b.Bytes())
-	return err
-}
-
-// readRange READs window bytes [off, off+n) into mr, from its start,
+// readRange READs window bytes [off, off+n) into mr at the same offset,
 // striped over the data QPs by the READ engine. gens are the QP
 // generations from before the window was asked for.
 func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window, gens []uint32, off, n uint64) (err error) {
@@ -268,12 +310,7 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		s.endEngine(ctx, eng, err)
 		s.bytesRead.Add(eng.BytesRead())
 	}()
-	keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
-	rs := uint64(min(s.cfg.ReadSize, int(min(s.maxMsgSize(), 1<<30))))
-	for po := uint64(0); po < n; po += rs {
-		eng.Add(reads.Piece{Local: verbs.SGE{Addr: mr.Addr() + po, Length: uint32(min(rs, n-po)), LKey: mr.LKey()},
-			LKeys: lkeys(mr), Remote: w.Addr + off + po, Keys: keys})
-	}
+	eng.Add(s.rangePieces(mr, w, gens, off, n)...)
 	if err := eng.Run(ctx); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -281,6 +318,19 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		return fmt.Errorf("%w: reading packed files: %w", ErrConnect, err)
 	}
 	return nil
+}
+
+// rangePieces are the READs of window bytes [off, off+n) into mr at the
+// same offset.
+func (s *Session) rangePieces(mr verbs.MR, w protocol.Window, gens []uint32, off, n uint64) []reads.Piece {
+	keys := &reads.Keys{RKeys: w.RKeys, Gens: gens}
+	rs := uint64(min(s.cfg.ReadSize, int(min(s.maxMsgSize(), 1<<30))))
+	var ps []reads.Piece
+	for po := off; po < off+n; po += rs {
+		ps = append(ps, reads.Piece{Local: verbs.SGE{Addr: mr.Addr() + po, Length: uint32(min(rs, off+n-po)), LKey: mr.LKey()},
+			LKeys: lkeys(mr), Remote: w.Addr + po, Keys: keys})
+	}
+	return ps
 }
 
 // packMaxBytes is where packing stops paying. A file copied with Open

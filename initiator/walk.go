@@ -100,18 +100,8 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 				return err
 			}
 		}
-		for i := range ents {
-			w := &ents[i]
-			if !w.Packed {
-				continue
-			}
-			f := &b.Entries[i]
-			w.Digest = f.Digest
-			w.Data, w.Item.Err = s.verifyPacked(ctx, b.Window, gens, buf, &f.PackedFile)
-			if w.Item.Err != nil && !errors.Is(w.Item.Err, ErrVerify) {
-				return w.Item.Err
-			}
-			w.Packed = w.Item.Err == nil
+		if err := s.checkBatch(ctx, b, gens, buf, ents); err != nil {
+			return err
 		}
 		if err := fn(ents); err != nil {
 			return err
@@ -134,6 +124,32 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 		}
 		b, gens = a.b, a.gens
 	}
+}
+
+// checkBatch verifies the packed files of batch b, whose window's bytes
+// are in buf, and gives ents their bytes, or their failure.
+func (s *Session) checkBatch(ctx context.Context, b *protocol.WalkBatch, gens []uint32, buf []byte, ents []Walked) error {
+	packed := make([]*protocol.PackedFile, len(ents))
+	for i := range ents {
+		if ents[i].Packed {
+			packed[i] = &b.Entries[i].PackedFile
+		}
+	}
+	errs, err := s.checkPacked(ctx, b.Window, gens, buf, packed)
+	if err != nil {
+		return err
+	}
+	for i, f := range packed {
+		if f == nil {
+			continue
+		}
+		w := &ents[i]
+		w.Digest, w.Item.Err = f.Digest, errs[i]
+		if w.Packed = errs[i] == nil; w.Packed {
+			w.Data = packedData(buf, f)
+		}
+	}
+	return nil
 }
 
 // walkTrack follows a walk's directories across its batches, to give
