@@ -62,7 +62,7 @@ type GetOptions struct {
 	DryRun bool
 	// Sparse (rsync's -S) turns runs of zero blocks in the data into
 	// holes at the destination too, not only the source's holes: on a
-	// block device only where Zero is not ZeroWrite (sparse.go).
+	// block device only where Zero is not ZeroWrite (local/sparse.go).
 	Sparse bool
 	// Zero is how zeros land on a block device DEST (--zero).
 	Zero local.ZeroMode
@@ -156,10 +156,10 @@ func (s *Session) Get(ctx context.Context, src, dst string, opt GetOptions) (*Re
 	return res, nil
 }
 
-// getDest places a single file as rsync does (place.go): it makes DEST/
-// when missing (and the parents, with MkPath) and returns the path the
-// file lands at, and whether it is a device whose bytes are verified and
-// thrown away (/dev/null).
+// getDest places a single file as rsync does (local/place.go): it makes
+// DEST/ when missing (and the parents, with MkPath) and returns the path
+// the file lands at, and whether it is a device whose bytes are verified
+// and thrown away (/dev/null).
 func getDest(src, dst string, opt GetOptions) (string, bool, error) {
 	slash := strings.HasSuffix(dst, "/")
 	if slash {
@@ -223,7 +223,7 @@ func (s *Session) getSpec(ctx context.Context, src, dst string, discard bool, op
 }
 
 // partialLanding opens --partial's temporary for dst, and what a
-// previous run left in it (resume.go).
+// previous run left in it (local/resume.go).
 func (s *Session) partialLanding(ctx context.Context, src, dst string, or *protocol.OpenReply, layout chunker.Layout) (*local.Resumer, error) {
 	dir, err := os.OpenRoot(filepath.Dir(dst))
 	if err != nil {

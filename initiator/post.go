@@ -101,7 +101,7 @@ type win struct {
 
 // verifiers is how many goroutines check and write chunks: buffered
 // writes into the page cache are the slowest step on small VMs, and go
-// faster in parallel; with O_DIRECT (direct.go) it is how many writes
+// faster in parallel; with O_DIRECT (local/direct.go) it is how many writes
 // the disk has in flight.
 var verifiers = 4
 

@@ -61,7 +61,7 @@ func (f *fetch) holeChunk(i int) bool {
 }
 
 // landHole makes source bytes [off, off+n), zeros, so at the
-// destination. The sink decides what that takes (sink.Hole, sparse.go):
+// destination. The sink decides what that takes (local.Sink.Hole):
 // nothing on a fresh file, a punched hole in a kept one, zeros (or
 // --zero's ioctl) on a device.
 func (f *fetch) landHole(off, n int64) error {
