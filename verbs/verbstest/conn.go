@@ -143,7 +143,12 @@ func (e *Env) testReject(t *testing.T) {
 	if !isRej {
 		cancel() // the acceptor may still be waiting
 	}
-	r := <-res
+	var r result
+	select {
+	case r = <-res:
+	case <-time.After(e.Cfg.Timeout + 5*time.Second):
+		t.Fatalf("accept side still blocked %v after its context ended (dial: %v)", e.Cfg.Timeout+5*time.Second, err)
+	}
 	if !isRej {
 		t.Fatalf("Connect to a rejecting listener = %v, want a *verbs.RejectedError (acceptor: %v)", err, r.err)
 	}
