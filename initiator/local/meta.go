@@ -150,7 +150,7 @@ func (md *Metadata) HasMeta(e protocol.Entry) bool {
 		return false
 	}
 	if e.Meta == nil {
-		md.warnOnce("the target does not send owners, hard links or extended attributes (an older rdmacp?): -o, -g, -H, -X and -A do nothing")
+		md.warnOnce("the target does not send owners, hard links or extended attributes although asked for them: -o, -g, -H, -X and -A do nothing for its entries")
 		return false
 	}
 	return true

@@ -83,7 +83,7 @@ func TestTreeMeta(t *testing.T) {
 
 // A target that sends no Meta (an older one) still copies the tree,
 // and the options that need Meta are warned about once.
-func TestTreeMetaOldTarget(t *testing.T) {
+func TestTreeMetaTargetSendsNone(t *testing.T) {
 	tree := metaLister{top: protocol.Entry{Type: protocol.FileDir, Mode: 0o755},
 		fakeLister: fakeLister{"x/d": {
 			{Type: protocol.FileSymlink, Name: "a", Target: "x"},
