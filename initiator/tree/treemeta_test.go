@@ -81,7 +81,7 @@ func TestTreeMeta(t *testing.T) {
 	}
 }
 
-// A target that sends no Meta (an older one) still copies the tree,
+// A target that sends no Meta although asked still copies the tree,
 // and the options that need Meta are warned about once.
 func TestTreeMetaTargetSendsNone(t *testing.T) {
 	tree := metaLister{top: protocol.Entry{Type: protocol.FileDir, Mode: 0o755},
