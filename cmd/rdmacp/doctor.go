@@ -113,40 +113,7 @@ func doctorAddr(s string) (string, error) {
 
 func runDoctor(c *cli.Context) error {
 	ctx := c.Context
-	if c.NArg() > 1 {
-		return usagef("doctor wants at most one HOST[:PORT] argument")
-	}
-	var addr string
-	if c.NArg() == 1 {
-		var err error
-		if addr, err = doctorAddr(c.Args().First()); err != nil {
-			return usageError{err}
-		}
-	}
-	sizes := map[string]int64{}
-	for _, f := range []string{"read-size", "chunk-size", "max-window", "window-budget"} {
-		n, err := parseSize(c.String(f))
-		if err != nil || n <= 0 {
-			return usagef("--%s %q: want a size", f, c.String(f))
-		}
-		sizes[f] = n
-	}
-	timeout, err := parseDuration(c.String("timeout"))
-	if err != nil {
-		return usagef("--timeout %v", err)
-	}
-	contimeout, err := parseDuration(c.String("contimeout"))
-	if err != nil {
-		return usagef("--contimeout %v", err)
-	}
-	if c.Int("qps") < 1 || c.Int("depth") < 1 {
-		return usagef("--qps and --depth must be at least 1")
-	}
-	secret, err := readSecret(c)
-	if err != nil {
-		return err
-	}
-	identity, err := identityOf(c)
+	o, err := doctorFlags(c)
 	if err != nil {
 		return err
 	}
@@ -156,63 +123,124 @@ func runDoctor(c *cli.Context) error {
 	for _, p := range registry().Providers() {
 		providerChecks(ctx, d, p)
 	}
-
 	// What auto (or --transport) picks.
-	dev, why, terr := openTransport(ctx, c)
-	transport := ""
-	var more []verbs.Device // the rest of a -d list
-	if terr != nil {
-		d.report("transport", checkFail, terr.Error(), "pick one that runs here with --transport, or fix what the lines above say")
-	} else {
-		defer dev.Close()
-		transport = dev.Provider()
-		d.report("transport", checkOK, why, "")
-		capsCheck(d, "caps", dev)
-		if detail, ok := roce.Describe(dev); ok {
-			d.report("roce-udp", checkOK, detail, "")
-		}
-		var err error
-		if more, err = openMore(c, dev); err != nil {
-			d.report("devices", checkFail, err.Error(), "list devices that are up (ibv_devices), each once")
-		}
-		for i, m := range more {
+	dev, more := transportChecks(c, d)
+	for _, m := range append(more, dev) {
+		if m != nil {
 			defer m.Close()
-			capsCheck(d, fmt.Sprintf("caps %d", i+2), m)
 		}
 	}
-
-	memlockCheck(d, transport, 1+len(more), c.Int("qps"), c.Int("depth"), sizes["read-size"], sizes["chunk-size"], sizes["max-window"], sizes["window-budget"])
+	transport := ""
+	if dev != nil {
+		transport = dev.Provider()
+	}
+	memlockCheck(d, transport, 1+len(more), c.Int("qps"), c.Int("depth"), o.sizes["read-size"], o.sizes["chunk-size"], o.sizes["max-window"], o.sizes["window-budget"])
 	sysfsChecks(d, sysfsRoot)
 	netdevChecks(d, netRoot)
-
-	// What the chosen device can do.
-	if dev == nil {
-		d.report("file-mr", checkSkip, "no transport to probe with", "")
-		d.report("memory-windows", checkSkip, "no transport to ask", "")
-	} else {
-		fileMRCheck(d, dev, c.String("dir"))
-		for _, m := range more {
-			fileMRCheck(d, m, c.String("dir"))
-		}
-		if dev.Caps().MemoryWindows {
-			d.report("memory-windows", checkOK, "yes: the target binds a type-2 window per data QP, so keys work only on their own QP", "")
-		} else {
-			d.report("memory-windows", checkWarn, "no: a session's data QPs share one rkey per window (still per session)", "a device with type-2 memory windows scopes keys per QP")
-		}
-	}
-
+	deviceChecks(d, dev, more, c.String("dir"))
 	// The target, if one was named.
-	if addr == "" {
+	switch {
+	case o.addr == "":
 		d.report("target", checkSkip, "no HOST given", "rdmacp doctor HOST[:PORT] checks a target too")
-	} else {
-		reachCheck(ctx, d, addr, transport, contimeout)
+	default:
+		reachCheck(ctx, d, o.addr, transport, o.contimeout)
 		if dev == nil {
 			d.report("session", checkSkip, "no transport to dial with", "")
 		} else {
-			sessionCheck(ctx, d, addr, dev, secret, identity, contimeout, timeout)
+			sessionCheck(ctx, d, o.addr, dev, o.secret, o.identity, o.contimeout, o.timeout)
 		}
 	}
+	return d.summary()
+}
 
+// doctorOpts are doctor's argument and flags, checked.
+type doctorOpts struct {
+	addr                string // "": no target to check
+	sizes               map[string]int64
+	timeout, contimeout time.Duration
+	secret              []byte
+	identity            string
+}
+
+func doctorFlags(c *cli.Context) (*doctorOpts, error) {
+	if c.NArg() > 1 {
+		return nil, usagef("doctor wants at most one HOST[:PORT] argument")
+	}
+	o := &doctorOpts{sizes: map[string]int64{}}
+	if c.NArg() == 1 {
+		var err error
+		if o.addr, err = doctorAddr(c.Args().First()); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	for _, f := range []string{"read-size", "chunk-size", "max-window", "window-budget"} {
+		n, err := parseSize(c.String(f))
+		if err != nil || n <= 0 {
+			return nil, usagef("--%s %q: want a size", f, c.String(f))
+		}
+		o.sizes[f] = n
+	}
+	var err error
+	if o.timeout, err = parseDuration(c.String("timeout")); err != nil {
+		return nil, usagef("--timeout %v", err)
+	}
+	if o.contimeout, err = parseDuration(c.String("contimeout")); err != nil {
+		return nil, usagef("--contimeout %v", err)
+	}
+	if c.Int("qps") < 1 || c.Int("depth") < 1 {
+		return nil, usagef("--qps and --depth must be at least 1")
+	}
+	if o.secret, err = readSecret(c); err != nil {
+		return nil, err
+	}
+	if o.identity, err = identityOf(c); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// transportChecks reports what auto (or --transport) picks, and opens it
+// and the rest of a -d list: nil where it could not.
+func transportChecks(c *cli.Context, d *doctor) (verbs.Device, []verbs.Device) {
+	dev, why, err := openTransport(c.Context, c)
+	if err != nil {
+		d.report("transport", checkFail, err.Error(), "pick one that runs here with --transport, or fix what the lines above say")
+		return nil, nil
+	}
+	d.report("transport", checkOK, why, "")
+	capsCheck(d, "caps", dev)
+	if detail, ok := roce.Describe(dev); ok {
+		d.report("roce-udp", checkOK, detail, "")
+	}
+	more, err := openMore(c, dev)
+	if err != nil {
+		d.report("devices", checkFail, err.Error(), "list devices that are up (ibv_devices), each once")
+	}
+	for i, m := range more {
+		capsCheck(d, fmt.Sprintf("caps %d", i+2), m)
+	}
+	return dev, more
+}
+
+// deviceChecks reports what the chosen devices can do.
+func deviceChecks(d *doctor, dev verbs.Device, more []verbs.Device, dir string) {
+	if dev == nil {
+		d.report("file-mr", checkSkip, "no transport to probe with", "")
+		d.report("memory-windows", checkSkip, "no transport to ask", "")
+		return
+	}
+	for _, m := range append([]verbs.Device{dev}, more...) {
+		fileMRCheck(d, m, dir)
+	}
+	if dev.Caps().MemoryWindows {
+		d.report("memory-windows", checkOK, "yes: the target binds a type-2 window per data QP, so keys work only on their own QP", "")
+	} else {
+		d.report("memory-windows", checkWarn, "no: a session's data QPs share one rkey per window (still per session)", "a device with type-2 memory windows scopes keys per QP")
+	}
+}
+
+// summary prints the counts and fails the command if a check failed.
+func (d *doctor) summary() error {
 	if d.json {
 		json.NewEncoder(d.out).Encode(doctorSummary{Type: "summary", OK: d.counts[checkOK], Warn: d.counts[checkWarn], Fail: d.counts[checkFail], Skip: d.counts[checkSkip]})
 	} else if !d.quiet {
