@@ -220,6 +220,41 @@ func (c *Config) Validate() error {
 	if err := c.validateRails(); err != nil {
 		return err
 	}
+	if err := c.validateExports(); err != nil {
+		return err
+	}
+	if err := chunker.ValidateChunkSize(c.ChunkSize); err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	if !c.Algorithm.Valid() {
+		return fmt.Errorf("target: unknown checksum algorithm %d", c.Algorithm)
+	}
+	if c.MaxWindow < uint64(c.ChunkSize) {
+		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
+	}
+	if c.SuspectRate < suspectMinCost {
+		return fmt.Errorf("target: suspect rate %d: want at least %d bytes a second", c.SuspectRate, suspectMinCost)
+	}
+	if c.PushDepth < 1 || c.PushDepth > 64 {
+		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
+	}
+	if err := c.validateLimits(); err != nil {
+		return err
+	}
+	if c.WindowBudget < c.MaxWindow {
+		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)
+	}
+	if c.MaxSessions >= 1 && c.MinWindowShare > c.WindowBudget/uint64(c.MaxSessions) {
+		return fmt.Errorf("target: min window share %d is more than the window budget %d over max sessions %d: not every session's share would fit", c.MinWindowShare, c.WindowBudget, c.MaxSessions)
+	}
+	if c.RevokeAfter < 0 {
+		return fmt.Errorf("target: revoke after %v: want more than 0", c.RevokeAfter)
+	}
+	return nil
+}
+
+// validateExports checks the exports' names and paths.
+func (c *Config) validateExports() error {
 	seen := map[string]bool{}
 	for _, e := range c.Exports {
 		if !validName(e.Name) {
@@ -237,21 +272,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("target: export %q is writable but %s is not a directory: files are pushed into directories", e.Name, e.Path)
 		}
 	}
-	if err := chunker.ValidateChunkSize(c.ChunkSize); err != nil {
-		return fmt.Errorf("target: %w", err)
-	}
-	if !c.Algorithm.Valid() {
-		return fmt.Errorf("target: unknown checksum algorithm %d", c.Algorithm)
-	}
-	if c.MaxWindow < uint64(c.ChunkSize) {
-		return fmt.Errorf("target: max window %d is smaller than the chunk size %d", c.MaxWindow, c.ChunkSize)
-	}
-	if c.SuspectRate < suspectMinCost {
-		return fmt.Errorf("target: suspect rate %d: want at least %d bytes a second", c.SuspectRate, suspectMinCost)
-	}
-	if c.PushDepth < 1 || c.PushDepth > 64 {
-		return fmt.Errorf("target: push depth %d: want 1..64", c.PushDepth)
-	}
+	return nil
+}
+
+// validateLimits checks the bounds on sessions and handshakes.
+func (c *Config) validateLimits() error {
 	for _, l := range []struct {
 		name string
 		v    int
@@ -268,15 +293,6 @@ func (c *Config) Validate() error {
 	}
 	if c.HelloTimeout < 0 {
 		return fmt.Errorf("target: hello timeout %v: want more than 0", c.HelloTimeout)
-	}
-	if c.WindowBudget < c.MaxWindow {
-		return fmt.Errorf("target: window budget %d is smaller than the max window %d", c.WindowBudget, c.MaxWindow)
-	}
-	if c.MaxSessions >= 1 && c.MinWindowShare > c.WindowBudget/uint64(c.MaxSessions) {
-		return fmt.Errorf("target: min window share %d is more than the window budget %d over max sessions %d: not every session's share would fit", c.MinWindowShare, c.WindowBudget, c.MaxSessions)
-	}
-	if c.RevokeAfter < 0 {
-		return fmt.Errorf("target: revoke after %v: want more than 0", c.RevokeAfter)
 	}
 	return nil
 }
