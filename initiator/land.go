@@ -180,15 +180,19 @@ func (f *fetch) verify(c *chunk, sum []byte) (v verdict, _ []byte) {
 	return f.compare(c, v, sum)
 }
 
-// compare judges chunk c by its digest sum.
+// compare gives chunk c's verdict its digest sum, and whether that
+// matches (a verifier writes only a chunk that does; judge decides).
 func (f *fetch) compare(c *chunk, v verdict, sum []byte) (verdict, []byte) {
+	v.sum = append([]byte(nil), sum...)
+	v.ok = chunker.Equal(sum, f.want(c))
+	return v, sum
+}
+
+// want is the target's digest of chunk c.
+func (f *fetch) want(c *chunk) []byte {
 	size := f.alg.Size()
 	i := c.idx - c.win.first
-	v.ok = chunker.Equal(sum, c.win.digests[i*size:(i+1)*size])
-	if v.ok {
-		v.sum = append([]byte(nil), sum...)
-	}
-	return v, sum
+	return c.win.digests[i*size : (i+1)*size]
 }
 
 // chunkSum is chunk c's CRC-32C, combined from its READs' (readSums):

@@ -214,41 +214,43 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 		return errs, nil
 	}
 	retries := max(s.cfg.Retries, 0)
-	good := func(f *protocol.PackedFile) bool {
-		return chunker.Equal(chunker.Sum(alg, packedData(buf, f)), f.Digest)
+	var eng *reads.Engine // none for the first try, the READ of the whole window
+	check := func(g *reads.Group) (bool, error) {
+		f := files[g.Tag]
+		sum := chunker.Sum(alg, packedData(buf, f))
+		if eng != nil {
+			return eng.Check(g, sum, f.Digest, retries)
+		}
+		ok, err := g.Judge(sum, f.Digest, retries)
+		if !ok && err == nil && f.Entry.Size == 0 {
+			err = &reads.DigestError{Tries: g.Tries} // nothing to READ again
+		}
+		return ok, err
 	}
-	failed := func(g *reads.Group) {
-		errs[g.Tag] = fmt.Errorf("%w: %s failed its %v digest %d times", ErrVerify, files[g.Tag].Entry.Name, alg, g.Tries)
-	}
-	warn := func(g *reads.Group) {
-		s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", files[g.Tag].Entry.Name, "try", g.Tries)
+	judge := func(g *reads.Group) bool {
+		ok, err := check(g)
+		f := files[g.Tag]
+		switch {
+		case err != nil:
+			errs[g.Tag] = fmt.Errorf("%w: %s %w (%v)", ErrVerify, f.Entry.Name, err, alg)
+		case !ok:
+			s.cfg.Logger.Warn("packed file failed its digest; reading it again", "file", f.Entry.Name, "try", g.Tries)
+		}
+		return !ok && err == nil
 	}
 	var again []*reads.Group
 	for i, f := range files {
-		if f == nil || good(f) {
+		if f == nil {
 			continue
 		}
-		g := &reads.Group{Tag: i, Tries: 1} // the READ into buf failed once
-		if retries == 0 || f.Entry.Size == 0 {
-			failed(g)
-			continue
+		if g := (&reads.Group{Tag: i}); judge(g) {
+			again = append(again, g)
 		}
-		warn(g)
-		again = append(again, g)
 	}
 	if len(again) == 0 {
 		return errs, nil
 	}
-	var eng *reads.Engine
-	eng, err = s.engine(ctx, reads.Config{GroupDone: func(g *reads.Group) {
-		switch {
-		case good(files[g.Tag]):
-		case eng.Retry(g, retries) != nil:
-			failed(g)
-		default:
-			warn(g)
-		}
-	}})
+	eng, err = s.engine(ctx, reads.Config{GroupDone: func(g *reads.Group) { judge(g) }})
 	if err != nil {
 		return nil, err
 	}

@@ -37,14 +37,14 @@ func (f *fetch) judge(v verdict) error {
 		}
 		return v.err
 	}
-	if !v.ok {
+	ok, err := f.eng.Check(&c.g, v.sum, f.want(c), f.s.cfg.Retries)
+	if !ok {
 		f.retries++
-		err := f.eng.Retry(&c.g, f.s.cfg.Retries)
 		if err != nil && !c.suspected {
 			err = f.resuspect(c, err)
 		}
 		if err != nil {
-			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s failed its %v digest: %w", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, f.alg, err)
+			return fmt.Errorf("%w: chunk %d (bytes %d-%d) of %s %w (%v)", ErrVerify, c.idx, c.off, c.off+int64(c.n), f.src, err, f.alg)
 		}
 		f.s.cfg.Logger.Warn("chunk failed its digest; reading it again", "chunk", c.idx, "try", c.g.Tries)
 		return nil

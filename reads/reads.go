@@ -19,6 +19,7 @@
 package reads
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -295,15 +296,47 @@ func (e *Engine) addGroup(g *Group) {
 }
 
 // Retry reads a group again, up to max times in all; past that it
-// returns an error saying how often it was tried.
+// returns a *DigestError saying how often it was read.
 func (e *Engine) Retry(g *Group, max int) error {
 	g.Tries++
 	if g.Tries > max {
-		return fmt.Errorf("failed %d times", g.Tries)
+		return &DigestError{Tries: g.Tries}
 	}
 	e.addGroup(g)
 	return nil
 }
+
+// Judge is the verify-and-retry rule every transfer shares (a pull's
+// chunks, a push's, a pack's files): sum, the digest of what group g
+// landed, against want, the peer's. It reports true when they match;
+// otherwise it counts the try, and past retries tries it returns a
+// *DigestError. A group judged false with no error is to be read again:
+// Check does that.
+func (g *Group) Judge(sum, want []byte, retries int) (bool, error) {
+	if bytes.Equal(sum, want) {
+		return true, nil
+	}
+	g.Tries++
+	if g.Tries > retries {
+		return false, &DigestError{Tries: g.Tries}
+	}
+	return false, nil
+}
+
+// Check judges group g (Judge), and reads it again when it is to be.
+func (e *Engine) Check(g *Group, sum, want []byte, retries int) (bool, error) {
+	ok, err := g.Judge(sum, want, retries)
+	if !ok && err == nil {
+		e.addGroup(g)
+	}
+	return ok, err
+}
+
+// DigestError: what a group of READs brought failed its digest every one
+// of Tries times it was read.
+type DigestError struct{ Tries int }
+
+func (e *DigestError) Error() string { return fmt.Sprintf("failed its digest %d times", e.Tries) }
 
 // Pending is how many READs are queued or in flight.
 func (e *Engine) Pending() int { return len(e.queue) + e.out }

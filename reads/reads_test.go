@@ -436,6 +436,45 @@ func TestGroupsAndRetry(t *testing.T) {
 	}
 }
 
+// Check takes a group whose digest matches, reads one that does not
+// again while retries allow, and then says how often it was read.
+func TestCheck(t *testing.T) {
+	cq := newFakeCQ()
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, true)}, nil, nil)
+	var done int
+	e, err := New(context.Background(), Config{CQ: cq, QPs: set, Depth: 4, GroupDone: func(*Group) { done++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	g := &Group{}
+	e.AddGroup(g, pieces(1, &Keys{RKeys: []uint32{1}}))
+	want, bad := []byte{1, 2, 3, 4}, []byte{9, 9, 9, 9}
+	round := func() {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for before := done; done == before && time.Now().Before(deadline); {
+			e.Step()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	round()
+	if ok, err := e.Check(g, want, want, 2); !ok || err != nil || e.Pending() != 0 {
+		t.Fatalf("a match: %v %v, %d pending", ok, err, e.Pending())
+	}
+	for try := 1; try <= 2; try++ {
+		if ok, err := e.Check(g, bad, want, 2); ok || err != nil || e.Pending() == 0 {
+			t.Fatalf("mismatch %d of 2 retries: %v %v, %d pending: want it read again", try, ok, err, e.Pending())
+		}
+		round()
+	}
+	ok, err := e.Check(g, bad, want, 2)
+	var de *DigestError
+	if ok || !errors.As(err, &de) || de.Tries != 3 || e.Pending() != 0 {
+		t.Fatalf("past the retries: %v %v, %d pending; want a DigestError of 3 reads", ok, err, e.Pending())
+	}
+}
+
 func TestAbortFlushesAndReturns(t *testing.T) {
 	cq := newFakeCQ()
 	q0, q1 := newFakeQP(cq, 0, false), newFakeQP(cq, 1, false)

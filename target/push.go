@@ -490,10 +490,11 @@ func (pw *pushWindow) land(ss *session, sl int) *protocol.Error {
 	if ds := p.alg.Size(); ds > 0 {
 		i := s.idx - pw.first
 		pw.sum = chunker.AppendSum(pw.sum[:0], p.alg, data)
-		if !chunker.Equal(pw.sum, pw.m.Digests[i*ds:(i+1)*ds]) {
+		ok, err := pw.eng.Check(&s.g, pw.sum, pw.m.Digests[i*ds:(i+1)*ds], p.retries)
+		if !ok {
 			pw.reply.Retries++
-			if err := pw.eng.Retry(&s.g, p.retries); err != nil {
-				return errf(protocol.CodeVerify, "chunk %d (bytes %d-%d) failed its %v digest %d times", s.idx, s.off, s.off+int64(s.n), p.alg, s.g.Tries)
+			if err != nil {
+				return errf(protocol.CodeVerify, "chunk %d (bytes %d-%d) %v (%v)", s.idx, s.off, s.off+int64(s.n), err, p.alg)
 			}
 			ss.log.Warn("push: chunk failed its digest; reading it again", "chunk", s.idx, "try", s.g.Tries)
 			return nil
