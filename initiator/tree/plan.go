@@ -19,10 +19,10 @@ type ManifestOptions struct {
 	// line copied as a file; Partial, SkipSame and NoDirect are the
 	// trees' too.
 	Force, Partial, SkipSame, NoDirect bool
-	// QuickCheck: see GetOptions.QuickCheck; for lines copied as files
+	// QuickCheck: see initiator.GetOptions.QuickCheck; for lines copied as files
 	// one by one or as trees (packed lines are always copied).
 	QuickCheck bool
-	// ModifyWindow: see GetOptions.ModifyWindow.
+	// ModifyWindow: see initiator.GetOptions.ModifyWindow.
 	ModifyWindow time.Duration
 	// NoPack copies every line on its own (and a tree's small files one
 	// by one), instead of runs of small files many to a request.

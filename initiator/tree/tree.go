@@ -64,15 +64,15 @@ type Options struct {
 	NoPack bool
 	// Partial keeps, for each file that is not packed, its temporary
 	// file and a sidecar if the copy is interrupted, and resumes from
-	// them (see GetOptions.Partial).
+	// them (see initiator.GetOptions.Partial).
 	Partial bool
-	// NoDirect: see GetOptions.NoDirect.
+	// NoDirect: see initiator.GetOptions.NoDirect.
 	NoDirect bool
 	// QuickCheck skips, without reading it, a regular file whose
 	// destination already has its size and mtime (to the nanosecond):
 	// rsync's quick check. SkipSame, which compares digests, wins.
 	QuickCheck bool
-	// Filter leaves out what its rules exclude (see Filter).
+	// Filter leaves out what its rules exclude (see filter.Filter).
 	Filter *filter.Filter
 	// Delete removes what the destination tree has and the source does
 	// not (but what Filter excludes), once everything else is in place,
@@ -83,7 +83,7 @@ type Options struct {
 	Contents bool
 	// MkPath makes the directories above DEST too: rsync's --mkpath.
 	MkPath bool
-	// ModifyWindow: see GetOptions.ModifyWindow.
+	// ModifyWindow: see initiator.GetOptions.ModifyWindow.
 	ModifyWindow time.Duration
 	// DryRun reports what a copy would do (StatusWouldCopy,
 	// StatusWouldDelete, StatusUnchanged) and touches nothing.
