@@ -93,7 +93,7 @@ IBV=(--transport ibverbs -d $DEV --ibverbs-setup oob)
 start_target() {
 	local name=$1 listen=$2 i
 	shift 2
-	"$@" serve --secret-file "$W/secret" --listen "$listen" --export "data=$SRC" --export "in=$IN" --writable in 2>"$W/serve.$name.log" &
+	"$@" serve --secret-file "$W/secret" --listen "$listen" --export "data=$SRC" --export "in=$IN" --writable in --state-dir "$W/state.$name" 2>"$W/serve.$name.log" &
 	PIDS+=($!)
 	eval "SRV_$name=$!"
 	for i in $(seq 300); do
@@ -188,7 +188,7 @@ if [ -s "$PCAP" ]; then
 	[ -n "${RXE_OUT:-}" ] && cp "$PCAP" "$RXE_OUT/rxe-roce-$KERNEL.pcapng" && note "capture saved as rxe-roce-$KERNEL.pcapng"
 	if [ -n "$ROCE_TEST" ] && command -v tshark >/dev/null; then
 		t=$(now)
-		(cd /run/rxe-job && ROCE_PCAP=$PCAP timeout -k 5 300 "$ROCE_TEST" -test.run '^TestTsharkPcap$' -test.v -test.timeout 280s) >"$W/tshark.out" 2>&1
+		(cd /run/rxe-job && ROCE_PCAP=$PCAP ROCE_PCAP_KERNEL_PEER=1 timeout -k 5 300 "$ROCE_TEST" -test.run '^TestTsharkPcap$' -test.v -test.timeout 280s) >"$W/tshark.out" 2>&1
 		rc=$?
 		sed 's/^/roce-interop:   /' "$W/tshark.out" | grep -v '^roce-interop:   $' | cut -c1-300 | head -20
 		if [ $rc = 0 ] && grep -q -- '--- PASS: TestTsharkPcap' "$W/tshark.out"; then
