@@ -18,6 +18,11 @@
 #       roce-soft);
 #   [B] serve --transport roce-soft <- cp --transport ibverbs -d rxe1:
 #       the same files;
+#   in both: the initiator SIGKILLed mid-copy (the target ends the
+#   session and serves the next copy); with ROCE_INTEROP_NETEM=1, 9 MiB +
+#   4097 B and a push again through netem on both veth ends (1% loss, 1%
+#   duplicates, 90% of packets delayed 1 ms so the rest overtake them):
+#   not in CI, as [A]'s copy fails there today (docs/interop.md);
 #   a capture on the veth of [A]'s small copies and push, decoded by
 #   tshark (verbs/roce TestTsharkPcap: no malformed packet, every ICRC
 #   right, rxe's and roce-soft's);
@@ -26,7 +31,8 @@
 #
 # Every check prints "roce-interop: ok" or "roce-interop: FAIL"; exit 1 if
 # any failed. Environment: RDMACP, RXE_TEST_BINS (a roce test binary),
-# ROCE_INTEROP_BIG_MIB (64), ROCE_INTEROP_BENCH_RUNS (3).
+# ROCE_INTEROP_BIG_MIB (64), ROCE_INTEROP_BENCH_RUNS (3),
+# ROCE_INTEROP_NETEM (0; 1 runs the lossy link checks).
 set -u
 : "${RXE_VM:?run this inside test/rxe/run.sh}" "${RDMACP:?run.sh --e2e builds it}"
 BIG_MIB=${ROCE_INTEROP_BIG_MIB:-64}
@@ -154,6 +160,66 @@ pushcheck() {
 	fi
 }
 
+# lossy DIR REMOTE CMD...: the same copy and push through netem on both
+# veth ends (loss, duplicates, reordering): byte-exact, and rxe1 saw
+# the damage (its sequence-error and retry counters rose).
+NETEM=(delay 1ms loss 1% duplicate 1% reorder 10%)
+counters() { (cd /sys/class/infiniband/$DEV/ports/1/hw_counters && cat out_of_seq_request duplicate_request completer_retry_err rcvd_seq_err 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'); }
+lossy() {
+	local dir=$1 remote=$2 c0 c1
+	shift 2
+	if [ "${ROCE_INTEROP_NETEM:-0}" != 1 ]; then
+		note "[$dir] lossy link not run (ROCE_INTEROP_NETEM=1 runs it; known to fail: docs/interop.md)"
+		return
+	fi
+	if ! tc qdisc add dev $VA root netem "${NETEM[@]}" 2>"$W/tc.err" || ! "${S[@]}" tc qdisc add dev $VB root netem "${NETEM[@]}" 2>>"$W/tc.err"; then
+		note "SKIP lossy link: $(head -2 "$W/tc.err" | tr '\n' ' ')"
+		tc qdisc del dev $VA root 2>/dev/null
+		return
+	fi
+	c0=$(counters)
+	cpcheck "$dir-netem" "$remote" odd "$@"
+	pushcheck "$dir-netem" "$remote" small "$@"
+	c1=$(counters)
+	tc qdisc del dev $VA root
+	"${S[@]}" tc qdisc del dev $VB root
+	note "[$dir-netem] netem ${NETEM[*]} on both ends: rxe1's out_of_seq_request + duplicate_request + completer_retry_err + rcvd_seq_err rose by $((c1 - c0))"
+	[ $((c1 - c0)) -gt 0 ] || fail "[$dir-netem] rxe1 saw no damage: the emulated link did nothing"
+}
+
+# kill_initiator DIR REMOTE CMD...: cp SIGKILLed mid-copy: the target sees
+# the out-of-band TCP connection end, ends the session, and serves the
+# next copy.
+kill_initiator() {
+	local dir=$1 remote=$2 log=$W/serve.$1.log c0 v t ok=0
+	shift 2
+	c0=$(grep -c 'msg="session closed' "$log")
+	"$@" cp --secret-file "$W/secret" --json --qps 4 --depth 8 "$remote:data/big" "$DST/killed" >"$W/kill.$dir" 2>&1 &
+	v=$!
+	for _ in $(seq 300); do
+		grep -q '"message_type":"status".*"bytes":[1-9]' "$W/kill.$dir" 2>/dev/null && break
+		kill -0 "$v" 2>/dev/null || break
+		sleep 0.05
+	done
+	# ip netns exec execs: $v is rdmacp itself.
+	kill -KILL "$v" 2>/dev/null
+	wait "$v" 2>/dev/null
+	t=$(now)
+	for _ in $(seq 300); do
+		[ "$(grep -c 'msg="session closed' "$log")" -gt "$c0" ] && { ok=1; break; }
+		sleep 0.1
+	done
+	if grep -q '"message_type":"summary"' "$W/kill.$dir"; then
+		note "[$dir] the copy to be killed finished first; kill check not made"
+	elif [ $ok = 1 ] && [ ! -e "$DST/killed" ]; then
+		pass "[$dir] initiator killed mid-copy: target ended the session after $(since "$t")s: $(grep 'msg="session closed' "$log" | tail -1 | sed -E 's/^.*msg=//' | cut -c1-160)"
+	else
+		fail "[$dir] initiator killed mid-copy: session end seen=$ok, dest exists=$([ -e "$DST/killed" ] && echo yes || echo no)"
+		tail -3 "$log"
+	fi
+	cpcheck "$dir" "$remote" small "$@" && pass "[$dir] ... and the target serves the next copy"
+}
+
 # ------------------------------------------------------------ [A]
 note "[A] = serve ${IBV[*]} ($A) <- cp ${ROCE[*]} (netns $NS)"
 PCAP=$W/rxe-roce.pcapng CAP=
@@ -177,6 +243,8 @@ if start_target A "$A:7491" "$RDMACP" "${IBV[@]}"; then
 	fi
 	for f in odd big; do cpcheck A "$A:7491" "$f" "${S[@]}" "$RDMACP" "${ROCE[@]}"; done
 	pushcheck A "$A:7491" odd "${S[@]}" "$RDMACP" "${ROCE[@]}"
+	lossy A "$A:7491" "${S[@]}" "$RDMACP" "${ROCE[@]}"
+	kill_initiator A "$A:7491" "${S[@]}" "$RDMACP" "${ROCE[@]}"
 	note "[A] cp says: $(grep -o '"transport":"[^"]*"' "$W/cp.A.one.json" 2>/dev/null | head -1)"
 	note "[A] target says: $(grep -o 'msg=serving.*' "$W/serve.A.log" | head -1 | cut -c1-240)"
 	note "[A] target's session: $(grep -o 'msg="session open.*' "$W/serve.A.log" | head -1 | cut -c1-300)"
@@ -210,6 +278,8 @@ bench_ok=0
 if start_target B "$B:7492" "${S[@]}" "$RDMACP" "${ROCE[@]}"; then
 	for f in empty one small odd big; do cpcheck B "$B:7492" "$f" "$RDMACP" "${IBV[@]}"; done
 	pushcheck B "$B:7492" small "$RDMACP" "${IBV[@]}"
+	lossy B "$B:7492" "$RDMACP" "${IBV[@]}"
+	kill_initiator B "$B:7492" "$RDMACP" "${IBV[@]}"
 	note "[B] cp says: $(grep -o '"transport":"[^"]*"' "$W/cp.B.one.json" 2>/dev/null | head -1)"
 	stop_target B
 fi
