@@ -188,7 +188,9 @@ func (r *oobReq) Prepare(p verbs.PD, cfg verbs.QPConfig) (verbs.PendingQP, error
 		r.c.Close()
 		return nil, err
 	}
-	q.oob = r.c
+	if !q.setOOB(r.c) {
+		return nil, opErr("prepare", verbs.ErrClosed)
+	}
 	return &oobPending{q: q, req: r, addr: r.RemoteAddr()}, nil
 }
 
@@ -302,7 +304,9 @@ func (p *oobPending) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP,
 		if err != nil {
 			return fail(err)
 		}
-		p.q.oob = c
+		if !p.q.setOOB(c) {
+			return fail(verbs.ErrClosed)
+		}
 	}
 	c := p.q.oob
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
@@ -426,6 +430,19 @@ func (p *oobPending) describe(peer oob.Params) {
 		Detail: fmt.Sprintf("out-of-band setup (TCP) %s %s port %d, path mtu %d, gid[%d] %s",
 			d.trans, d.name, d.port.num, mtu, d.port.gidIndex, d.port.gid),
 	}
+}
+
+// setOOB gives q its TCP connection; false, with c closed, if q was
+// destroyed meanwhile (its device closed under a setup).
+func (q *qp) setOOB(c net.Conn) bool {
+	q.cmMu.Lock()
+	defer q.cmMu.Unlock()
+	if q.destroyed {
+		c.Close()
+		return false
+	}
+	q.oob = c
+	return true
 }
 
 // watchOOB waits for the peer's DREQ or the end of the TCP connection.
