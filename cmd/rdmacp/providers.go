@@ -7,6 +7,6 @@ import (
 
 // rdmaProviders are the transports over real RDMA hardware, preferred
 // over the software one.
-func rdmaProviders() []verbs.Provider {
-	return []verbs.Provider{ibverbs.New(ibverbs.Config{})}
+func rdmaProviders(cfg ibverbs.Config) []verbs.Provider {
+	return []verbs.Provider{ibverbs.New(cfg)}
 }

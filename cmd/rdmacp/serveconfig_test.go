@@ -49,6 +49,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"mpa-crc":                 {"on", `"on"`},
 	"roce-port":               {"4792", `4792`},
 	"roce-icrc":               {"off", `"off"`},
+	"ibverbs-setup":           {"oob", `"oob"`},
 }
 
 // resolvedFlags runs serve's flag parsing and config (readServeFile,

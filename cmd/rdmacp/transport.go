@@ -12,6 +12,7 @@ import (
 
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/ibverbs"
 	"github.com/rdmacp/rdmacp/verbs/iwarp"
 	"github.com/rdmacp/rdmacp/verbs/roce"
 )
@@ -19,10 +20,10 @@ import (
 var errTransport = errors.New("transport unavailable")
 
 // registry lists the transports in order of preference for auto.
-func registry() *verbs.Registry { return registryWith(iwarp.Config{}, roce.Config{}) }
+func registry() *verbs.Registry { return registryWith(ibverbs.Config{}, iwarp.Config{}, roce.Config{}) }
 
-func registryWith(soft iwarp.Config, rs roce.Config) *verbs.Registry {
-	return verbs.NewRegistry(append(rdmaProviders(), iwarp.New(soft), roce.New(rs))...)
+func registryWith(ib ibverbs.Config, soft iwarp.Config, rs roce.Config) *verbs.Registry {
+	return verbs.NewRegistry(append(rdmaProviders(ib), iwarp.New(soft), roce.New(rs))...)
 }
 
 // explicitOnly are transports auto never picks: roce-soft takes UDP 4791,
@@ -39,6 +40,7 @@ func transportFlags() []cli.Flag {
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
 		&cli.IntFlag{Name: "roce-port", Value: roce.UDPPort, Usage: "roce-soft: the UDP port this end receives RoCEv2 packets on (peers learn it at connection setup); 0 lets the kernel pick one"},
 		&cli.StringFlag{Name: "roce-icrc", Value: "id0", Usage: "roce-soft: how received ICRCs are checked: id0 (over IP ID 0, what roce-soft peers send), raw (on a raw socket, any IP ID: a kernel rxe peer; needs root) or off (chunk digests still check the data end to end)"},
+		&cli.StringFlag{Name: "ibverbs-setup", Value: string(ibverbs.SetupRDMACM), Usage: "ibverbs: how connections are set up: rdma_cm, or oob (roce-soft's out-of-band exchange over TCP, so that a RoCE device takes roce-soft peers; both ends must say it)"},
 		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
 	}
 }
@@ -75,7 +77,11 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	default:
 		return nil, "", usagef("--roce-icrc %q: want id0, raw or off", c.String("roce-icrc"))
 	}
-	reg := registryWith(soft, rs)
+	ib := ibverbs.Config{Setup: ibverbs.Setup(c.String("ibverbs-setup"))}
+	if err := ib.Validate(); err != nil {
+		return nil, "", usagef("--ibverbs-setup %q: want %s or %s", ib.Setup, ibverbs.SetupRDMACM, ibverbs.SetupOOB)
+	}
+	reg := registryWith(ib, soft, rs)
 	dc := verbs.DeviceConfig{Name: deviceNames(c)[0], Port: c.Int("ib-port"), GIDIndex: c.Int("gid-index")}
 	name := c.String("transport")
 	if name != "auto" {

@@ -98,3 +98,11 @@ func TestRoceICRC(t *testing.T) {
 		t.Errorf("--roce-icrc maybe: exit %d", code)
 	}
 }
+
+// TestIBVerbsSetupFlag: an --ibverbs-setup that names no setup is a
+// usage error, before any device is opened.
+func TestIBVerbsSetupFlag(t *testing.T) {
+	if _, errs, code := run(t, "cp", "--transport", "ibverbs", "--ibverbs-setup", "cm", "h:x/y", t.TempDir()); code != exitUsage || !strings.Contains(errs, "--ibverbs-setup") {
+		t.Errorf("--ibverbs-setup cm: exit %d: %s", code, errs)
+	}
+}

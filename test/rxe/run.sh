@@ -249,7 +249,9 @@ extract_vmlinux() {
 # crc32_generic must precede rdma_rxe: rxe needs the crypto crc32 and the
 # guest has no modprobe to fetch it.
 # crc32c_generic + libcrc32c: siw (when --siw loads it) needs the crypto crc32c.
-MODS=(virtio_pci virtio_console 9pnet_virtio 9p crc32_generic crc32c_generic libcrc32c dummy ib_uverbs rdma_rxe rdma_ucm)
+# veth, sch_netem: roce-interop.sh joins two network namespaces with a
+# veth pair, and damages it (loss, duplicates, reordering) for a while.
+MODS=(virtio_pci virtio_console 9pnet_virtio 9p crc32_generic crc32c_generic libcrc32c dummy veth sch_netem ib_uverbs rdma_rxe rdma_ucm)
 
 prepare_kernel() { # sets KDIR
 	local pfile=$CACHE/suite-$SUITE.pkg pkg=

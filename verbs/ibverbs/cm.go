@@ -207,6 +207,9 @@ func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error
 	if d.isClosed() {
 		return fail(verbs.ErrClosed)
 	}
+	if d.p.cfg.Setup == SetupOOB {
+		return d.listenOOB(ctx, addr)
+	}
 	ip, port, err := d.resolve(ctx, addr)
 	if err != nil {
 		return fail(err)
@@ -398,6 +401,9 @@ func (d *device) PrepareDial(ctx context.Context, p verbs.PD, addr string, cfg v
 	}
 	if d.isClosed() {
 		return fail(verbs.ErrClosed)
+	}
+	if d.p.cfg.Setup == SetupOOB {
+		return d.prepareDialOOB(ctx, p, addr, cfg)
 	}
 	ctx, cancel := d.setupCtx(ctx)
 	defer cancel()

@@ -30,6 +30,9 @@ type provider struct{ cfg Config }
 
 // New returns the libibverbs provider.
 func New(cfg Config) verbs.Provider {
+	if cfg.Setup == "" {
+		cfg.Setup = SetupRDMACM
+	}
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = verbs.DefaultTimeout
 	}
@@ -300,8 +303,8 @@ type device struct {
 	pds       map[*pd]struct{}
 	cqs       map[*cq]struct{}
 	qps       map[*qp]struct{}
-	listeners map[*listener]struct{}
-	reqs      map[*connReq]struct{}
+	listeners map[verbs.Listener]struct{} // rdma_cm's and the out-of-band setup's
+	reqs      map[verbs.ConnRequest]struct{}
 
 	// Translation of completions: QP tables by serial, windows by key index.
 	tabMu      sync.RWMutex
@@ -312,6 +315,9 @@ type device struct {
 }
 
 func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Device, error) {
+	if err := p.cfg.Validate(); err != nil {
+		return nil, opErr("open", err)
+	}
 	l, err := getContexts()
 	if err != nil {
 		return nil, opErr("open", err)
@@ -400,7 +406,7 @@ func (p *provider) openCtx(l *contextList, c *C.struct_ibv_context, pi portInfo)
 			Addressing:     verbs.AddrIP,
 		},
 		ids: map[uintptr]*cmID{}, pds: map[*pd]struct{}{}, cqs: map[*cq]struct{}{},
-		qps: map[*qp]struct{}{}, listeners: map[*listener]struct{}{}, reqs: map[*connReq]struct{}{},
+		qps: map[*qp]struct{}{}, listeners: map[verbs.Listener]struct{}{}, reqs: map[verbs.ConnRequest]struct{}{},
 		tabs: map[uint32]*qp{}, mws: map[uint32]*mw{},
 	}
 	d.trans = transportName(c, pi)

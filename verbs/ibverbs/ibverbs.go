@@ -15,7 +15,10 @@
 // with one event channel per device whose descriptor is waited on by Go's
 // netpoller; completion channels are waited on the same way, so no OS
 // thread is parked per QP or CQ. Work requests are posted and completions
-// polled in batches, one cgo call per batch.
+// polled in batches, one cgo call per batch. With Config.Setup
+// SetupOOB they are set up instead with roce-soft's out-of-band exchange
+// over TCP to the same addresses (oob.go), so that roce-soft peers can
+// connect to a RoCE device.
 //
 // Behaviour worth knowing:
 //
@@ -72,6 +75,33 @@ type Config struct {
 	// MaxReads caps the READ depth (IRD and ORD) a QP offers; 0 means the
 	// device maximum (max_qp_rd_atom / max_qp_init_rd_atom).
 	MaxReads int
+	// Setup is how connections are set up: SetupRDMACM (the default) or
+	// SetupOOB. One device does one; neither falls back to the other.
+	Setup Setup
+}
+
+// Setup names a connection setup.
+type Setup string
+
+const (
+	// SetupRDMACM is rdma_cm: the IB CM's MADs over QP1 on InfiniBand and
+	// RoCE, MPA on iWARP. What every RDMA application speaks.
+	SetupRDMACM Setup = "rdma_cm"
+	// SetupOOB is the out-of-band exchange of roce-soft (package
+	// verbs/roce/oob, docs/protocol.md §1b.3) over a TCP connection to the
+	// listen address: QPN, PSN, MTU and READ depths, the GID from the TCP
+	// peer's IPv4 address; the QP is moved to RTR and RTS by hand. RoCE v2
+	// ports only. It lets a RoCE device take roce-soft peers.
+	SetupOOB Setup = "oob"
+)
+
+// Validate checks the config's values.
+func (c Config) Validate() error {
+	switch c.Setup {
+	case "", SetupRDMACM, SetupOOB:
+		return nil
+	}
+	return fmt.Errorf("%w: connection setup %q (want %s or %s)", verbs.ErrInvalid, c.Setup, SetupRDMACM, SetupOOB)
 }
 
 // ErrNotBuilt is what the provider of a build without the rdma tag

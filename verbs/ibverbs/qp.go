@@ -9,12 +9,14 @@ import "C"
 
 import (
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
 
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/roce/oob"
 )
 
 // Work request ids. The provider posts its own wr_id, which names the
@@ -73,7 +75,8 @@ type qp struct {
 	pd     *pd
 	scq    *cq
 	rcq    *cq
-	cid    *cmID
+	cid    *cmID    // nil with the out-of-band setup
+	oob    net.Conn // the out-of-band setup's TCP connection; its end is the disconnect
 	qp     *C.struct_ibv_qp
 	qpn    uint32
 	serial uint32
@@ -110,7 +113,9 @@ type qp struct {
 	zombie atomic.Bool // destroyed with completions still due
 }
 
-// newQP creates the QP on cid (rdma_create_qp), which leaves it in INIT.
+// newQP creates the QP on cid (rdma_create_qp), which leaves it in INIT;
+// with cid nil, for the out-of-band setup, it creates it with
+// ibv_create_qp and moves it to INIT itself.
 func (d *device) newQP(cid *cmID, p verbs.PD, cfg verbs.QPConfig) (*qp, error) {
 	mp, ok := p.(*pd)
 	if !ok || mp.d != d {
@@ -149,13 +154,24 @@ func (d *device) newQP(cid *cmID, p verbs.PD, cfg verbs.QPConfig) (*qp, error) {
 		rcq.maybeDestroyLocked()
 		d.lifeMu.Unlock()
 	}
-	if rc := C.rc_create_qp(cid.id, mp.pd, scq.cq, rcq.cq, C.uint32_t(cfg.MaxSendWR), C.uint32_t(cfg.MaxRecvWR)); rc != 0 {
-		undo()
-		return nil, opErr("create_qp", fmt.Errorf("send %d recv %d: %w", cfg.MaxSendWR, cfg.MaxRecvWR, errnoErr(rc)))
+	var raw *C.struct_ibv_qp
+	if cid != nil {
+		if rc := C.rc_create_qp(cid.id, mp.pd, scq.cq, rcq.cq, C.uint32_t(cfg.MaxSendWR), C.uint32_t(cfg.MaxRecvWR)); rc != 0 {
+			undo()
+			return nil, opErr("create_qp", fmt.Errorf("send %d recv %d: %w", cfg.MaxSendWR, cfg.MaxRecvWR, errnoErr(rc)))
+		}
+		raw = C.rc_id_qp(cid.id)
+	} else {
+		var e C.int
+		raw = C.rc_create_qp_oob(mp.pd, scq.cq, rcq.cq, C.uint32_t(cfg.MaxSendWR), C.uint32_t(cfg.MaxRecvWR), C.uint8_t(d.port.num), &e)
+		if raw == nil {
+			undo()
+			return nil, opErr("create_qp", fmt.Errorf("send %d recv %d: %w", cfg.MaxSendWR, cfg.MaxRecvWR, errnoErr(e)))
+		}
 	}
 	q := &qp{
 		d: d, pd: mp, scq: scq, rcq: rcq, cid: cid, cfg: cfg,
-		qp:   C.rc_id_qp(cid.id),
+		qp:   raw,
 		sq:   newRing(cfg.MaxSendWR, true),
 		rq:   newRing(cfg.MaxRecvWR, false),
 		mws:  map[*mw]struct{}{},
@@ -561,7 +577,18 @@ func (q *qp) disconnectCM() {
 		return
 	}
 	q.disconnected = true
-	C.rdma_disconnect(q.cid.id)
+	q.disconnectLocked()
+}
+
+// disconnectLocked tells the peer and flushes the QP; cmMu is held.
+func (q *qp) disconnectLocked() {
+	if q.cid != nil {
+		C.rdma_disconnect(q.cid.id)
+		return
+	}
+	C.rc_qp_to_err(q.qp)
+	oob.WriteFrame(q.oob, oob.DREQ, nil) // best effort: the close says it too
+	q.oob.Close()
 }
 
 // cmEvent handles rdma_cm events once the connection is established.
@@ -596,7 +623,10 @@ func (q *qp) destroy() {
 	}
 	if q.connected && !q.disconnected {
 		q.disconnected = true
-		C.rdma_disconnect(q.cid.id)
+		q.disconnectLocked()
+	}
+	if q.oob != nil {
+		q.oob.Close()
 	}
 	q.destroyed = true
 	q.cmMu.Unlock()
@@ -617,8 +647,12 @@ func (q *qp) destroy() {
 
 	d := q.d
 	d.shared.delQP(q)
-	C.rdma_destroy_qp(q.cid.id)
-	q.cid.destroy()
+	if q.cid != nil {
+		C.rdma_destroy_qp(q.cid.id)
+		q.cid.destroy()
+	} else {
+		C.ibv_destroy_qp(q.qp)
+	}
 	for _, p := range []unsafe.Pointer{unsafe.Pointer(q.sIn), unsafe.Pointer(q.sWR), unsafe.Pointer(q.sSGE),
 		unsafe.Pointer(q.rIn), unsafe.Pointer(q.rWR), unsafe.Pointer(q.rSGE)} {
 		C.free(p)

@@ -438,4 +438,93 @@ static struct ibv_qp *rc_id_qp(struct rdma_cm_id *id) { return id->qp; }
 static struct ibv_context *rc_id_verbs(struct rdma_cm_id *id) { return id->verbs; }
 static uint8_t rc_id_port(struct rdma_cm_id *id) { return id->port_num; }
 
+// Out-of-band setup (oob.go): the QP is created and moved through INIT,
+// RTR and RTS by hand, as perftest does without -R. The attribute values
+// are rdma_cm's for RC: retry 7, RNR retry 7, local ACK timeout 14
+// (4.096 us x 2^14, 67 ms), RNR timer 12 (0.64 ms).
+static struct ibv_qp *rc_create_qp_oob(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+				       uint32_t max_send, uint32_t max_recv, uint8_t port, int *err)
+{
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = scq;
+	a.recv_cq = rcq;
+	a.qp_type = IBV_QPT_RC;
+	a.sq_sig_all = 1;
+	a.cap.max_send_wr = max_send;
+	a.cap.max_recv_wr = max_recv;
+	a.cap.max_send_sge = 1;
+	a.cap.max_recv_sge = 1;
+	struct ibv_qp *qp = ibv_create_qp(pd, &a);
+	if (qp == NULL) {
+		*err = errno ? errno : EINVAL;
+		return NULL;
+	}
+	struct ibv_qp_attr m;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_INIT;
+	m.pkey_index = 0;
+	m.port_num = port;
+	m.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+	int rc = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc != 0) {
+		*err = rc;
+		ibv_destroy_qp(qp);
+		return NULL;
+	}
+	return qp;
+}
+
+// rc_qp_rtr_rts moves an INIT QP to RTR towards the peer (dgid, an
+// IPv4-mapped RoCE v2 GID; dqpn; its first PSN rpsn) and on to RTS.
+// It returns 1 or 2 with *err set when the RTR or the RTS step fails.
+static int rc_qp_rtr_rts(struct ibv_qp *qp, uint8_t port, int sgid, const uint8_t dgid[16],
+			 uint32_t dqpn, uint32_t rpsn, uint32_t spsn, int mtu, uint8_t ird, uint8_t ord, int *err)
+{
+	struct ibv_qp_attr m;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_RTR;
+	m.path_mtu = (enum ibv_mtu)mtu;
+	m.dest_qp_num = dqpn;
+	m.rq_psn = rpsn;
+	m.max_dest_rd_atomic = ird;
+	m.min_rnr_timer = 12;
+	m.ah_attr.is_global = 1;
+	memcpy(m.ah_attr.grh.dgid.raw, dgid, 16);
+	m.ah_attr.grh.sgid_index = sgid;
+	m.ah_attr.grh.hop_limit = 64;
+	m.ah_attr.port_num = port;
+	int rc = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (rc != 0) {
+		*err = rc;
+		return 1;
+	}
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_RTS;
+	m.timeout = 14;
+	m.retry_cnt = 7;
+	m.rnr_retry = 7;
+	m.sq_psn = spsn;
+	m.max_rd_atomic = ord;
+	rc = ibv_modify_qp(qp, &m, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (rc != 0) {
+		*err = rc;
+		return 2;
+	}
+	return 0;
+}
+
+// rc_qp_to_err moves a QP to ERR, which flushes what is outstanding:
+// the out-of-band setup's disconnect (rdma_disconnect does it for
+// rdma_cm QPs).
+static int rc_qp_to_err(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr m;
+	memset(&m, 0, sizeof(m));
+	m.qp_state = IBV_QPS_ERR;
+	return ibv_modify_qp(qp, &m, IBV_QP_STATE);
+}
+
 #endif

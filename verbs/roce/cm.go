@@ -2,10 +2,7 @@ package roce
 
 import (
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -13,99 +10,16 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/roce/oob"
 )
 
-// Connection setup is an out-of-band exchange over TCP, shaped after the
-// IB CM's REQ, REP, RTU, REJ and DREQ (docs/protocol.md, "roce-soft
-// connection setup"). The TCP connection stays open for the QP's life:
-// its end, or a DREQ on it, is the disconnect, so a peer that exits is
-// seen at once rather than after the retry count runs out.
-//
-// Frame: type (1 byte), body length (2 bytes, big-endian), body.
-// REQ and REP body: version (1) = 1, QPN (4), starting PSN (4), UDP port
-// (2), MTU (2), ORD offered (2), IRD offered (2), private data (rest).
-const (
-	msgREQ  = 1
-	msgREP  = 2
-	msgRTU  = 3
-	msgREJ  = 4
-	msgDREQ = 5
+// Connection setup is the out-of-band exchange over TCP of package oob,
+// shaped after the IB CM's REQ, REP, RTU, REJ and DREQ (docs/protocol.md
+// §1b.3). The TCP connection stays open for the QP's life: its end, or a
+// DREQ on it, is the disconnect, so a peer that exits is seen at once
+// rather than after the retry count runs out.
 
-	cmVersion   = 1
-	cmFixedLen  = 17
-	maxFrameLen = cmFixedLen + maxPrivateData
-	// maxPrivateData is what rdma_cm lets a user put in a REQ (IB CM's 92
-	// bytes less its 36-byte header), so that software written against
-	// this provider fits the IB CM exchange too.
-	maxPrivateData = 56
-)
-
-type cmParams struct {
-	qpn      uint32
-	psn      uint32
-	udpPort  uint16
-	mtu      uint16
-	ord, ird uint16
-	private  []byte
-}
-
-var errCMFrame = errors.New("roce: malformed connection message")
-
-func encodeParams(p cmParams) []byte {
-	b := make([]byte, cmFixedLen, cmFixedLen+len(p.private))
-	b[0] = cmVersion
-	binary.BigEndian.PutUint32(b[1:], p.qpn)
-	binary.BigEndian.PutUint32(b[5:], p.psn)
-	binary.BigEndian.PutUint16(b[9:], p.udpPort)
-	binary.BigEndian.PutUint16(b[11:], p.mtu)
-	binary.BigEndian.PutUint16(b[13:], p.ord)
-	binary.BigEndian.PutUint16(b[15:], p.ird)
-	return append(b, p.private...)
-}
-
-func decodeParams(b []byte) (cmParams, error) {
-	var p cmParams
-	if len(b) < cmFixedLen || b[0] != cmVersion {
-		return p, fmt.Errorf("%w: %d-byte REQ/REP", errCMFrame, len(b))
-	}
-	p.qpn = binary.BigEndian.Uint32(b[1:])
-	p.psn = binary.BigEndian.Uint32(b[5:])
-	p.udpPort = binary.BigEndian.Uint16(b[9:])
-	p.mtu = binary.BigEndian.Uint16(b[11:])
-	p.ord = binary.BigEndian.Uint16(b[13:])
-	p.ird = binary.BigEndian.Uint16(b[15:])
-	p.private = append([]byte(nil), b[cmFixedLen:]...)
-	if p.qpn < 2 || p.qpn > qpnMask || p.psn > psnMask || p.udpPort == 0 || !validMTU(int(p.mtu)) || p.ord == 0 || p.ird == 0 {
-		return p, fmt.Errorf("%w: QPN %#x PSN %#x port %d MTU %d ORD %d IRD %d", errCMFrame, p.qpn, p.psn, p.udpPort, p.mtu, p.ord, p.ird)
-	}
-	return p, nil
-}
-
-func writeFrame(c net.Conn, typ uint8, body []byte) error {
-	b := make([]byte, 3+len(body))
-	b[0] = typ
-	binary.BigEndian.PutUint16(b[1:], uint16(len(body)))
-	copy(b[3:], body)
-	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.Write(b)
-	return err
-}
-
-func readFrame(c net.Conn) (uint8, []byte, error) {
-	var h [3]byte
-	if _, err := io.ReadFull(c, h[:]); err != nil {
-		return 0, nil, err
-	}
-	n := int(binary.BigEndian.Uint16(h[1:]))
-	if n > maxFrameLen {
-		return 0, nil, fmt.Errorf("%w: %d-byte body", errCMFrame, n)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(c, b); err != nil {
-		return 0, nil, err
-	}
-	return h[0], b, nil
-}
+const maxPrivateData = oob.MaxPrivateData
 
 func randPSN() uint32 { return rand.Uint32() & psnMask }
 
@@ -163,12 +77,12 @@ func (l *listener) acceptLoop() {
 // readRequest reads a REQ within the setup timeout and queues it.
 func (l *listener) readRequest(c net.Conn) {
 	c.SetDeadline(time.Now().Add(l.dev.cfg.SetupTimeout))
-	typ, body, err := readFrame(c)
-	if err != nil || typ != msgREQ {
+	typ, body, err := oob.ReadFrame(c)
+	if err != nil || typ != oob.REQ {
 		c.Close()
 		return
 	}
-	p, err := decodeParams(body)
+	p, err := oob.Decode(body)
 	if err != nil {
 		c.Close()
 		return
@@ -212,16 +126,16 @@ func (l *listener) Close() error {
 type connReq struct {
 	dev  *device
 	c    net.Conn
-	peer cmParams
+	peer oob.Params
 }
 
-func (r *connReq) PrivateData() []byte { return r.peer.private }
+func (r *connReq) PrivateData() []byte { return r.peer.Private }
 
 // RemoteAddr is the peer's RoCE endpoint: its IP address and UDP port.
 func (r *connReq) RemoteAddr() string {
 	if a, ok := r.c.RemoteAddr().(*net.TCPAddr); ok {
 		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			return netip.AddrPortFrom(ip, r.peer.udpPort).String()
+			return netip.AddrPortFrom(ip, r.peer.UDPPort).String()
 		}
 	}
 	return r.c.RemoteAddr().String()
@@ -243,7 +157,7 @@ func (r *connReq) Reject(private []byte) error {
 	if len(private) > maxPrivateData {
 		private = private[:maxPrivateData]
 	}
-	err := writeFrame(r.c, msgREJ, private)
+	err := oob.WriteFrame(r.c, oob.REJ, private)
 	r.c.Close()
 	if err != nil {
 		return opErr("reject", err)
@@ -327,10 +241,10 @@ func (pq *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP,
 	return pq.q, nil
 }
 
-func (pq *pendingQP) mine(private []byte) cmParams {
+func (pq *pendingQP) mine(private []byte) oob.Params {
 	q := pq.q
-	return cmParams{qpn: q.qpn, psn: q.nextPSN, udpPort: q.dev.port, mtu: uint16(q.dev.cfg.MTU),
-		ord: uint16(q.offer.out), ird: uint16(q.offer.in), private: private}
+	return oob.Params{QPN: q.qpn, PSN: q.nextPSN, UDPPort: q.dev.port, MTU: uint16(q.dev.cfg.MTU),
+		ORD: uint16(q.offer.out), IRD: uint16(q.offer.in), Private: private}
 }
 
 func (pq *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) error {
@@ -355,26 +269,26 @@ func (pq *pendingQP) dial(ctx context.Context, cp verbs.ConnParam) error {
 		c.Close()
 		return &verbs.OpError{Op: "connect", Provider: Name, Addr: pq.addr.String(), Err: ctxErr(ctx, err)}
 	}
-	if err := writeFrame(c, msgREQ, encodeParams(pq.mine(cp.PrivateData))); err != nil {
+	if err := oob.WriteFrame(c, oob.REQ, pq.mine(cp.PrivateData).Encode()); err != nil {
 		return fail(err)
 	}
-	typ, body, err := readFrame(c)
+	typ, body, err := oob.ReadFrame(c)
 	if err != nil {
 		return fail(err)
 	}
 	switch typ {
-	case msgREJ:
+	case oob.REJ:
 		c.Close()
 		return &verbs.OpError{Op: "connect", Provider: Name, Addr: pq.addr.String(), Err: &verbs.RejectedError{PrivateData: body}}
-	case msgREP:
+	case oob.REP:
 	default:
-		return fail(fmt.Errorf("%w: type %d where a REP or REJ was due", errCMFrame, typ))
+		return fail(fmt.Errorf("%w: type %d where a REP or REJ was due", oob.ErrFrame, typ))
 	}
-	peer, err := decodeParams(body)
+	peer, err := oob.Decode(body)
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeFrame(c, msgRTU, nil); err != nil {
+	if err := oob.WriteFrame(c, oob.RTU, nil); err != nil {
 		return fail(err)
 	}
 	if !stop() {
@@ -395,15 +309,15 @@ func (pq *pendingQP) accept(ctx context.Context, cp verbs.ConnParam) error {
 	q := pq.q
 	// Answer with the negotiated values, so that both sides compute the same.
 	mine := pq.mine(cp.PrivateData)
-	if err := writeFrame(c, msgREP, encodeParams(mine)); err != nil {
+	if err := oob.WriteFrame(c, oob.REP, mine.Encode()); err != nil {
 		return fail(err)
 	}
-	typ, _, err := readFrame(c)
+	typ, _, err := oob.ReadFrame(c)
 	if err != nil {
 		return fail(err)
 	}
-	if typ != msgRTU {
-		return fail(fmt.Errorf("%w: type %d where an RTU was due", errCMFrame, typ))
+	if typ != oob.RTU {
+		return fail(fmt.Errorf("%w: type %d where an RTU was due", oob.ErrFrame, typ))
 	}
 	if !stop() {
 		return fail(ctx.Err())
@@ -414,7 +328,7 @@ func (pq *pendingQP) accept(ctx context.Context, cp verbs.ConnParam) error {
 
 // establish fixes the connection's parameters from the peer's REQ or
 // REP, starts the engine and watches the TCP connection for the end.
-func (q *qp) establish(c net.Conn, peer cmParams) error {
+func (q *qp) establish(c net.Conn, peer oob.Params) error {
 	la, ok1 := c.LocalAddr().(*net.TCPAddr)
 	ra, ok2 := c.RemoteAddr().(*net.TCPAddr)
 	if !ok1 || !ok2 || la.IP.To4() == nil || ra.IP.To4() == nil {
@@ -423,20 +337,20 @@ func (q *qp) establish(c net.Conn, peer cmParams) error {
 	}
 	local, _ := netip.AddrFromSlice(la.IP.To4())
 	remote, _ := netip.AddrFromSlice(ra.IP.To4())
-	q.rqpn = peer.qpn
+	q.rqpn = peer.QPN
 	q.local = local
-	q.remote = netip.AddrPortFrom(remote, peer.udpPort)
-	q.mtu = min(q.dev.cfg.MTU, int(peer.mtu))
-	q.readsOut = min(q.offer.out, int(peer.ird))
-	q.readsIn = min(q.offer.in, int(peer.ord))
+	q.remote = netip.AddrPortFrom(remote, peer.UDPPort)
+	q.mtu = min(q.dev.cfg.MTU, int(peer.MTU))
+	q.readsOut = min(q.offer.out, int(peer.IRD))
+	q.readsIn = min(q.offer.in, int(peer.ORD))
 	q.cm = c
 	q.info = verbs.ConnInfo{
-		ReadsOut: q.readsOut, ReadsIn: q.readsIn, PrivateData: peer.private,
+		ReadsOut: q.readsOut, ReadsIn: q.readsIn, PrivateData: peer.Private,
 		Local:  verbs.Endpoint{Provider: Name, Addr: netip.AddrPortFrom(local, q.dev.port).String(), QPN: q.qpn},
-		Remote: verbs.Endpoint{Provider: Name, Addr: q.remote.String(), QPN: peer.qpn},
+		Remote: verbs.Endpoint{Provider: Name, Addr: q.remote.String(), QPN: peer.QPN},
 		Detail: fmt.Sprintf("rocev2 udp mtu=%d icrc=%s", q.mtu, q.dev.icrcMode()),
 	}
-	q.start(peer.psn)
+	q.start(peer.PSN)
 	go q.watchCM()
 	return nil
 }
@@ -444,8 +358,8 @@ func (q *qp) establish(c net.Conn, peer cmParams) error {
 // watchCM waits for the peer's DREQ or the end of the TCP connection.
 func (q *qp) watchCM() {
 	for {
-		typ, _, err := readFrame(q.cm)
-		if err != nil || typ == msgDREQ {
+		typ, _, err := oob.ReadFrame(q.cm)
+		if err != nil || typ == oob.DREQ {
 			q.shutdown(verbs.ErrDisconnected)
 			q.closeCM(false)
 			return

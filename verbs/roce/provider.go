@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/roce/oob"
 	"github.com/rdmacp/rdmacp/verbs/softcq"
 	"golang.org/x/sys/unix"
 )
@@ -113,8 +114,6 @@ func New(cfg Config) verbs.Provider {
 	return &provider{cfg: cfg}
 }
 
-func validMTU(m int) bool { return m == 256 || m == 512 || m == 1024 || m == 2048 || m == 4096 }
-
 func (p *provider) Name() string { return Name }
 
 func (p *provider) Devices(ctx context.Context) ([]verbs.DeviceInfo, error) {
@@ -138,7 +137,7 @@ func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Devi
 	if cfg.Name != "" && cfg.Name != DeviceName {
 		return nil, opErr("open", fmt.Errorf("%w: %q (this provider has only %q)", verbs.ErrNoDevice, cfg.Name, DeviceName))
 	}
-	if !validMTU(p.cfg.MTU) {
+	if !oob.ValidMTU(p.cfg.MTU) {
 		return nil, opErr("open", fmt.Errorf("%w: MTU %d (want 256, 512, 1024, 2048 or 4096)", verbs.ErrInvalid, p.cfg.MTU))
 	}
 	conn, err := net.ListenUDP("udp4", &net.UDPAddr{Port: p.port()})

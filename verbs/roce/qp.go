@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
+	"github.com/rdmacp/rdmacp/verbs/roce/oob"
 )
 
 // qp is a reliable-connected queue pair. After connection setup one
@@ -872,7 +873,7 @@ func (q *qp) closeCM(dreq bool) {
 			return
 		}
 		if dreq {
-			writeFrame(q.cm, msgDREQ, nil) // best effort: else the peer sees the close
+			oob.WriteFrame(q.cm, oob.DREQ, nil) // best effort: else the peer sees the close
 		}
 		q.cm.Close()
 	})
