@@ -158,8 +158,9 @@ func (s *Session) reconnect(ctx context.Context, cause error) error {
 		left := s.cfg.RetryFor - s.spent
 		if left <= 0 {
 			s.report(Recovery{Scope: ScopeSession, Cause: cause, Outcome: "gave up", Attempt: attempt - 1})
-			return &GaveUpError{Attempts: attempt - 1, Budget: s.cfg.RetryFor, Cause: cause}
+			return &GaveUpError{Attempts: s.reconnectTries, Reconnects: s.reconnects, Budget: s.cfg.RetryFor, Cause: cause}
 		}
+		s.reconnectTries++
 		s.cfg.Logger.Debug("reconnecting", "attempt", attempt, "cause", cause)
 		t0 := time.Now()
 		s.teardown()
@@ -214,13 +215,18 @@ func (s *Session) report(r Recovery) {
 // GaveUpError is a broken session that could not be re-established
 // within the retry budget. It wraps ErrConnect.
 type GaveUpError struct {
-	Attempts int
-	Budget   time.Duration
-	Cause    error
+	Attempts   int // to connect, or to reconnect, over the whole command
+	Reconnects int // of the attempts to reconnect, those that worked (and broke again later)
+	Budget     time.Duration
+	Cause      error
 }
 
 func (e *GaveUpError) Error() string {
-	return fmt.Sprintf("%v; gave up after %d attempts to reconnect in %v (--retry-for)", e.Cause, e.Attempts, e.Budget)
+	msg := fmt.Sprintf("%v; gave up after %d attempts to connect in %v (--retry-for)", e.Cause, e.Attempts, e.Budget)
+	if e.Reconnects > 0 {
+		msg += fmt.Sprintf(", %d of which reconnected and broke again", e.Reconnects)
+	}
+	return msg
 }
 
 func (e *GaveUpError) Unwrap() []error { return []error{ErrConnect, e.Cause} }

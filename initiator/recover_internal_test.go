@@ -2,8 +2,12 @@ package initiator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/reads"
@@ -35,5 +39,21 @@ func TestRecoverable(t *testing.T) {
 		if got := recoverable(ctx, c.err); got != c.want {
 			t.Errorf("recoverable(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// A session whose budget earlier reconnects spent says so when it gives
+// up: its attempts over the whole command, and how many worked, not "0
+// attempts" for the last break alone.
+func TestGaveUpCountsTheWholeCommand(t *testing.T) {
+	s := &Session{cfg: Config{RetryFor: time.Second, Logger: slog.New(slog.DiscardHandler)}, spent: time.Second, reconnects: 3, reconnectTries: 4}
+	cause := fmt.Errorf("%w: the control connection was lost", ErrConnect)
+	err := s.reconnect(context.Background(), cause)
+	var gu *GaveUpError
+	if !errors.As(err, &gu) || gu.Attempts != 4 || gu.Reconnects != 3 || !errors.Is(err, ErrConnect) {
+		t.Fatalf("err = %#v", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "after 4 attempts to connect in 1s") || !strings.Contains(msg, "3 of which reconnected") {
+		t.Errorf("message: %s", msg)
 	}
 }

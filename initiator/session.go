@@ -254,8 +254,9 @@ type Session struct {
 	packMR    verbs.MR // over packBuf
 
 	// spent is the time recovery has taken so far, against RetryFor.
-	spent      time.Duration
-	reconnects int
+	spent          time.Duration
+	reconnects     int // that worked
+	reconnectTries int // all of them
 	// sharing counts the goroutines besides a transfer's own that are
 	// using the session (a tree listed directory by directory while its
 	// files are copied): it is not re-established under them.
