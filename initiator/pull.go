@@ -142,6 +142,9 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp Pull
 		}
 		st.ext = f.ext
 	}
+	if err := s.joined(ctx); err != nil { // Stat, Open and Extents went while the QPs joined
+		return err
+	}
 	if err := st.arm(f, sp, or, layout); errors.Is(err, ErrSame) {
 		closed = true
 		fd, err := s.confirmSame(ctx, or, err)
