@@ -82,6 +82,9 @@ const benchStageLimit = 64 << 20
 // once the Duration or Iters is done and every READ has completed; any
 // unsuccessful completion fails the test.
 func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*BenchResult, error) {
+	if err := s.joined(ctx); err != nil { // the plan below reads the QPs
+		return nil, err
+	}
 	if opt.Size == 0 {
 		opt.Size = s.cfg.ReadSize
 	}

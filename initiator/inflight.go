@@ -185,6 +185,7 @@ type InFlight struct {
 
 // InFlight reports the session's in-flight budget.
 func (s *Session) InFlight() InFlight {
+	s.waitJoined()
 	st := s.budget().Stats()
 	return InFlight{ConnectRTT: s.plan.RTT, RTT: st.RTT, Bytes: st.Bytes, Min: st.Min, Max: st.Max, Growing: st.Growing, Losses: st.Losses}
 }

@@ -136,11 +136,19 @@ func (s *Session) pullOnce(ctx context.Context, res *Result, src string, sp Pull
 	res.Chunks, res.ChunkSize, res.Algorithm = layout.Chunks(), layout.ChunkSize, alg
 
 	f := &fetch{s: s, ctx: ctx, handle: or.Handle, layout: layout, alg: alg, src: src, progress: sp.Progress}
-	if or.Entry.Type == protocol.FileRegular {
+	switch {
+	case or.Entry.Type != protocol.FileRegular:
+	case or.Flags&protocol.OpenDense != 0: // what Extents would say, without asking
+		f.ext = &local.ExtentMap{Size: layout.Size, Extents: []protocol.Extent{{Offset: 0, Length: uint64(layout.Size)}}}
+		st.ext = f.ext
+	default:
 		if f.ext, err = s.listExtents(ctx, or.Handle, layout.Size); err != nil {
 			return err
 		}
 		st.ext = f.ext
+	}
+	if err := s.joined(ctx); err != nil { // Stat, Open and Extents went while the QPs joined
+		return err
 	}
 	if err := st.arm(f, sp, or, layout); errors.Is(err, ErrSame) {
 		closed = true

@@ -49,6 +49,9 @@ const defaultPushWindow = 32 << 20
 // written: it keeps a lost session's push for a while, and this side
 // names the push with the same token (protocol.Push.Token) again.
 func (s *Session) Put(ctx context.Context, src, dst string, opt PutOptions) (*Result, error) {
+	if err := s.joined(ctx); err != nil { // a push plans its windows from the QPs
+		return &Result{Source: src, Dest: dst}, err
+	}
 	ps := &pushState{}
 	if _, err := rand.Read(ps.token[:]); err != nil {
 		return &Result{Source: src, Dest: dst}, err

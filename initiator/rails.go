@@ -287,6 +287,7 @@ func pathErr(err error) bool {
 
 // Rails reports the session's rails and the bytes each carried.
 func (s *Session) Rails() []Rail {
+	s.waitJoined() // a rail that failed its joins is down
 	out := make([]Rail, len(s.rails))
 	for k, r := range s.rails {
 		out[k] = Rail{Device: r.device, Local: r.local, Remote: r.remote, Bytes: r.bytes.Load()}

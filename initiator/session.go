@@ -266,6 +266,11 @@ type Session struct {
 	// took it); reconnect gives up at once.
 	revocation atomic.Pointer[RevokedError]
 	meta       *local.Metadata
+	// joining is the data QPs' join behind the first requests, nil once
+	// torn down or where the session joined before Dial returned
+	// (joining.go); behind says Dial's first dial may join so.
+	joining *joining
+	behind  bool
 }
 
 // BytesRead is how many bytes the session has pulled with RDMA READs.
@@ -278,7 +283,10 @@ func Dial(ctx context.Context, addr string, cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s := &Session{cfg: cfg, addr: addr, userQPs: cfg.QPs, userDepth: cfg.Depth, meta: &local.Metadata{Archive: cfg.Archive, Log: cfg.Logger}}
-	if err := s.dialBusy(ctx); err != nil {
+	s.behind = true
+	err := s.dialBusy(ctx)
+	s.behind = false // a re-established session joins before it goes on
+	if err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -337,11 +345,16 @@ func (s *Session) dial(ctx context.Context) error {
 	if err := s.setRails(ctx); err != nil {
 		return err
 	}
-	if err := s.join(ctx); err != nil {
+	s.ch.SetTimeout(s.cfg.Timeout)
+	n, err := s.planJoin()
+	if err != nil {
 		return err
 	}
-	s.ch.SetTimeout(s.cfg.Timeout)
-	return nil
+	if s.behind {
+		s.joinBehind(ctx, n)
+		return nil
+	}
+	return s.connectQPs(ctx, n)
 }
 
 // call sends m and waits for the reply, for as long as the target shows
@@ -349,6 +362,11 @@ func (s *Session) dial(ctx context.Context) error {
 func (s *Session) call(ctx context.Context, m protocol.Message) (protocol.Message, error) {
 	if s.dead() {
 		return nil, errControlLost
+	}
+	if !beforeJoin(m.Type()) {
+		if err := s.joined(ctx); err != nil {
+			return nil, err
+		}
 	}
 	r, err := s.ch.Call(ctx, m)
 	return r, s.callErr(m.Type(), err)
@@ -536,12 +554,13 @@ func (s *Session) noteGrant(qps, depth int) {
 // Capped lists the user's numbers the target granted less of.
 func (s *Session) Capped() []Capped { return s.capped }
 
-// join connects the data QPs, each naming the session in its private data.
-func (s *Session) join(ctx context.Context) error {
+// planJoin settles the data QPs' number and depth with what the target
+// grants, and makes their CQs: all that needs no round trip.
+func (s *Session) planJoin() (int, error) {
 	dev := s.cfg.Device
 	n := s.slotsFor(s.cfg.QPs, int(s.ch0.MaxDataQPs))
 	if n < 1 {
-		return fmt.Errorf("%w: target accepts no data QPs", ErrConnect)
+		return 0, fmt.Errorf("%w: target accepts no data QPs", ErrConnect)
 	}
 	depth := s.cfg.Depth
 	if m := int(s.ch0.MaxReadsPerQP); m > 0 {
@@ -552,19 +571,25 @@ func (s *Session) join(ctx context.Context) error {
 	// Room for a generation of flushed READs besides the live ones: a
 	// QP that fails flushes its READs while the others go on.
 	if s.dataCQ, err = dev.CreateCQ(2*n*depth + 16); err != nil {
-		return err
+		return 0, err
 	}
 	if s.rcq, err = dev.CreateCQ(1); err != nil {
-		return err
+		return 0, err
 	}
 	if err := s.moreCQs(2*n*depth + 16); err != nil {
-		return err
+		return 0, err
 	}
 	s.reads = depth
 	s.slotRail = make([]atomic.Int32, n)
 	for i := range s.slotRail {
 		s.slotRail[i].Store(int32(i % len(s.rails)))
 	}
+	return n, nil
+}
+
+// connectQPs connects the n data QPs planJoin planned, each naming the
+// session in its private data.
+func (s *Session) connectQPs(ctx context.Context, n int) error {
 	qps, err := joinAll(ctx, n, s.dialSlot)
 	if err != nil {
 		return err
@@ -618,6 +643,7 @@ func (s *Session) reportQP(ev reads.Event) {
 
 // Transport describes the connection, e.g. "iwarp-soft (mpa rev 2, crc32c on)".
 func (s *Session) Transport() string {
+	s.waitJoined()
 	d := s.cfg.Device.Provider()
 	if s.info.Detail != "" {
 		d += " (" + s.info.Detail + ")"
@@ -626,7 +652,10 @@ func (s *Session) Transport() string {
 }
 
 // DataQPs and ReadsPerQP report what the session negotiated.
-func (s *Session) DataQPs() int { return s.nqps }
+func (s *Session) DataQPs() int {
+	s.waitJoined()
+	return s.nqps
+}
 
 // Packs is how many Packs the target answered, and walk batches that
 // carried packed files: round trips that small files shared.
@@ -648,7 +677,10 @@ func (s *Session) Share() (done func()) {
 	s.sharing.Add(1)
 	return func() { s.sharing.Add(-1) }
 }
-func (s *Session) ReadsPerQP() int { return s.reads }
+func (s *Session) ReadsPerQP() int {
+	s.waitJoined()
+	return s.reads
+}
 
 // Stat returns the entry of a path ("EXPORT/dir/file").
 func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error) {
@@ -742,6 +774,7 @@ func (s *Session) Close() error {
 const byeWait = 300 * time.Millisecond
 
 func (s *Session) close() {
+	s.stopJoin()
 	if s.qps != nil {
 		s.qps.Stop() // the target drops the data QPs on Bye: no failures
 	}
@@ -756,6 +789,7 @@ func (s *Session) close() {
 // teardown frees what the session holds, QPs before memory, without
 // waiting on the peer.
 func (s *Session) teardown() {
+	s.stopJoin()
 	if s.qps != nil {
 		s.qps.Stop()
 	}
@@ -789,6 +823,9 @@ func (s *Session) teardown() {
 
 // engine starts a READ engine over the session's data QPs.
 func (s *Session) engine(ctx context.Context, cfg reads.Config) (*reads.Engine, error) {
+	if err := s.joined(ctx); err != nil {
+		return nil, err
+	}
 	if s.qps == nil {
 		return nil, fmt.Errorf("%w: the session has no data QPs", ErrConnect)
 	}
@@ -818,6 +855,7 @@ func (s *Session) endEngine(ctx context.Context, eng *reads.Engine, err error) {
 
 // gens snapshots the data QPs' generations (nil without data QPs).
 func (s *Session) gens() []uint32 {
+	s.waitJoined()
 	if s.qps == nil {
 		return nil
 	}

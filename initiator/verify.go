@@ -117,10 +117,11 @@ func (f *fetch) chunkDone(w *win, i int) {
 		<-f.windows
 	}
 	if w.left == 0 && !w.hole {
+		last := f.done == f.layout.Chunks()
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			f.unmap(w)
+			f.unmap(w, last)
 		}()
 	}
 }

@@ -101,14 +101,23 @@ type Open struct {
 // OpenReply answers Open with a handle for the open file, the chunking the
 // target chose and the whole-file digest (chunker.FileDigest).
 type OpenReply struct {
-	RequestID  uint32
-	Handle     uint32
-	ChunkSize  uint32
-	Algorithm  uint8
-	Chunks     uint32
+	RequestID uint32
+	Handle    uint32
+	ChunkSize uint32
+	Algorithm uint8
+	Chunks    uint32
+	// Flags: OpenDense, or 0.
+	Flags      uint8
 	FileDigest []byte
 	Entry      Entry
 }
+
+// OpenDense, in OpenReply's Flags: the file had no holes when it was
+// opened (one data extent from 0 to Size, as Extents would have said),
+// so the initiator asks for no Extents: a round trip less before the
+// first Map, 200 ms on a long link. A hole made after the Open reads as
+// zeros, the file's bytes all the same.
+const OpenDense uint8 = 1 << 0
 
 // Digests asks for Count chunk digests starting at chunk First.
 type Digests struct {
@@ -379,6 +388,7 @@ func (m *OpenReply) encode(e *encoder) {
 	e.u32(m.ChunkSize)
 	e.u8(m.Algorithm)
 	e.u32(m.Chunks)
+	e.u8(m.Flags)
 	e.blob(m.FileDigest)
 	encodeEntry(e, &m.Entry)
 }
@@ -388,6 +398,7 @@ func (m *OpenReply) decode(d *decoder) {
 	m.ChunkSize = d.u32()
 	m.Algorithm = d.u8()
 	m.Chunks = d.u32()
+	m.Flags = d.u8()
 	m.FileDigest = d.blob()
 	decodeEntry(d, &m.Entry)
 }

@@ -46,7 +46,7 @@ func samples() []Message {
 		&Stat{RequestID: 4, Path: "dir/data.bin"},
 		&StatReply{RequestID: 4, Entry: sampleEntry},
 		&Open{RequestID: 5, Algorithm: 1, ChunkSize: 4 << 20, Path: "dir/data.bin"},
-		&OpenReply{RequestID: 5, Handle: 77, ChunkSize: 4 << 20, Algorithm: 1, Chunks: 262145,
+		&OpenReply{RequestID: 5, Handle: 77, ChunkSize: 4 << 20, Algorithm: 1, Chunks: 262145, Flags: OpenDense,
 			FileDigest: bytes.Repeat([]byte{0xab}, 32), Entry: sampleEntry},
 		&Digests{RequestID: 6, Handle: 77, First: 100, Count: 2000},
 		&DigestsReply{RequestID: 6, Handle: 77, First: 100, Digests: bytes.Repeat([]byte{1, 2, 3, 4}, 16)},
@@ -323,7 +323,7 @@ func TestOversizedCounts(t *testing.T) {
 	mapr[HeaderSize+32+3] = 3
 	// Blobs whose length runs past the end.
 	open := mustMarshal(t, &OpenReply{FileDigest: []byte{1, 2, 3, 4}})
-	open[HeaderSize+13] = 0x7f
+	open[HeaderSize+14] = 0x7f // FileDigest's length, after Flags
 	digests := mustMarshal(t, &DigestsReply{Digests: []byte{1}})
 	digests[HeaderSize+8] = 0xff
 	// A string longer than what is left.

@@ -50,6 +50,21 @@ func extents(f *os.File, dense bool, off, end int64, max int) (xs []protocol.Ext
 	return xs, 0, nil
 }
 
+// openFlags is OpenReply's Flags for h: OpenDense where the file is one
+// data extent (a block device, or a regular file without holes), so the
+// initiator need not ask for Extents. One SEEK_DATA and one SEEK_HOLE,
+// through extents, the one place holes are found.
+func openFlags(h *handle) uint8 {
+	if h.size == 0 {
+		return 0
+	}
+	xs, next, err := extents(h.f, h.blockdev, 0, h.size, 2)
+	if err != nil || next != 0 || len(xs) != 1 || xs[0].Offset != 0 || int64(xs[0].Length) != h.size {
+		return 0
+	}
+	return protocol.OpenDense
+}
+
 // holeChunks says, for the chunks of cs bytes from chunk first on that
 // cover [off, end) (off is chunk first's offset), which lie wholly in
 // holes: none of their bytes is data. Past maxExtents extents the rest

@@ -154,7 +154,7 @@ func (ss *session) open(ctx context.Context, m *protocol.Open) protocol.Message 
 	ss.withMeta(&e, func() *protocol.Meta { return ss.fdMeta(int(f.Fd())) })
 	ss.log.Debug("open", "path", m.Path, "size", fi.Size(), "chunk", cs, "alg", alg.String(), "digests_cached", cached)
 	return &protocol.OpenReply{Handle: h.id, ChunkSize: uint32(cs), Algorithm: uint8(alg),
-		Chunks: uint32(layout.Chunks()), FileDigest: fd, Entry: e}
+		Chunks: uint32(layout.Chunks()), Flags: openFlags(h), FileDigest: fd, Entry: e}
 }
 
 // file reports whether h is a file open for reading (not a pack or a push).

@@ -123,7 +123,9 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		return err
 	}
 	defer closeSession()
-	warnRails(c.App.ErrWriter, s.Rails()) // a warning: -q and --json keep it
+	// A warning (-q and --json keep it), once the data QPs have joined:
+	// they join behind the Stat and the Open (initiator/joining.go).
+	defer func() { warnRails(c.App.ErrWriter, s.Rails()) }()
 	e, err := s.Stat(ctx, src.path)
 	if err != nil {
 		return err

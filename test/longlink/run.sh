@@ -2,12 +2,13 @@
 # test/longlink/run.sh - rdmacp over a long link: real serve and cp in two
 # network namespaces joined through test/linkemu (the project's userspace
 # link emulator: delay below the socket; this kernel has no sch_netem),
-# with tbf for a rate. Four cases: 200 ms RTT against the same link with
+# with tbf for a rate. Five cases: 200 ms RTT against the same link with
 # no delay (whole-copy and steady rates, and the extra time in RTTs); the
 # same with a competing TCP flow taking 5% of a 100 MB/s link; 1% random
 # loss at 50 ms RTT against none; and a copy capped at 50 MiB/s by cp
-# --bwlimit and by serve --bwlimit. About 3.5 minutes on the 2-core
-# host; bounded at 7.
+# --bwlimit and by serve --bwlimit; and TestCubic, the 50 ms, lossy and
+# 200 ms cases with CUBIC (LONGLINK_CC=cubic sets any case's congestion
+# control: topo.sh). About 3 minutes on the 2-core host; bounded at 7.
 #
 # usage: test/longlink/run.sh [go test flags, e.g. -run TestLongRTT]
 #   RDMACP_BIN=/path/to/rdmacp     test that binary instead of building ./cmd/rdmacp

@@ -7,6 +7,10 @@
 # optional rate and loss). Veth MTU 65000 and GSO super-frames kept by the
 # emulator: a few thousand frames a second carry hundreds of MB/s.
 #
+# $LONGLINK_CC, if set (cubic, reno, bbr), is the TCP congestion control
+# of both ends' namespaces (net.ipv4.tcp_congestion_control is per
+# namespace): the host's default otherwise (bbr on the CI hosts).
+#
 # The veths' MTU is $LONGLINK_MTU, 65000 unless set: a receiver of a
 # lone flow paced below its share may then never open its window past
 # one 64948-byte segment (TestCompetingFlow sets 9000; see there).
@@ -26,6 +30,9 @@ up)
     ip -n "$name-$ns" link set lo up
     ip netns exec "$name-$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
   done
+  if [ -n "${LONGLINK_CC:-}" ]; then
+    for ns in a b; do ip netns exec "$name-$ns" sysctl -qw net.ipv4.tcp_congestion_control="$LONGLINK_CC"; done
+  fi
   ip link add "$name-a0" netns "$name-a" type veth peer name "$name-a1" netns "$name-m"
   ip link add "$name-b0" netns "$name-b" type veth peer name "$name-b1" netns "$name-m"
   for x in a b; do
