@@ -79,10 +79,12 @@ type report struct {
 	MaxRSS  int64   `json:"max_rss_kib"`
 }
 
-func emit(role, mode string, n int, bytes int64, d time.Duration) {
+// emit prints the report; cpu0 is the CPU used before the measured
+// part (the sender's filling its source), left out of it.
+func emit(role, mode string, n int, bytes int64, d, cpu0 time.Duration) {
+	cpu := (cpuTime() - cpu0).Seconds()
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 	r := report{Role: role, Mode: mode, Streams: n, Bytes: bytes, Seconds: d.Seconds(),
 		GBps: float64(bytes) / 1e9 / max(d.Seconds(), 1e-9), CPU: cpu, MaxRSS: ru.Maxrss}
 	if bytes > 0 {
@@ -136,6 +138,12 @@ func send(args []string) error {
 		}
 		size = fi.Size()
 	}
+	// Filled before the receiver's clock starts (at the first accept).
+	var src *source
+	if f == nil {
+		src = newSource(*window)
+	}
+	cpu0 := cpuTime()
 	conns := make([]net.Conn, *n)
 	for i := range conns {
 		c, err := net.Dial("tcp", *addr)
@@ -148,10 +156,6 @@ func send(args []string) error {
 	start := time.Now()
 	deadline := start.Add(*dur)
 	var total atomic.Int64
-	var src *source
-	if f == nil {
-		src = newSource(*window)
-	}
 	errs := make(chan error, *n)
 	for i, c := range conns {
 		go func() {
@@ -177,7 +181,7 @@ func send(args []string) error {
 	if f != nil {
 		mode = "file"
 	}
-	emit("send", mode, *n, total.Load(), time.Since(start))
+	emit("send", mode, *n, total.Load(), time.Since(start), cpu0)
 	return nil
 }
 
@@ -316,7 +320,7 @@ func recv(args []string) error {
 			}
 		}
 	}
-	emit("recv", mode, *n, total.Load(), time.Since(start))
+	emit("recv", mode, *n, total.Load(), time.Since(start), 0)
 	return nil
 }
 
@@ -350,4 +354,11 @@ func recvStream(c net.Conn, h header, f *os.File, total *atomic.Int64) error {
 		return fmt.Errorf("stream %d: got %d bytes, want %d", h.Index, off-int64(h.Offset), h.Length)
 	}
 	return nil
+}
+
+// cpuTime is the user and system CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
