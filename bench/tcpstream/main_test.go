@@ -65,3 +65,19 @@ func TestMemoryMode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The source hands out its MiBs in turn, wrapping, whichever stream asks.
+func TestSourceCycles(t *testing.T) {
+	s := newSource(3 << 20)
+	for i := range 7 {
+		c := s.chunk()
+		if len(c) != bufSize || &c[0] != &s.buf[(i%3)*bufSize] {
+			t.Fatalf("chunk %d: not MiB %d of the source", i, i%3)
+		}
+	}
+	for off := 0; off < len(s.buf); off += 4096 {
+		if s.buf[off] == 0 {
+			t.Fatalf("source page at %d not written", off)
+		}
+	}
+}

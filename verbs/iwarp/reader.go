@@ -19,7 +19,7 @@ var errPeerClosed = fmt.Errorf("%w by peer", verbs.ErrDisconnected)
 
 func (q *qp) reader() {
 	defer q.wg.Done()
-	fr := newFrameReader(q.conn, (specSegs+2)*(maxPayload+specHdr+3+crcLen))
+	fr := newFrameReader(q.conn, frameBufSize)
 	err := q.readLoop(fr)
 	q.mu.Lock()
 	dead := q.dead

@@ -78,7 +78,7 @@ func benchReceive(b *testing.B, crc bool) {
 
 	readErr := make(chan error, 1)
 	go func() {
-		readErr <- q.readLoop(newFrameReader(conn, (specSegs+2)*(maxPayload+specHdr+3+crcLen)))
+		readErr <- q.readLoop(newFrameReader(conn, frameBufSize))
 	}()
 	send := make(chan int, depth)
 	go func() {

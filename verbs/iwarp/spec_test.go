@@ -2,10 +2,16 @@ package iwarp
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -102,7 +108,7 @@ func TestReadSpec(t *testing.T) {
 				}
 			}
 		}()
-		fr := newFrameReader(b, (specSegs+2)*(maxPayload+specHdr+3+crcLen))
+		fr := newFrameReader(b, frameBufSize)
 		got := make([]byte, len(cur))
 		n, err := fr.readSpec(got, trail, segs, extra)
 		if err != nil {
@@ -186,5 +192,78 @@ func TestReadResponsesCut(t *testing.T) {
 				t.Errorf("%s, crc %v: the reader stopped predicting: %v", tc.name, cfg.CRC, q.noSpec)
 			}
 		}
+	}
+}
+
+// A READ's whole Read Response, once it is all in the socket, is placed
+// in a couple of readvs (the first header's, then the rest in one), not
+// in one readv per few segments: each readv is a system call and a
+// window update. Here 16 segments of 4 KiB, which a socketpair's
+// default buffers hold whole.
+func TestResponseInFewReadvs(t *testing.T) {
+	const seg, nseg = 4096, 16
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dv, err := New(Config{}).Open(ctx, verbs.DeviceConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dv.Close()
+	vpd, _ := dv.AllocPD()
+	vcq, _ := dv.CreateCQ(16)
+	sink := buffer(t, seg*nseg)
+	sm, err := vpd.RegMR(sink, verbs.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := make([]net.Conn, 2)
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		if conns[i], err = net.FileConn(f); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		defer conns[i].Close()
+	}
+	src := make([]byte, seg*nseg)
+	rand.NewChaCha8([32]byte{3}).Read(src)
+	f := newFPDUs(true, nil)
+	for off := 0; off < len(src); off += seg {
+		h := header{tagged: true, last: off+seg == len(src), op: opReadResp, stag: sm.LKey(), to: sm.Addr() + uint64(off)}
+		f.add(&h, nil, src[off:off+seg])
+	}
+	var stream []byte
+	for _, p := range f.bufs {
+		stream = append(stream, p...)
+	}
+	if _, err := conns[0].Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	q := &qp{dev: dv.(*device), pd: vpd.(*pd), sendCQ: vcq.(*cq), qpn: 1, conn: conns[1], crc: true,
+		sendMSN: 1, readMSN: 1, recvMSN: 1, readReqMSN: 1,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	s := &swr{wr: verbs.SendWR{ID: 7, Op: verbs.OpRead, Local: verbs.SGE{Addr: sm.Addr(), Length: uint32(len(src)), LKey: sm.LKey()}}}
+	q.sq, q.reads, q.posted = []*swr{s}, []*swr{s}, 1
+	fr := newFrameReader(conns[1], frameBufSize)
+	readErr := make(chan error, 1)
+	go func() { readErr <- q.readLoop(fr) }()
+	c := wait(t, vcq, 1)
+	if c[0].Status != verbs.StatusSuccess || c[0].WRID != 7 {
+		t.Fatalf("READ: %+v", c[0])
+	}
+	conns[0].Close()
+	if err := <-readErr; !errors.Is(err, io.EOF) {
+		t.Fatalf("reader: %v, want EOF", err)
+	}
+	if i := firstDiff(sink, src); i >= 0 {
+		t.Fatalf("sink differs at byte %d", i)
+	}
+	// The first header, the rest of the response, the EOF.
+	if fr.readvs > 3 {
+		t.Fatalf("%d readvs for a response of %d segments all in the socket, want at most 3", fr.readvs, nseg)
 	}
 }
