@@ -18,6 +18,7 @@ package initiator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"strconv"
@@ -63,6 +64,11 @@ type pathPlan struct {
 	Inflight int64         // bytes in flight at most (QPs × Depth × read size)
 	Start    int64         // bytes in flight to start from
 	Fixed    bool          // --depth given: no growth
+	// HostCap is the rate the QPs' transport windows carry at most on
+	// this path, where that is less than the plan's rate: iwarp-soft's
+	// QPs are TCP connections, each held to one send buffer per round
+	// trip. 0: no such cap.
+	HostCap float64 // bytes a second
 }
 
 // planInput is what a plan is made from.
@@ -100,6 +106,11 @@ func planPath(in planInput) pathPlan {
 		}
 	}
 	p.Inflight = int64(p.QPs) * int64(p.Depth) * rs
+	if in.ConnWindow > 0 && in.RTT > 0 {
+		if c := float64(p.QPs) * float64(in.ConnWindow) / in.RTT.Seconds(); c < planRate {
+			p.HostCap = c
+		}
+	}
 	// Each QP starts at the short-path depth, as every QP always did:
 	// below that, the budget's slow start only lagged TCP's own (a
 	// 16 MiB start over 16 QPs took 4 s to fill a 200 ms path).
@@ -188,6 +199,34 @@ func (s *Session) InFlight() InFlight {
 	s.waitJoined()
 	st := s.budget().Stats()
 	return InFlight{ConnectRTT: s.plan.RTT, RTT: st.RTT, Bytes: st.Bytes, Min: st.Min, Max: st.Max, Growing: st.Growing, Losses: st.Losses}
+}
+
+// hostCapped warns, once a session, when a fetch moved n bytes in d
+// (from its first chunk on) at the rate the host's TCP buffers allow on
+// this path (HostCap): the link may carry more, and the setting that
+// holds it back is the user's to raise. Below 60% of the cap something
+// else held the copy: a 1 GiB copy held by the cap at 200 ms averages
+// about 70% of it from the first chunk on, slow start included.
+func (s *Session) hostCapped(n int64, d time.Duration) {
+	c := s.plan.HostCap
+	if c == 0 || d <= 0 || float64(n)/d.Seconds() < 0.6*c {
+		return
+	}
+	s.capWarned.Do(func() {
+		w := tcpWmemMax() // what HostCap was planned from: iwarp-soft
+		s.cfg.Logger.Warn(fmt.Sprintf("the hosts' TCP buffers cap this path: each data QP carries at most %.0f MB/s (net.ipv4.tcp_wmem's maximum, %.1f MiB, per %v round trip), %d QPs %.0f MB/s; raise net.ipv4.tcp_wmem's and net.ipv4.tcp_rmem's maxima on both hosts for more",
+			float64(w)/s.plan.RTT.Seconds()/1e6, float64(w)/(1<<20), s.plan.RTT.Round(time.Millisecond), s.plan.QPs, c/1e6))
+	})
+}
+
+// TCPWindowCap is what iwarp-soft carries at most at round trip rtt on
+// this host, in bytes a second: a data QP's TCP connection is held to
+// net.ipv4.tcp_wmem's maximum, window, per round trip, and a session
+// joins at most maxAutoQPs of them on its own (doctor's figures).
+func TCPWindowCap(rtt time.Duration) (window int64, perQP, session float64) {
+	window = tcpWmemMax()
+	perQP = float64(window) / rtt.Seconds()
+	return window, perQP, perQP * maxAutoQPs
 }
 
 // connWindow is the transport window of one data QP: iwarp-soft's QPs

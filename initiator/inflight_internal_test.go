@@ -1,7 +1,10 @@
 package initiator
 
 import (
+	"bytes"
+	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,5 +65,34 @@ func TestPlanPathWithinMemlock(t *testing.T) {
 	p = planPath(planInput{RTT: 200 * time.Millisecond, ReadSize: mib, ChunkSize: 4 * mib, ConnWindow: 4 * mib, Memlock: 8 * mib})
 	if p.Depth != shortDepth {
 		t.Errorf("memlock 8 MiB: depth %d, want the short-path %d", p.Depth, shortDepth)
+	}
+}
+
+// Where the QPs' TCP windows carry less than the plan's rate, the plan
+// says how much (HostCap), and a fetch that ran at that rate is told
+// which setting holds it back, once; one that ran well below it is not.
+func TestHostCap(t *testing.T) {
+	p := planPath(planInput{RTT: 200 * time.Millisecond, ReadSize: mib, ChunkSize: 4 * mib, ConnWindow: 4 * mib, Memlock: -1})
+	if want := 16 * 4 * float64(mib) / 0.2; p.HostCap != want {
+		t.Errorf("200 ms, 16 QPs of 4 MiB windows: HostCap %.0f, want %.0f", p.HostCap, want)
+	}
+	for _, in := range []planInput{
+		{RTT: time.Millisecond, ReadSize: mib, ChunkSize: 4 * mib, ConnWindow: 4 * mib, Memlock: -1}, // 16.8 GB/s: no cap
+		{RTT: 200 * time.Millisecond, ReadSize: mib, ChunkSize: 4 * mib, Memlock: -1},                // hardware: no window
+	} {
+		if p := planPath(in); p.HostCap != 0 {
+			t.Errorf("%+v: HostCap %.0f, want none", in, p.HostCap)
+		}
+	}
+	var logs bytes.Buffer
+	s := &Session{cfg: Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, plan: p}
+	s.hostCapped(int64(0.3*p.HostCap), time.Second) // a 1 Gbit/s link: held by something else
+	if logs.Len() != 0 {
+		t.Fatalf("warned at 30%% of the cap: %s", logs.String())
+	}
+	s.hostCapped(int64(0.8*p.HostCap), time.Second)
+	s.hostCapped(int64(0.9*p.HostCap), time.Second)
+	if n := strings.Count(logs.String(), "TCP buffers cap this path"); n != 1 || !strings.Contains(logs.String(), "net.ipv4.tcp_wmem") {
+		t.Errorf("at 80%% of the cap, twice: %d warnings, want 1 naming net.ipv4.tcp_wmem:\n%s", n, logs.String())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rdmacp/rdmacp/initiator/local"
 
@@ -53,6 +54,9 @@ type fetch struct {
 	done      int // chunks verified
 	retries   int
 	tick      reads.Every
+	// From the first chunk verified on, for hostCapped.
+	firstAt    time.Time
+	firstBytes int64
 
 	// Resuming: have marks chunks the destination is believed to hold; a
 	// chunk whose local digest (local hashes it, when its window comes)
@@ -162,6 +166,9 @@ func (f *fetch) run() (err error) {
 		}
 	}
 	f.report(true)
+	if f.s != nil && !f.firstAt.IsZero() {
+		f.s.hostCapped(f.written-f.firstBytes, time.Since(f.firstAt))
+	}
 	return nil
 }
 

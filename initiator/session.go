@@ -241,6 +241,7 @@ type Session struct {
 	// the user's QPs and Depth (0: automatic); inflight the READ budget
 	// its engines share (inflight.go).
 	plan               pathPlan
+	capWarned          sync.Once // hostCapped's warning
 	userQPs, userDepth int
 	capped             []Capped // noteGrant
 	inflight           *reads.Budget

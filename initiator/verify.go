@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
@@ -108,6 +109,9 @@ func (f *fetch) chunkDone(w *win, i int) {
 	_, n := f.layout.Chunk(i)
 	f.written += n
 	f.done++
+	if f.done == 1 {
+		f.firstAt, f.firstBytes = time.Now(), f.written
+	}
 	f.verified[i] = true
 	if f.onDone != nil {
 		f.onDone(i)

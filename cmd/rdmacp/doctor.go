@@ -135,6 +135,9 @@ func runDoctor(c *cli.Context) error {
 		transport = dev.Provider()
 	}
 	memlockCheck(d, transport, 1+len(more), c.Int("qps"), c.Int("depth"), o.sizes["read-size"], o.sizes["chunk-size"], o.sizes["max-window"], o.sizes["window-budget"])
+	if transport == iwarp.Name {
+		tcpWindowCheck(d)
+	}
 	sysfsChecks(d, sysfsRoot)
 	netdevChecks(d, netRoot)
 	deviceChecks(d, dev, more, c.String("dir"))
@@ -151,6 +154,16 @@ func runDoctor(c *cli.Context) error {
 		}
 	}
 	return d.summary()
+}
+
+// tcpWindowCheck says what the host's TCP send buffers let iwarp-soft
+// carry on a long path, where each data QP is a TCP connection held to
+// one buffer per round trip: the setting, and what it costs.
+func tcpWindowCheck(d *doctor) {
+	w, qp50, s50 := initiator.TCPWindowCap(50 * time.Millisecond)
+	_, qp200, s200 := initiator.TCPWindowCap(200 * time.Millisecond)
+	d.report("tcp-window", checkOK, fmt.Sprintf("net.ipv4.tcp_wmem's maximum is %s: an iwarp-soft data QP carries at most %.0f MB/s at 50 ms RTT and %.0f at 200 ms, a session's 16 QPs %.0f and %.0f MB/s (raise tcp_wmem's and tcp_rmem's maxima on both hosts for a faster long link)",
+		formatBytes(w), qp50/1e6, qp200/1e6, s50/1e6, s200/1e6), "")
 }
 
 // doctorOpts are doctor's argument and flags, checked.

@@ -62,6 +62,11 @@ func TestDoctor(t *testing.T) {
 	if !strings.Contains(lines["memlock"], "ulimit -l") {
 		t.Errorf("memlock: %q", lines["memlock"])
 	}
+	// iwarp-soft's long-path ceiling: the setting that sets it, and what
+	// it costs at 200 ms.
+	if l := lines["tcp-window"]; !strings.Contains(l, "net.ipv4.tcp_wmem") || !strings.Contains(l, "at 200 ms") {
+		t.Errorf("tcp-window: %q", l)
+	}
 
 	// A reachable target passes; an unreachable one fails, with exit 1.
 	s := serve(t, t.TempDir(), nil)
