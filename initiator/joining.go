@@ -2,6 +2,7 @@ package initiator
 
 import (
 	"context"
+	"time"
 
 	"github.com/rdmacp/rdmacp/protocol"
 )
@@ -55,6 +56,27 @@ func (s *Session) joined(ctx context.Context) error {
 // waitJoined is joined for the accessors that report on the QPs: the
 // join ends by itself within ConnectTimeout.
 func (s *Session) waitJoined() { s.joined(context.Background()) }
+
+// joinGrace is how long a session that is closing lets a join still
+// going finish before cancelling it. ls closes straight after its List,
+// so every ls cancelled its QPs' connects in flight: over rxe, ls -l
+// crashed in librdmacm's event loop (SIGSEGV in rdma_get_cm_event, the
+// CI's Soft-RoCE guest). A join on a LAN takes milliseconds, two round
+// trips on a long link; the bound keeps an interrupted command's exit
+// prompt.
+const joinGrace = 500 * time.Millisecond
+
+// finishJoin lets a join still going end by itself, within joinGrace,
+// then stops it (stopJoin).
+func (s *Session) finishJoin() {
+	if j := s.joining; j != nil {
+		select {
+		case <-j.done:
+		case <-time.After(joinGrace):
+		}
+	}
+	s.stopJoin()
+}
 
 // stopJoin ends a join still going and waits for it, so that teardown
 // frees nothing the join is using.

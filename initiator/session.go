@@ -775,7 +775,7 @@ func (s *Session) Close() error {
 const byeWait = 300 * time.Millisecond
 
 func (s *Session) close() {
-	s.stopJoin()
+	s.finishJoin()
 	if s.qps != nil {
 		s.qps.Stop() // the target drops the data QPs on Bye: no failures
 	}
