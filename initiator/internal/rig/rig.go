@@ -47,24 +47,12 @@ func Start(t testing.TB, mod func(*target.Config)) *Env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	srv, err := target.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ln, err := cfg.Device.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.Addr = ln.Addr()
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
+	addr, stop := serveTarget(t, cfg)
+	e.Addr = addr
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("serve: %v", err)
 		}
-		ln.Close()
 	})
 	e.Dev = Open(t, iwarp.New(iwarp.Config{}))
 	return e
@@ -106,32 +94,43 @@ func RandomFile(t testing.TB, path string, n int) []byte {
 // benchmarks, which measure the defaults.
 func Serve(b testing.TB, dir string, cfg initiator.Config, tweak func(*target.Config)) *initiator.Session {
 	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	tdev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	b.Cleanup(func() { tdev.Close() })
-	tcfg := target.Config{Device: tdev, Exports: []target.Export{{Name: "data", Path: dir}}}
+	tcfg := target.Config{Device: Open(b, iwarp.New(iwarp.Config{})), Exports: []target.Export{{Name: "data", Path: dir}}}
 	if tweak != nil {
 		tweak(&tcfg)
 	}
-	srv, err := target.New(tcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := tdev.Listen(ctx, "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	b.Cleanup(func() { cancel(); <-done })
-	idev, _ := iwarp.New(iwarp.Config{}).Open(ctx, verbs.DeviceConfig{})
-	b.Cleanup(func() { idev.Close() })
-	cfg.Device = idev
-	s, err := initiator.Dial(ctx, ln.Addr(), cfg)
+	addr, stop := serveTarget(b, tcfg)
+	b.Cleanup(func() { stop() })
+	cfg.Device = Open(b, iwarp.New(iwarp.Config{}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := initiator.Dial(ctx, addr, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
 	return s
+}
+
+// serveTarget serves cfg on a loopback address of its device until stop,
+// which returns what Serve did.
+func serveTarget(tb testing.TB, cfg target.Config) (addr string, stop func() error) {
+	tb.Helper()
+	srv, err := target.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ln, err := cfg.Device.Listen(ctx, "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ln) }()
+	return ln.Addr(), func() error {
+		cancel()
+		err := <-done
+		ln.Close()
+		return err
+	}
 }
