@@ -262,11 +262,8 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 		f := files[g.Tag]
 		eng.AddGroup(g, s.rangePieces(s.packMR, w, gens, f.Offset, f.Entry.Size))
 	}
-	if err := eng.Run(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: reading packed files again: %w", ErrConnect, err)
+	if err := runPacked(ctx, eng, "reading packed files again"); err != nil {
+		return nil, err
 	}
 	return errs, nil
 }
@@ -313,11 +310,17 @@ func (s *Session) readRange(ctx context.Context, mr verbs.MR, w protocol.Window,
 		s.bytesRead.Add(eng.BytesRead())
 	}()
 	eng.Add(s.rangePieces(mr, w, gens, off, n)...)
+	return runPacked(ctx, eng, "reading packed files")
+}
+
+// runPacked runs eng to its end: an error is ctx's, or the connection's
+// (ErrConnect), doing what.
+func runPacked(ctx context.Context, eng *reads.Engine, what string) error {
 	if err := eng.Run(ctx); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: reading packed files: %w", ErrConnect, err)
+		return fmt.Errorf("%w: %s: %w", ErrConnect, what, err)
 	}
 	return nil
 }
