@@ -91,7 +91,7 @@ func cpBounded(t *testing.T, args ...string) (string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), neighbourBound)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, append([]string{"cp"}, args...)...)
-	cmd.Env = append(os.Environ(), "RDMACP_MAIN=1")
+	cmd.Env = mainEnv()
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	err := cmd.Run()
@@ -368,7 +368,7 @@ func TestNeighbourSigterm(t *testing.T) {
 		s.cmd.Process.Signal(syscall.SIGSTOP)
 		ctx, cancel := context.WithTimeout(context.Background(), neighbourBound)
 		cmd := exec.CommandContext(ctx, binary, append(append([]string{"cp"}, args...), dest+"/")...)
-		cmd.Env = append(os.Environ(), "RDMACP_MAIN=1")
+		cmd.Env = mainEnv()
 		var errb bytes.Buffer
 		cmd.Stderr = &errb
 		if err := cmd.Start(); err != nil {
@@ -457,7 +457,7 @@ func TestInterruptBackstop(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), neighbourBound)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, "-test.run=^TestInterruptBackstopHelper$")
-	cmd.Env = append(os.Environ(), "RDMACP_BACKSTOP_FIFO="+fifo)
+	cmd.Env = append(os.Environ(), "RDMACP_BACKSTOP_FIFO="+fifo, quickExit)
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
