@@ -260,6 +260,7 @@ type cmConn struct {
 	q             *qp
 	local, remote netip.Addr
 	localID       uint32
+	srcPort       uint16 // rdma_cm's "source port": random, as rdma_cm's ephemeral ones
 	remoteID      uint32 // from the REP
 	tid           uint64 // of our REQ, and of the RTU that answers its REP
 	in            chan rdmacm.Message
@@ -380,7 +381,8 @@ func (pq *pendingQP) dialCM(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		}
 		return nil, fail(err)
 	}
-	c := &cmConn{dev: d, q: q, local: local, remote: remote, in: make(chan rdmacm.Message, 16), tid: d.gsi.tid.Add(1)}
+	c := &cmConn{dev: d, q: q, local: local, remote: remote, in: make(chan rdmacm.Message, 16), tid: d.gsi.tid.Add(1),
+		srcPort: uint16(49152 + rand.IntN(16384))}
 	d.gsi.add(c)
 	req := c.request(uint16(pq.addr.Port), cp.PrivateData)
 	rep, err := c.exchange(ctx, req)
@@ -407,7 +409,7 @@ func (pq *pendingQP) dialCM(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 // request is our REQ for a connection to the rdma_cm listener on port.
 func (c *cmConn) request(port uint16, private []byte) *rdmacm.REQ {
 	q := c.q
-	hdr := rdmacm.IPHeader{SrcPort: uint16(49152 + rand.IntN(16384)), Src: c.local, Dst: c.remote}
+	hdr := rdmacm.IPHeader{SrcPort: c.srcPort, Src: c.local, Dst: c.remote}
 	return &rdmacm.REQ{
 		LocalCommID: c.localID, ServiceID: rdmacm.ServiceID(port), LocalCAGUID: c.dev.gsi.guid,
 		LocalQPN: q.qpn, ResponderResources: uint8(min(q.offer.in, 255)), InitiatorDepth: uint8(min(q.offer.out, 255)),

@@ -229,8 +229,8 @@ func (m *REQ) put(d []byte) error {
 	d[93] = p.HopLimit
 	d[94] = (p.SL&0xf)<<4 | bit(p.SubnetLocal)<<3
 	d[95] = (p.LocalACKTimeout & 0x1f) << 3
-	// 96..135: the alternate path, zeros.
-	return putPrivate(d[136:136+PrivateREQ], m.Private)
+	// 96..139: the alternate path, zeros.
+	return putPrivate(d[140:140+PrivateREQ], m.Private)
 }
 
 func getREQ(d []byte) *REQ {
@@ -244,7 +244,7 @@ func getREQ(d []byte) *REQ {
 		PKey:    binary.BigEndian.Uint16(d[48:]),
 		PathMTU: d[50] >> 4, RDCExists: d[50]&8 != 0, RNRRetryCount: d[50] & 7,
 		MaxCMRetries: d[51] >> 4, SRQ: d[51]&8 != 0, ExtTransportType: d[51] & 7,
-		Private: clone(d[136 : 136+PrivateREQ]),
+		Private: clone(d[140 : 140+PrivateREQ]),
 	}
 	p := &m.Primary
 	p.LocalLID = binary.BigEndian.Uint16(d[52:])

@@ -113,18 +113,18 @@ func TestREQLayout(t *testing.T) {
 		{56 + 10, []byte{0xff, 0xff, 198, 18, 0, 2}, "local GID"},
 		{72 + 10, []byte{0xff, 0xff, 198, 18, 0, 1}, "remote GID"},
 		{88, []byte{0xab, 0xcd, 0xe0, 3, 0x20, 64, 5<<4 | 8, 17 << 3}, "flow label, rate, TC, hop limit, SL, subnet local, ACK timeout"},
-		{136, []byte{0, 0x40, 0xc3, 0x50}, "rdma_cm header: version, IPv4, source port 50000"},
-		{136 + 4 + 12, []byte{198, 18, 0, 2}, "source IP"},
-		{136 + 20 + 12, []byte{198, 18, 0, 1}, "destination IP"},
-		{136 + 36, []byte{3, 'a', 'b', 'c', 0}, "framed private data"},
+		{140, []byte{0, 0x40, 0xc3, 0x50}, "rdma_cm header: version, IPv4, source port 50000"},
+		{140 + 4 + 12, []byte{198, 18, 0, 2}, "source IP"},
+		{140 + 20 + 12, []byte{198, 18, 0, 1}, "destination IP"},
+		{140 + 36, []byte{3, 'a', 'b', 'c', 0}, "framed private data"},
 	}
 	for _, w := range want {
 		if got := d[w.off : w.off+len(w.val)]; !bytes.Equal(got, w.val) {
 			t.Errorf("%s at %d: % x, want % x", w.what, w.off, got, w.val)
 		}
 	}
-	if !bytes.Equal(d[96:136], make([]byte, 40)) {
-		t.Errorf("alternate path not zero: % x", d[96:136])
+	if !bytes.Equal(d[96:140], make([]byte, 44)) {
+		t.Errorf("alternate path not zero: % x", d[96:140])
 	}
 }
 
