@@ -261,6 +261,11 @@ type cmConn struct {
 	local, remote netip.Addr
 	localID       uint32
 	srcPort       uint16 // rdma_cm's "source port": random, as rdma_cm's ephemeral ones
+	// recvPSN is the PSN we expect first, the REQ's starting PSN: in the
+	// IB CM each side names the PSN it will receive, and the peer sends
+	// from there (the kernel's cm.c: the REQ's PSN is the active side's
+	// rq_psn, the REP's its sq_psn).
+	recvPSN uint32
 	remoteID      uint32 // from the REP
 	tid           uint64 // of our REQ, and of the RTU that answers its REP
 	in            chan rdmacm.Message
@@ -382,7 +387,7 @@ func (pq *pendingQP) dialCM(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		return nil, fail(err)
 	}
 	c := &cmConn{dev: d, q: q, local: local, remote: remote, in: make(chan rdmacm.Message, 16), tid: d.gsi.tid.Add(1),
-		srcPort: uint16(49152 + rand.IntN(16384))}
+		srcPort: uint16(49152 + rand.IntN(16384)), recvPSN: randPSN()}
 	d.gsi.add(c)
 	req := c.request(uint16(pq.addr.Port), cp.PrivateData)
 	rep, err := c.exchange(ctx, req)
@@ -391,7 +396,9 @@ func (pq *pendingQP) dialCM(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		return nil, fail(err)
 	}
 	port := d.cmPort() // every RoCEv2 peer receives on 4791
-	peer := oob.Params{QPN: rep.LocalQPN, PSN: rep.StartingPSN, UDPPort: port, MTU: uint16(d.cfg.MTU),
+	// We send from the PSN the REP names, and expect the one our REQ did.
+	q.nextPSN, q.una = rep.StartingPSN&psnMask, rep.StartingPSN&psnMask
+	peer := oob.Params{QPN: rep.LocalQPN, PSN: c.recvPSN, UDPPort: port, MTU: uint16(d.cfg.MTU),
 		ORD: uint16(rep.InitiatorDepth), IRD: uint16(rep.ResponderResources), Private: unframe(rep.Private)}
 	c.mu.Lock()
 	c.remoteID = rep.LocalCommID
@@ -414,7 +421,7 @@ func (c *cmConn) request(port uint16, private []byte) *rdmacm.REQ {
 		LocalCommID: c.localID, ServiceID: rdmacm.ServiceID(port), LocalCAGUID: c.dev.gsi.guid,
 		LocalQPN: q.qpn, ResponderResources: uint8(min(q.offer.in, 255)), InitiatorDepth: uint8(min(q.offer.out, 255)),
 		RemoteCMResponseTimeout: cmResponseTimeout, TransportType: 0, // RC
-		StartingPSN: q.nextPSN, LocalCMResponseTimeout: cmResponseTimeout, RetryCount: 7,
+		StartingPSN: c.recvPSN, LocalCMResponseTimeout: cmResponseTimeout, RetryCount: 7,
 		PKey: defaultPKey, PathMTU: rdmacm.MTUCode(c.dev.cfg.MTU), RNRRetryCount: 7, MaxCMRetries: cmMaxRetries,
 		Primary: rdmacm.Path{
 			// What rdma_cm writes on RoCE: permissive LIDs, not subnet

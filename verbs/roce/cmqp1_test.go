@@ -77,8 +77,11 @@ func (p *cmPeer) accept(t *testing.T, in cmIn, private []byte) (*qp, uint32) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { q.Close() })
-	psn := q.nextPSN // the engine's once begun
-	q.begin(loopback, netip.AddrPortFrom(loopback, in.from.srcPort), oob.Params{QPN: req.LocalQPN, PSN: req.StartingPSN,
+	// As the kernel's CM: the REQ names the PSN the dialler receives
+	// first, so we send from it; the REP names the one we receive first.
+	psn := randPSN()
+	q.nextPSN, q.una = req.StartingPSN, req.StartingPSN
+	q.begin(loopback, netip.AddrPortFrom(loopback, in.from.srcPort), oob.Params{QPN: req.LocalQPN, PSN: psn,
 		UDPPort: in.from.srcPort, MTU: uint16(rdmacm.MTUBytes(req.PathMTU)), ORD: uint16(req.InitiatorDepth), IRD: uint16(req.ResponderResources)}, SetupCM)
 	p.rep(t, in, q, psn, private)
 	return q, psn

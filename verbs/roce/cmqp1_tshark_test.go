@@ -78,8 +78,8 @@ func TestTsharkCM(t *testing.T) {
 	}
 	local, remote := netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.1")
 	a := addrs{src: local, dst: remote, srcPort: 49152, dstPort: UDPPort}
-	c := &cmConn{dev: &device{cfg: Config{MTU: 1024}}, local: local, remote: remote, localID: 0x11223344, srcPort: 50000,
-		q: &qp{qpn: 0xabcdef, nextPSN: 0x123456, offer: reads{out: 15, in: 16}}}
+	c := &cmConn{dev: &device{cfg: Config{MTU: 1024}}, local: local, remote: remote, localID: 0x11223344, srcPort: 50000, recvPSN: 0x123456,
+		q: &qp{qpn: 0xabcdef, offer: reads{out: 15, in: 16}}}
 	c.dev.gsi.guid = 0x0200000000000001
 	req := c.request(7491, []byte("rdmacp"))
 	msgs := []rdmacm.Message{req,
