@@ -196,6 +196,7 @@ func (d *device) onGSI(b []byte, a addrs) {
 		d.sendMAD(tid, &rdmacm.DREP{LocalCommID: m.RemoteCommID, RemoteCommID: m.LocalCommID}, a.dst, a.src)
 		if c := d.gsi.conn(m.RemoteCommID); c != nil && c.remote == a.src {
 			c.peerGone()
+			c.deliver(m) // ends a disconnect of ours that crossed it
 		}
 		return
 	}
@@ -314,7 +315,9 @@ func (w *cmQP) Disconnect() error {
 func (w *cmQP) Close() error { return w.Disconnect() }
 
 // disconnect sends DREQs until the DREP comes or drepWait passes; the
-// peer's own DREQ, already answered, makes it unnecessary.
+// peer's own DREQ, already answered, makes it unnecessary, and ends the
+// wait when it crosses ours (seen in the rxe guest: the kernel answers a
+// crossed DREQ only when it comes again, 500 ms later).
 func (c *cmConn) disconnect() {
 	defer c.dev.gsi.remove(c)
 	c.mu.Lock()
@@ -337,7 +340,8 @@ func (c *cmConn) disconnect() {
 		for {
 			select {
 			case m := <-c.in:
-				if _, ok := m.(*rdmacm.DREP); ok {
+				switch m.(type) {
+				case *rdmacm.DREP, *rdmacm.DREQ: // a DREQ crossing ours: both are answered
 					return
 				}
 			case <-t.C:

@@ -291,3 +291,32 @@ func checkSuccess(t *testing.T, cs []verbs.Completion) {
 		}
 	}
 }
+
+// TestCMCrossedDREQ: the peer's DREQ crossing ours is answered with a
+// DREP and ends our wait for a DREP at once.
+func TestCMCrossedDREQ(t *testing.T) {
+	p, ae := newCMPair(t)
+	qc, ec := dialCMAsync(t, ae, "127.0.0.1:7471", nil)
+	in := p.next(t, p.reqs, "REQ")
+	p.accept(t, in, nil)
+	aq, err := <-qc, <-ec
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.next(t, p.got, "RTU")
+	req := in.m.(*rdmacm.REQ)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- aq.Disconnect() }()
+	if _, ok := p.next(t, p.got, "DREQ").m.(*rdmacm.DREQ); !ok {
+		t.Fatal("no DREQ on Disconnect")
+	}
+	p.send(t, in, &rdmacm.DREQ{LocalCommID: 0x7700, RemoteCommID: req.LocalCommID, RemoteQPN: req.LocalQPN})
+	if _, ok := p.next(t, p.got, "DREP").m.(*rdmacm.DREP); !ok {
+		t.Error("the crossing DREQ got no DREP")
+	}
+	<-done
+	if el := time.Since(start); el > drepWait/4 {
+		t.Errorf("Disconnect took %v with the peer's DREQ crossing ours", el)
+	}
+}
