@@ -266,10 +266,10 @@ type cmConn struct {
 	// IB CM each side names the PSN it will receive, and the peer sends
 	// from there (the kernel's cm.c: the REQ's PSN is the active side's
 	// rq_psn, the REP's its sq_psn).
-	recvPSN uint32
-	remoteID      uint32 // from the REP
-	tid           uint64 // of our REQ, and of the RTU that answers its REP
-	in            chan rdmacm.Message
+	recvPSN  uint32
+	remoteID uint32 // from the REP
+	tid      uint64 // of our REQ, and of the RTU that answers its REP
+	in       chan rdmacm.Message
 
 	mu   sync.Mutex
 	up   bool // REP taken, RTU sent
