@@ -64,7 +64,7 @@ type listener struct {
 
 func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error) {
 	if d.cfg.Setup == SetupCM {
-		return nil, &verbs.OpError{Op: "listen", Provider: Name, Addr: addr, Err: fmt.Errorf("%w: %w", verbs.ErrUnsupported, errCMListen)}
+		return d.listenCM(addr)
 	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp4", addr)

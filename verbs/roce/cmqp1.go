@@ -6,13 +6,12 @@ package roce
 // peer, UDP port 4791. This end is its own GSI: it sends from QP 1 with
 // the GSI Q_Key and answers on its UDP port, where rxe's QP1 replies.
 //
-// The active side: REQ (with rdma_cm's IP header in front of the private
+// The active side (the passive one is cmpassive.go): REQ (with rdma_cm's IP header in front of the private
 // data, and the one length byte our ibverbs provider puts before what the
 // caller sends) -> the peer's REP (an MRA holds the REQ timer) -> RTU;
 // a REJ is an error that names its reason. Disconnect sends DREQ and
 // waits a bounded time for the DREP; a DREQ from the peer is answered
-// with a DREP and ends the QP. A REQ that arrives is refused with REJ
-// "invalid service ID": this end does not listen with the CM.
+// with a DREP and ends the QP.
 // docs/protocol.md §1c lists every field.
 
 import (
@@ -74,8 +73,7 @@ const (
 const maxPrivateCM = rdmacm.PrivateREQ - rdmacm.IPHeaderLen - 1
 
 var (
-	errNotGSI   = errors.New("roce: not a UD packet to QP1 from QP1 with the GSI Q_Key")
-	errCMListen = errors.New("roce: listening with --roce-setup cm is not supported: the passive side speaks oob only")
+	errNotGSI = errors.New("roce: not a UD packet to QP1 from QP1 with the GSI Q_Key")
 )
 
 // encodeUD writes a MAD as the UD SEND from our QP1 to the peer's.
@@ -125,11 +123,13 @@ func decodeUD(b []byte, a addrs, check bool) ([]byte, error) {
 // gsi is a device's QP1: the CM connections it has under way or up, by
 // our local communication ID.
 type gsi struct {
-	mu    sync.Mutex
-	conns map[uint32]*cmConn
-	psn   atomic.Uint32
-	tid   atomic.Uint64
-	guid  uint64 // our "CA GUID": random, locally administered
+	mu        sync.Mutex
+	conns     map[uint32]*cmConn
+	remotes   map[remoteKey]*cmConn // the passive side's, by the peer's ID
+	listeners map[uint16]*cmListener
+	psn       atomic.Uint32
+	tid       atomic.Uint64
+	guid      uint64 // our "CA GUID": random, locally administered
 	// testMAD, set by tests, sees each CM message first and takes it
 	// when it returns true: a stand-in for a passive side.
 	testMAD func(tid uint64, m rdmacm.Message, from addrs) bool
@@ -141,6 +141,8 @@ type gsi struct {
 func (g *gsi) init(port uint16) {
 	g.testPort = port
 	g.conns = map[uint32]*cmConn{}
+	g.remotes = map[remoteKey]*cmConn{}
+	g.listeners = map[uint16]*cmListener{}
 	g.psn.Store(rand.Uint32())
 	g.tid.Store(rand.Uint64())
 	g.guid = rand.Uint64()&^(1<<57) | 1<<57 // the EUI-64 "locally administered" bit
@@ -188,7 +190,7 @@ func (d *device) onGSI(b []byte, a addrs) {
 	}
 	switch m := m.(type) {
 	case *rdmacm.REQ:
-		d.sendMAD(tid, &rdmacm.REJ{RemoteCommID: m.LocalCommID, Rejected: 0, Reason: 8}, a.dst, a.src)
+		d.onREQ(tid, m, a)
 		return
 	case *rdmacm.DREQ:
 		// Answered whether or not the connection is still known: a DREQ
@@ -210,9 +212,8 @@ func (d *device) onGSI(b []byte, a addrs) {
 		id = m.RemoteCommID
 	case *rdmacm.DREP:
 		id = m.RemoteCommID
-	default: // an RTU: we are never the passive side
-		d.dropped.Add(1)
-		return
+	case *rdmacm.RTU:
+		id = m.RemoteCommID
 	}
 	if c := d.gsi.conn(id); c != nil && c.remote == a.src {
 		c.deliver(m)
@@ -252,6 +253,9 @@ func (g *gsi) remove(c *cmConn) {
 	if g.conns[c.localID] == c {
 		delete(g.conns, c.localID)
 	}
+	if k := (remoteKey{c.remote, c.remoteID}); g.remotes[k] == c {
+		delete(g.remotes, k)
+	}
 	g.mu.Unlock()
 }
 
@@ -272,9 +276,10 @@ type cmConn struct {
 	in       chan rdmacm.Message
 
 	mu   sync.Mutex
-	up   bool // REP taken, RTU sent
+	up   bool // REP taken and RTU sent; passive: RTU taken
 	gone bool // the peer sent a DREQ
 	rtu  *rdmacm.RTU
+	rep  *rdmacm.REP // passive: our REP, for a REQ that comes again
 }
 
 func (c *cmConn) deliver(m rdmacm.Message) {
@@ -296,8 +301,11 @@ func (c *cmConn) deliver(m rdmacm.Message) {
 func (c *cmConn) peerGone() {
 	c.mu.Lock()
 	c.gone = true
+	q := c.q
 	c.mu.Unlock()
-	c.q.shutdown(verbs.ErrDisconnected)
+	if q != nil {
+		q.shutdown(verbs.ErrDisconnected)
+	}
 }
 
 // cmQP is a QP set up with the CM: Disconnect sends a DREQ.
