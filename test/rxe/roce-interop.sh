@@ -32,7 +32,10 @@
 #       <- cp --transport roce-soft --roce-setup cm (the IB CM over QP1):
 #       100 KiB + 3 B and 64 MiB pulled, 100 KiB + 3 B and 9 MiB + 4097 B
 #       pushed, cmp-checked; the capture's CM MADs listed, REQ, REP, RTU,
-#       DREQ and DREP required, and tshark-checked (TestTsharkPcap).
+#       DREQ and DREP required, and tshark-checked (TestTsharkPcap);
+#   [D] serve --transport roce-soft --roce-setup cm <- cp --transport
+#       ibverbs -d rxe1 (stock rdma_cm): 100 KiB + 3 B and 64 MiB pulled,
+#       9 MiB + 4097 B pushed, cmp-checked.
 #
 # Every check prints "roce-interop: ok" or "roce-interop: FAIL"; exit 1 if
 # any failed. Environment: RDMACP, RXE_TEST_BINS (a roce test binary),
@@ -377,6 +380,18 @@ if [ -s "$PCAPC" ] && command -v tshark >/dev/null; then
 	fi
 else
 	note "SKIP [C] capture check: no capture or no tshark"
+fi
+
+# ------------------------------------------------------------ [D]
+# The passive side: a roce-soft target with --roce-setup cm takes the REQ
+# of a stock ibverbs cp on rxe (rdma_cm, no flag), pull and push.
+note "[D] = serve ${CM[*]} (netns $NS, $B) <- cp ${IBC[*]} (stock rdma_cm)"
+if start_target D "$B:7495" "${S[@]}" "$RDMACP" "${CM[@]}"; then
+	for f in small big; do cpcheck D "$B:7495" "$f" "$RDMACP" "${IBC[@]}"; done
+	pushcheck D "$B:7495" odd "$RDMACP" "${IBC[@]}"
+	note "[D] cp says: $(grep -o '"transport":"[^"]*"' "$W/cp.D.small.json" 2>/dev/null | head -1)"
+	note "[D] target's sessions: $(grep -c 'msg="session closed' "$W/serve.D.log") closed; $(grep -o 'msg="session closed.*' "$W/serve.D.log" | head -1 | cut -c1-200)"
+	stop_target D
 fi
 
 if dmesg >/dev/null 2>&1; then
