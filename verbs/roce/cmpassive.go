@@ -22,15 +22,6 @@ import (
 	"github.com/rdmacp/rdmacp/verbs/roce/rdmacm"
 )
 
-// IB CM reject reasons the passive side sends.
-const (
-	rejNoResources     = 3
-	rejUnsupported     = 5
-	rejInvalidService  = 8
-	rejInvalidTransprt = 9
-	rejInvalidMTU      = 26
-)
-
 // remoteKey names a connection by the peer's address and communication ID.
 type remoteKey struct {
 	addr netip.Addr
@@ -110,7 +101,7 @@ func (l *cmListener) Close() error {
 	for {
 		select {
 		case r := <-l.reqs:
-			r.refuse(rejNoResources, nil)
+			r.refuse(rdmacm.ReasonNoResources, nil)
 		default:
 			return nil
 		}
@@ -143,19 +134,19 @@ func (d *device) onREQ(tid uint64, m *rdmacm.REQ, a addrs) {
 	hdr, rest, err := rdmacm.ParseIPHeader(m.Private)
 	switch {
 	case l == nil:
-		rej(rejInvalidService)
+		rej(rdmacm.ReasonInvalidServiceID)
 		return
 	case err != nil || !hdr.Src.Is4():
-		rej(rejUnsupported)
+		rej(rdmacm.ReasonUnsupported)
 		return
 	case m.TransportType != 0:
-		rej(rejInvalidTransprt)
+		rej(rdmacm.ReasonInvalidTransport)
 		return
 	case !l.addr.Addr().IsUnspecified() && hdr.Dst != l.addr.Addr():
-		rej(rejInvalidService)
+		rej(rdmacm.ReasonInvalidServiceID)
 		return
 	case rdmacm.MTUBytes(m.PathMTU) == 0:
-		rej(rejInvalidMTU)
+		rej(rdmacm.ReasonInvalidMTU)
 		return
 	}
 	c = &cmConn{dev: d, local: a.dst, remote: a.src, remoteID: m.LocalCommID, tid: tid,
@@ -168,7 +159,7 @@ func (d *device) onREQ(tid uint64, m *rdmacm.REQ, a addrs) {
 	select {
 	case l.reqs <- r:
 	default: // a backlog of 64 unanswered requests, as a full listen queue
-		r.refuse(rejNoResources, nil)
+		r.refuse(rdmacm.ReasonNoResources, nil)
 	}
 }
 
@@ -228,7 +219,7 @@ func (p *cmPending) PostRecv(wrs []verbs.RecvWR) (int, error) { return p.q.PostR
 func (p *cmPending) Close() error {
 	if !p.used {
 		p.used = true
-		p.r.refuse(rejNoResources, nil)
+		p.r.refuse(rdmacm.ReasonNoResources, nil)
 		p.q.die(0, verbs.ErrClosed)
 	}
 	return nil

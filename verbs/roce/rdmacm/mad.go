@@ -432,12 +432,16 @@ var reasons = map[uint16]string{
 	32: "invalid primary flow label", 33: "invalid alternate flow label",
 }
 
-// ReasonConsumer is the reason of a REJ the peer's application sent.
-const ReasonConsumer = 28
-
-// ReasonTimeout is the reason of a REJ sent when the other side waited
-// too long.
-const ReasonTimeout = 4
+// Reject reasons this end sends or acts on.
+const (
+	ReasonNoResources      = 3
+	ReasonTimeout          = 4 // the sender waited too long
+	ReasonUnsupported      = 5
+	ReasonInvalidServiceID = 8 // nobody listens on that port
+	ReasonInvalidTransport = 9
+	ReasonInvalidMTU       = 26
+	ReasonConsumer         = 28 // the peer's application refused
+)
 
 // ReasonName names an IB CM reject reason.
 func ReasonName(r uint16) string {
