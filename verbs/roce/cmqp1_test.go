@@ -331,3 +331,108 @@ func TestCMCrossedDREQ(t *testing.T) {
 		t.Errorf("Disconnect took %v with the peer's DREQ crossing ours", el)
 	}
 }
+
+// TestCMPassive: a roce-soft listener with setup cm answers a REQ with a
+// REP, sends it again until the RTU comes, and again at once for a REQ
+// that comes again; REQs it cannot take get the IB CM's reasons.
+func TestCMPassive(t *testing.T) {
+	// The passive device under test; a stand-in active side whose QP1
+	// messages go to the test.
+	ae := verbstest.Open(t, verbstest.Config{Provider: New(Config{Port: -1})})
+	a := ae.Dev.(*device)
+	got := make(chan cmIn, 64)
+	a.gsi.mu.Lock()
+	a.gsi.testMAD = func(tid uint64, m rdmacm.Message, from addrs) bool { got <- cmIn{tid, m, from}; return true }
+	a.gsi.mu.Unlock()
+	pe := verbstest.Open(t, verbstest.Config{Provider: New(Config{Port: -1, Setup: SetupCM, testCMPort: a.port})})
+	ln := pe.Listen(t)
+	port := netip.MustParseAddrPort(ln.Addr()).Port()
+	pdev := netip.AddrPortFrom(loopback, pe.Dev.(*device).port)
+	next := func(what string) cmIn {
+		t.Helper()
+		select {
+		case c := <-got:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s in 10 s", what)
+			return cmIn{}
+		}
+	}
+	req := func(id uint32, mod func(*rdmacm.REQ)) *rdmacm.REQ {
+		h := rdmacm.IPHeader{SrcPort: 50000, Src: loopback, Dst: loopback}
+		r := &rdmacm.REQ{LocalCommID: id, ServiceID: rdmacm.ServiceID(port), LocalQPN: 0x4242, ResponderResources: 4,
+			InitiatorDepth: 3, StartingPSN: 0x1234, PKey: 0xffff, PathMTU: 3, RetryCount: 7, RNRRetryCount: 7,
+			Private: append(h.Append(nil), frame([]byte("hi"))...)}
+		if mod != nil {
+			mod(r)
+		}
+		if err := a.sendMADTo(uint64(id), r, loopback, pdev); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, c := range []struct {
+		mod    func(*rdmacm.REQ)
+		reason uint16
+	}{
+		{func(r *rdmacm.REQ) { r.ServiceID = rdmacm.ServiceID(port + 1) }, rdmacm.ReasonInvalidServiceID},
+		{func(r *rdmacm.REQ) { r.TransportType = 1 }, rdmacm.ReasonInvalidTransport},
+		{func(r *rdmacm.REQ) { r.PathMTU = 7 }, rdmacm.ReasonInvalidMTU},
+		{func(r *rdmacm.REQ) { r.Private = nil }, rdmacm.ReasonUnsupported},
+	} {
+		req(0x100+uint32(c.reason), c.mod)
+		if rej, ok := next("REJ").m.(*rdmacm.REJ); !ok || rej.Reason != c.reason || rej.RemoteCommID != 0x100+uint32(c.reason) {
+			t.Errorf("want REJ reason %d, got %+v", c.reason, rej)
+		}
+	}
+
+	req(0x77, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cr, err := ln.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(cr.PrivateData()) != "hi" {
+		t.Errorf("REQ private data %q", cr.PrivateData())
+	}
+	s := pe.NewSide(t)
+	pq, err := cr.Prepare(s.PD, pe.QPConfig(verbs.QPConfig{}, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	qc := make(chan error, 1)
+	var qp verbs.QP
+	go func() {
+		var err error
+		qp, err = pq.Connect(ctx, verbs.ConnParam{PrivateData: []byte("ok")})
+		qc <- err
+	}()
+	first := next("REP")
+	rep, ok := first.m.(*rdmacm.REP)
+	if !ok || rep.RemoteCommID != 0x77 || rep.LocalQPN == 0 || rep.ResponderResources != 3 || rep.InitiatorDepth != 4 ||
+		!bytes.Equal(unframe(rep.Private), []byte("ok")) {
+		t.Fatalf("answer to REQ: %+v", first.m)
+	}
+	start := time.Now()
+	if again, ok := next("REP sent again").m.(*rdmacm.REP); !ok || again.LocalCommID != rep.LocalCommID {
+		t.Errorf("without an RTU: %+v, want the REP again", again)
+	} else if el := time.Since(start); el < rdmacm.Timeout(cmResponseTimeout)/2 {
+		t.Errorf("REP sent again after %v", el)
+	}
+	req(0x77, nil) // the REQ again: the REP again at once
+	start = time.Now()
+	if again, ok := next("REP for the REQ again").m.(*rdmacm.REP); !ok || again.LocalCommID != rep.LocalCommID || time.Since(start) > rdmacm.Timeout(cmResponseTimeout)/2 {
+		t.Errorf("REQ again: %+v after %v, want the REP at once", again, time.Since(start))
+	}
+	if err := a.sendMADTo(first.tid, &rdmacm.RTU{LocalCommID: 0x77, RemoteCommID: rep.LocalCommID}, loopback, pdev); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-qc; err != nil {
+		t.Fatal(err)
+	}
+	if info := qp.Info(); info.Remote.QPN != 0x4242 || !strings.Contains(info.Detail, "setup=cm") {
+		t.Errorf("accepted: %+v", info)
+	}
+	qp.Close()
+}
