@@ -27,7 +27,8 @@
 #   tshark (verbs/roce TestTsharkPcap: no malformed packet, every ICRC
 #   right, rxe's and roce-soft's);
 #   rdmacp bench over the same veth: roce-soft against rxe, then
-#   iwarp-soft against iwarp-soft, alternated, 3 runs each;
+#   iwarp-soft against iwarp-soft, alternated, 3 runs each.
+#   Then, with the IB CM over QP1 instead of the out-of-band exchange:
 #   [C] serve --transport ibverbs -d rxe1 with stock rdma_cm (no oob flag)
 #       <- cp --transport roce-soft --roce-setup cm (the IB CM over QP1):
 #       100 KiB + 3 B and 64 MiB pulled, 100 KiB + 3 B and 9 MiB + 4097 B
