@@ -287,6 +287,9 @@ func (c *cmConn) deliver(m rdmacm.Message) {
 	up, rtu := c.up, c.rtu
 	c.mu.Unlock()
 	if _, isREP := m.(*rdmacm.REP); isREP && up {
+		if rtu == nil { // a REP to the passive side: nothing asked for it
+			return
+		}
 		// The peer sends its REP again when our RTU was lost.
 		c.dev.sendMAD(c.tid, rtu, c.local, c.remote)
 		return

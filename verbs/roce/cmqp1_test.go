@@ -434,5 +434,15 @@ func TestCMPassive(t *testing.T) {
 	if info := qp.Info(); info.Remote.QPN != 0x4242 || !strings.Contains(info.Detail, "setup=cm") {
 		t.Errorf("accepted: %+v", info)
 	}
+	// A REP to the passive side (nothing asked for it) is dropped: no
+	// panic in the receive goroutine, no answer.
+	if err := a.sendMADTo(first.tid, &rdmacm.REP{LocalCommID: 0x77, RemoteCommID: rep.LocalCommID}, loopback, pdev); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-got:
+		t.Errorf("a REP to the passive side got %T", c.m)
+	case <-time.After(300 * time.Millisecond):
+	}
 	qp.Close()
 }
