@@ -40,6 +40,7 @@ func transportFlags() []cli.Flag {
 		&cli.IntFlag{Name: "gid-index", Aliases: []string{"x"}, Value: -1, Usage: "GID index; -1 picks a RoCE v2 GID"},
 		&cli.IntFlag{Name: "roce-port", Value: roce.UDPPort, Usage: "roce-soft: the UDP port this end receives RoCEv2 packets on (peers learn it at connection setup); 0 lets the kernel pick one"},
 		&cli.StringFlag{Name: "roce-icrc", Value: "id0", Usage: "roce-soft: how received ICRCs are checked: id0 (over IP ID 0, what roce-soft peers send), raw (on a raw socket, any IP ID: a kernel rxe peer; needs root) or off (chunk digests still check the data end to end)"},
+		&cli.StringFlag{Name: "roce-setup", Value: string(roce.SetupOOB), Usage: "roce-soft: how connections are set up: oob (roce-soft's out-of-band exchange over TCP: a roce-soft peer, or ibverbs with --ibverbs-setup oob) or cm (the IB Connection Manager over QP1, as rdma_cm speaks it, so that stock ibverbs on a RoCE device takes it as target or client; every end on UDP 4791)"},
 		&cli.StringFlag{Name: "ibverbs-setup", Value: string(ibverbs.SetupRDMACM), Usage: "ibverbs: how connections are set up: rdma_cm, or oob (roce-soft's out-of-band exchange over TCP, so that a RoCE device takes roce-soft peers; both ends must say it)"},
 		&cli.StringFlag{Name: "mpa-crc", Value: "auto", Usage: "iwarp-soft: ask for MPA CRC32c on every FPDU: auto (except over loopback), on, or off (it is used if either side asks). Chunk digests check the data end to end either way"},
 	}
@@ -68,6 +69,10 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 	if rs.Port == 0 {
 		rs.Port = -1
 	}
+	rs.Setup = roce.Setup(c.String("roce-setup"))
+	if rs.Setup != roce.SetupOOB && rs.Setup != roce.SetupCM {
+		return nil, "", usagef("--roce-setup %q: want %s or %s", rs.Setup, roce.SetupOOB, roce.SetupCM)
+	}
 	switch c.String("roce-icrc") {
 	case "id0", "":
 	case "raw":
@@ -92,6 +97,9 @@ func openTransport(ctx context.Context, c *cli.Context) (verbs.Device, string, e
 		d, err := p.Open(ctx, dc)
 		if err != nil {
 			return nil, "", fmt.Errorf("%w: --transport %s: %w", errTransport, name, err)
+		}
+		if p.Name() == roce.Name {
+			return d, fmt.Sprintf("%s (asked for with --transport), connection setup %s (--roce-setup)", p.Name(), rs.Setup), nil
 		}
 		return d, fmt.Sprintf("%s (asked for with --transport)", p.Name()), nil
 	}

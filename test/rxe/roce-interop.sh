@@ -28,6 +28,15 @@
 #   right, rxe's and roce-soft's);
 #   rdmacp bench over the same veth: roce-soft against rxe, then
 #   iwarp-soft against iwarp-soft, alternated, 3 runs each.
+#   Then, with the IB CM over QP1 instead of the out-of-band exchange:
+#   [C] serve --transport ibverbs -d rxe1 with stock rdma_cm (no oob flag)
+#       <- cp --transport roce-soft --roce-setup cm (the IB CM over QP1):
+#       100 KiB + 3 B and 64 MiB pulled, 100 KiB + 3 B and 9 MiB + 4097 B
+#       pushed, cmp-checked; the capture's CM MADs listed, REQ, REP, RTU,
+#       DREQ and DREP required, and tshark-checked (TestTsharkPcap);
+#   [D] serve --transport roce-soft --roce-setup cm <- cp --transport
+#       ibverbs -d rxe1 (stock rdma_cm): 100 KiB + 3 B and 64 MiB pulled,
+#       9 MiB + 4097 B pushed, cmp-checked.
 #
 # Every check prints "roce-interop: ok" or "roce-interop: FAIL"; exit 1 if
 # any failed. Environment: RDMACP, RXE_TEST_BINS (a roce test binary),
@@ -314,6 +323,77 @@ if [ $bench_ok = 1 ] && start_target I "$A:7493" "$RDMACP" --transport iwarp-sof
 	stop_target I
 fi
 stop_target A
+
+# ------------------------------------------------------------ [C]
+# rdma_cm's Connection Manager over QP1 (--roce-setup cm): a stock
+# ibverbs target, with no --ibverbs-setup flag, takes roce-soft's REQ as it
+# takes any rdma_cm client's. A capture of the small copy and push (CM
+# MADs included) is decoded by tshark: no malformed packet, every ICRC
+# right, and the CM exchange REQ, REP, RTU, DREQ, DREP all there.
+CM=(--transport roce-soft --roce-icrc raw --roce-setup cm)
+IBC=(--transport ibverbs -d $DEV)
+note "[C] = serve ${IBC[*]} ($A, stock rdma_cm) <- cp ${CM[*]} (netns $NS)"
+PCAPC=$W/rxe-cm.pcapng CAP=
+if command -v dumpcap >/dev/null; then
+	dumpcap -q -i $VA -B 64 -c 20000 -f 'udp port 4791' -w "$PCAPC" 2>"$W/dumpcap-cm.err" &
+	CAP=$!
+	PIDS+=($CAP)
+	for _ in $(seq 100); do [ -s "$PCAPC" ] && break; sleep 0.1; done
+	[ -s "$PCAPC" ] || { note "dumpcap did not start: $(head -3 "$W/dumpcap-cm.err")"; kill "$CAP" 2>/dev/null; CAP=; }
+fi
+if start_target C "$A:7494" "$RDMACP" "${IBC[@]}"; then
+	cpcheck C "$A:7494" small "${S[@]}" "$RDMACP" "${CM[@]}"
+	pushcheck C "$A:7494" small "${S[@]}" "$RDMACP" "${CM[@]}"
+	if [ -n "$CAP" ]; then
+		sleep 0.5
+		kill -INT "$CAP" 2>/dev/null
+		wait "$CAP" 2>/dev/null
+		CAP=
+	fi
+	cpcheck C "$A:7494" big "${S[@]}" "$RDMACP" "${CM[@]}"
+	pushcheck C "$A:7494" odd "${S[@]}" "$RDMACP" "${CM[@]}"
+	note "[C] cp says: $(grep -o '"transport":"[^"]*"' "$W/cp.C.small.json" 2>/dev/null | head -1)"
+	note "[C] target's session: $(grep -o 'msg="session open.*' "$W/serve.C.log" | head -1 | cut -c1-300)"
+	stop_target C
+fi
+if [ -s "$PCAPC" ] && command -v tshark >/dev/null; then
+	[ -n "${RXE_OUT:-}" ] && cp "$PCAPC" "$RXE_OUT/rxe-cm-$KERNEL.pcapng"
+	tshark -r "$PCAPC" -Y infiniband.mad -T fields -e frame.number -e ip.src -e ip.dst -e infiniband.mad.attributeid -e infiniband.cm.rej.reason >"$W/cm-mads" 2>&1
+	note "[C] CM MADs captured (frame, from, to, attribute, REJ reason):"
+	head -24 "$W/cm-mads" | sed 's/^/roce-interop:   /'
+	for a in 0x0010:REQ:$B 0x0013:REP:$A 0x0014:RTU:$B 0x0015:DREQ: 0x0016:DREP:; do
+		IFS=: read -r id name from <<<"$a"
+		if awk -v id=$id -v f="$from" '$4 == id && (f == "" || $2 == f) { n++ } END { exit !n }' "$W/cm-mads"; then
+			pass "[C] capture has the $name${from:+ from $from}"
+		else
+			fail "[C] capture has no $name${from:+ from $from}"
+		fi
+	done
+	if [ -n "$ROCE_TEST" ]; then
+		(cd /run/rxe-job && ROCE_PCAP=$PCAPC ROCE_PCAP_KERNEL_PEER=1 timeout -k 5 300 "$ROCE_TEST" -test.run '^TestTsharkPcap$' -test.v -test.timeout 280s) >"$W/tshark-cm.out" 2>&1
+		rc=$?
+		sed 's/^/roce-interop:   /' "$W/tshark-cm.out" | grep -v '^roce-interop:   $' | cut -c1-300 | head -12
+		if [ $rc = 0 ] && grep -q -- '--- PASS: TestTsharkPcap' "$W/tshark-cm.out"; then
+			pass "[C] tshark: the capture with rdma_cm's CM MADs has no malformed packet and every ICRC checks"
+		else
+			fail "[C] tshark check of the CM capture (exit $rc)"
+		fi
+	fi
+else
+	note "SKIP [C] capture check: no capture or no tshark"
+fi
+
+# ------------------------------------------------------------ [D]
+# The passive side: a roce-soft target with --roce-setup cm takes the REQ
+# of a stock ibverbs cp on rxe (rdma_cm, no flag), pull and push.
+note "[D] = serve ${CM[*]} (netns $NS, $B) <- cp ${IBC[*]} (stock rdma_cm)"
+if start_target D "$B:7495" "${S[@]}" "$RDMACP" "${CM[@]}"; then
+	for f in small big; do cpcheck D "$B:7495" "$f" "$RDMACP" "${IBC[@]}"; done
+	pushcheck D "$B:7495" odd "$RDMACP" "${IBC[@]}"
+	note "[D] cp says: $(grep -o '"transport":"[^"]*"' "$W/cp.D.small.json" 2>/dev/null | head -1)"
+	note "[D] target's sessions: $(grep -c 'msg="session closed' "$W/serve.D.log") closed; $(grep -o 'msg="session closed.*' "$W/serve.D.log" | head -1 | cut -c1-200)"
+	stop_target D
+fi
 
 if dmesg >/dev/null 2>&1; then
 	dmesg | tail -n +$((DMESG0 + 1)) >"$W/dmesg"

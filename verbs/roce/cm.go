@@ -21,6 +21,15 @@ import (
 
 const maxPrivateData = oob.MaxPrivateData
 
+// maxPrivate is the private data a connection request may carry: less
+// with the CM, whose REQ holds rdma_cm's header too.
+func (d *device) maxPrivate() int {
+	if d.cfg.Setup == SetupCM {
+		return maxPrivateCM
+	}
+	return maxPrivateData
+}
+
 func randPSN() uint32 { return rand.Uint32() & psnMask }
 
 // watchDeadline makes blocking I/O on c end when ctx does; stop undoes it.
@@ -54,6 +63,9 @@ type listener struct {
 }
 
 func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error) {
+	if d.cfg.Setup == SetupCM {
+		return d.listenCM(addr)
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp4", addr)
 	if err != nil {
@@ -227,6 +239,15 @@ func (pq *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP,
 	}
 	ctx, cancel := pq.q.dev.setupCtx(ctx)
 	defer cancel()
+	if pq.req == nil && pq.q.dev.cfg.Setup == SetupCM {
+		q, err := pq.dialCM(ctx, cp)
+		if err != nil {
+			pq.Close()
+			return nil, err
+		}
+		pq.used = true
+		return q, nil
+	}
 	var err error
 	if pq.req != nil {
 		err = pq.accept(ctx, cp)
@@ -337,22 +358,28 @@ func (q *qp) establish(c net.Conn, peer oob.Params) error {
 	}
 	local, _ := netip.AddrFromSlice(la.IP.To4())
 	remote, _ := netip.AddrFromSlice(ra.IP.To4())
+	q.cm = c
+	q.begin(local, netip.AddrPortFrom(remote, peer.UDPPort), peer, SetupOOB)
+	go q.watchCM()
+	return nil
+}
+
+// begin fixes the connection's parameters from the peer's and starts
+// the engine, whichever exchange set them up.
+func (q *qp) begin(local netip.Addr, remote netip.AddrPort, peer oob.Params, setup Setup) {
 	q.rqpn = peer.QPN
 	q.local = local
-	q.remote = netip.AddrPortFrom(remote, peer.UDPPort)
+	q.remote = remote
 	q.mtu = min(q.dev.cfg.MTU, int(peer.MTU))
 	q.readsOut = min(q.offer.out, int(peer.IRD))
 	q.readsIn = min(q.offer.in, int(peer.ORD))
-	q.cm = c
 	q.info = verbs.ConnInfo{
 		ReadsOut: q.readsOut, ReadsIn: q.readsIn, PrivateData: peer.Private,
 		Local:  verbs.Endpoint{Provider: Name, Addr: netip.AddrPortFrom(local, q.dev.port).String(), QPN: q.qpn},
 		Remote: verbs.Endpoint{Provider: Name, Addr: q.remote.String(), QPN: peer.QPN},
-		Detail: fmt.Sprintf("rocev2 udp mtu=%d icrc=%s", q.mtu, q.dev.icrcMode()),
+		Detail: fmt.Sprintf("rocev2 udp mtu=%d icrc=%s setup=%s", q.mtu, q.dev.icrcMode(), setup),
 	}
 	q.start(peer.PSN)
-	go q.watchCM()
-	return nil
 }
 
 // watchCM waits for the peer's DREQ or the end of the TCP connection.

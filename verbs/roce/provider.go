@@ -3,9 +3,10 @@
 // host without an RDMA NIC speaks the wire protocol RoCE NICs speak.
 //
 // One UDP socket per device carries every QP's packets; the destination
-// QP number in each BTH picks the QP. Connections are set up out of band
-// over TCP (cm.go; docs/protocol.md), not with the IB CM over QP1, so
-// today a roce-soft end talks to another roce-soft end only.
+// QP number in each BTH picks the QP. Connections are set up either out
+// of band over TCP (cm.go; docs/protocol.md §1b), or, on the active side,
+// with the IB CM over QP1 as rdma_cm speaks it (cmqp1.go; §1c), which a
+// stock rdma_cm listener on a RoCE device accepts.
 package roce
 
 import (
@@ -67,6 +68,9 @@ type Config struct {
 	// peer (rxe writes a non-zero IP ID, which the ICRC covers and a UDP
 	// socket never shows) is checked rather than skipped; see raw.go.
 	RawICRC bool
+	// Setup is how connections are set up: SetupOOB (the zero value) or
+	// SetupCM (the active side only: Listen refuses it).
+	Setup Setup
 	// SetupTimeout bounds connection setup when the context has no
 	// deadline; 0 means verbs.DefaultTimeout.
 	SetupTimeout time.Duration
@@ -76,6 +80,9 @@ type Config struct {
 	// that is to arrive, now or later, so that tests can drop, duplicate
 	// and reorder packets.
 	testWire func(b []byte, put func([]byte))
+	// testCMPort, set by tests, is the UDP port of the peer's QP1 in place
+	// of 4791.
+	testCMPort uint16
 }
 
 const (
@@ -111,6 +118,9 @@ func New(cfg Config) verbs.Provider {
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = verbs.DefaultTimeout
 	}
+	if cfg.Setup == "" {
+		cfg.Setup = SetupOOB
+	}
 	return &provider{cfg: cfg}
 }
 
@@ -118,7 +128,7 @@ func (p *provider) Name() string { return Name }
 
 func (p *provider) Devices(ctx context.Context) ([]verbs.DeviceInfo, error) {
 	return []verbs.DeviceInfo{{Name: DeviceName, Active: true,
-		Detail: fmt.Sprintf("pure-Go RoCEv2 over UDP port %d, MTU %d", p.port(), p.cfg.MTU)}}, nil
+		Detail: fmt.Sprintf("pure-Go RoCEv2 over UDP port %d, MTU %d, setup %s", p.port(), p.cfg.MTU, p.cfg.Setup)}}, nil
 }
 
 func (p *provider) port() int {
@@ -136,6 +146,9 @@ func opErr(op string, err error) error { return &verbs.OpError{Op: op, Provider:
 func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Device, error) {
 	if cfg.Name != "" && cfg.Name != DeviceName {
 		return nil, opErr("open", fmt.Errorf("%w: %q (this provider has only %q)", verbs.ErrNoDevice, cfg.Name, DeviceName))
+	}
+	if p.cfg.Setup != SetupOOB && p.cfg.Setup != SetupCM {
+		return nil, opErr("open", fmt.Errorf("%w: connection setup %q (want %s or %s)", verbs.ErrInvalid, p.cfg.Setup, SetupOOB, SetupCM))
 	}
 	if !oob.ValidMTU(p.cfg.MTU) {
 		return nil, opErr("open", fmt.Errorf("%w: MTU %d (want 256, 512, 1024, 2048 or 4096)", verbs.ErrInvalid, p.cfg.MTU))
@@ -157,6 +170,7 @@ func (p *provider) Open(ctx context.Context, cfg verbs.DeviceConfig) (verbs.Devi
 			return nil, opErr("open", err)
 		}
 	}
+	d.gsi.init(p.cfg.testCMPort)
 	d.keySeq.Store(rand.Uint32())
 	d.qpn.Store(rand.Uint32N(1<<23) + 16)
 	d.wg.Add(1)
@@ -224,6 +238,8 @@ type device struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
+	gsi gsi // QP1, for Config.Setup = SetupCM
+
 	// READ response bytes the device's QPs have asked for and not yet
 	// received, and the bound on them: a quarter of the receive buffer
 	// the kernel granted (it doubles what is asked and charges each
@@ -248,7 +264,7 @@ func (d *device) Caps() verbs.Caps {
 		MaxMsgSize:     1 << 31, // the RETH DMA length is 32 bits; IB caps messages at 2 GiB
 		MaxQPWR:        1 << 14,
 		MaxCQE:         1 << 20,
-		MaxPrivateData: maxPrivateData,
+		MaxPrivateData: d.maxPrivate(),
 		Addressing:     verbs.AddrIP,
 		CPUPlaces:      true,
 	}
@@ -302,6 +318,11 @@ func (d *device) receive() {
 			if errors.Is(err, errDropped) {
 				d.dropped.Add(1)
 			}
+			continue
+		}
+		if len(b) > 0 && b[0] == opUDSendOnly { // to QP1: connection management
+			d.onGSI(b, a)
+			putBuf(buf)
 			continue
 		}
 		p, err := decode(b, a, !d.cfg.NoICRCCheck)
