@@ -7,8 +7,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/rdmacp/rdmacp/crc32c"
 )
 
 // Reading FPDUs off the socket: a small buffer for headers and
@@ -37,22 +35,6 @@ type frameReader struct {
 	iov, rest [2*specSegs + 2][]byte
 	got       [2*specSegs + 2]int
 	readvs    int // readv calls made, for tests
-
-	// sum asks readIntoThen and readSpec for the CRC32c of each payload
-	// they place, taken piece by piece as each readv returns it, while
-	// the kernel's copy has just left it in cache: sums[0] is p's and
-	// sums[j+1] segs[j]'s. Summed after the whole read instead, the first
-	// of up to 16 segments (1 MiB) read ahead had left L2 by then.
-	sum  bool
-	sums [specSegs + 1]uint32
-}
-
-// sumOn extends sum by the payload bytes b, if sums are asked for.
-func (fr *frameReader) sumOn(sum uint32, b []byte) uint32 {
-	if !fr.sum || len(b) == 0 {
-		return sum
-	}
-	return crc32c.Update(sum, b)
 }
 
 func newFrameReader(c io.Reader, size int) *frameReader {
@@ -172,13 +154,11 @@ func (fr *frameReader) take(n int) []byte {
 func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
 	k := copy(p, fr.buf[fr.r:fr.w])
 	fr.r += k
-	fr.sums[0] = fr.sumOn(0, p[:k])
 	p = p[k:]
 	if len(p) == 0 || fr.rc == nil {
 		if err := fr.readInto(p); err != nil {
 			return err
 		}
-		fr.sums[0] = fr.sumOn(fr.sums[0], p)
 		return fr.fill(n, extra)
 	}
 	fr.r, fr.w = 0, 0 // all buffered bytes went to p
@@ -201,7 +181,6 @@ func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
 			return io.ErrUnexpectedEOF
 		}
 		m := min(got, len(p))
-		fr.sums[0] = fr.sumOn(fr.sums[0], p[:m])
 		p = p[m:]
 		fr.w += got - m
 	}
@@ -240,7 +219,6 @@ type preSeg struct {
 	stag uint32
 	to   uint64
 	n    int
-	sum  uint32 // its payload's CRC32c, if asked for (frameReader.sum)
 }
 
 // readSpec is readIntoThen(p, trail, extra) for the payload p of a Read
@@ -258,8 +236,6 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 		return 0, fr.readIntoThen(p, trail, extra)
 	}
 	k := copy(p, fr.buf[fr.r:fr.w])
-	clear(fr.sums[:len(segs)+1])
-	fr.sums[0] = fr.sumOn(0, p[:k])
 	p = p[k:]
 	fr.r, fr.w = 0, 0
 	// The buffer's regions: before segment j its predecessor's trailer
@@ -312,9 +288,6 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 		}
 		for i := cur; n > 0; i++ {
 			m := min(n, len(iov[i])-got[i])
-			if i%2 == 0 { // a payload: p, or segs[i/2-1]'s
-				fr.sums[i/2] = fr.sumOn(fr.sums[i/2], iov[i][got[i]:got[i]+m])
-			}
 			got[i] += m
 			n -= m
 		}

@@ -245,14 +245,11 @@ func (q *qp) answered(h *header, n int) (*swr, error) {
 func (q *qp) placeResp(fr *frameReader, s *swr, h *header, n, pad int, sum uint32) (uint32, error) {
 	pre := len(q.pre) > 0 // placed already, by a speculative read
 	var segs []specSeg
-	var paySum uint32 // the payload's CRC32c, if wanted
 	span := n
 	if pre {
-		p := q.pre[0]
-		if p.stag != h.stag || p.to != h.to || p.n != n {
+		if p := q.pre[0]; p.stag != h.stag || p.to != h.to || p.n != n {
 			return sum, &termError{layer: layerRDMAP, etype: rdmapCatastrophic, msg: "read response out of step with the ones placed ahead"}
 		}
-		paySum = p.sum
 		q.pre = q.pre[1:]
 		// The payload is in place; its trailer comes before the region
 		// is taken, so as not to hold it while waiting.
@@ -273,22 +270,18 @@ func (q *qp) placeResp(fr *frameReader, s *swr, h *header, n, pad int, sum uint3
 	}
 	fr.place(m)
 	defer fr.placed()
-	fr.sum = q.crc || s.wr.Sum
-	defer func() { fr.sum = false }()
 	var err error
 	switch {
 	case pre:
 	case len(segs) > 0:
 		err = q.placeAhead(fr, h, b, n, pad, segs)
-		paySum = fr.sums[0]
 	default:
 		err = fr.readIntoThen(b, pad+crcLen, taggedHdrLen+mpaLenLen)
-		paySum = fr.sums[0]
 	}
 	if err != nil {
 		return sum, err
 	}
-	return q.sumPlaced(s, paySum, n, sum), nil
+	return q.sumPlaced(s, b[:n], sum), nil
 }
 
 // placeAhead reads a segment's n payload bytes into b[:n] and, in the
@@ -308,27 +301,27 @@ func (q *qp) placeAhead(fr *frameReader, h *header, b []byte, n, pad int, segs [
 		q.noSpec, got = true, -got-1
 	}
 	to := h.to + uint64(n)
-	for j, sg := range segs[:got] {
-		q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: sg.n, sum: fr.sums[j+1]})
+	for _, sg := range segs[:got] {
+		q.pre = append(q.pre, preSeg{stag: h.stag, to: to, n: sg.n})
 		to += uint64(sg.n)
 	}
 	return nil
 }
 
-// sumPlaced extends both CRCs that may want a Read Response segment's
-// payload of n bytes by p, the payload's own CRC32c, which the frame
-// reader took as each readv placed it (frameReader.sum): the FPDU's
-// (fpdu, the CRC so far of its header) and, for a READ posted with Sum,
-// the READ's own. Each is extended by a Combine, one carry-less
-// multiplication: a second pass over the payload costs about 0.05 s/GB
-// on the 2-core VM, the multiplication nothing measurable (crc32c's
-// BenchmarkShiftCombine).
-func (q *qp) sumPlaced(s *swr, p uint32, n int, fpdu uint32) uint32 {
+// sumPlaced reads a Read Response segment's payload b once, right after
+// it was placed and while it is in cache, for both CRCs that may want
+// it: the FPDU's (fpdu, the CRC so far of its header) and, for a READ
+// posted with Sum, the READ's own. Each is extended from b's CRC by a
+// Combine, one carry-less multiplication: a second pass over b costs
+// about 0.05 s/GB on the 2-core VM, the multiplication nothing
+// measurable (crc32c's BenchmarkShiftCombine).
+func (q *qp) sumPlaced(s *swr, b []byte, fpdu uint32) uint32 {
 	if !q.crc && !s.wr.Sum {
 		return fpdu
 	}
-	if n != q.shiftLen || q.shift == 0 { // 0: none yet (no power of x is 0)
-		q.shift, q.shiftLen = crc32c.ShiftOf(int64(n)), n
+	p := crc32c.Update(0, b)
+	if len(b) != q.shiftLen || q.shift == 0 { // 0: none yet (no power of x is 0)
+		q.shift, q.shiftLen = crc32c.ShiftOf(int64(len(b))), len(b)
 	}
 	if s.wr.Sum {
 		s.sum = q.shift.Combine(s.sum, p)
