@@ -24,8 +24,10 @@ func GetPacked(s *Session, ctx context.Context, paths []string, fn func(i int, e
 }
 
 // HangUp disconnects s's QPs under it, as a peer that went away would
-// see: its memory stays valid.
+// see: its memory stays valid. It waits for the data QPs' join first:
+// they join behind the first requests (joining.go).
 func HangUp(s *Session) {
+	s.waitJoined()
 	s.ch.QP().Disconnect()
 	for i := range s.nqps {
 		if qp, _ := s.qps.QP(i); qp != nil {
@@ -36,6 +38,7 @@ func HangUp(s *Session) {
 
 // DataQP is the QP in slot i of s, nil if none.
 func DataQP(s *Session, i int) verbs.QP {
+	s.waitJoined()
 	qp, _ := s.qps.QP(i)
 	return qp
 }

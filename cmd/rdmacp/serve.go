@@ -155,6 +155,7 @@ type serveFile struct {
 	MPACRC    string `json:"mpa_crc"`
 	RocePort  int    `json:"roce_port"`
 	RoceICRC  string `json:"roce_icrc"`
+	RoceSetup string `json:"roce_setup"`
 	IBSetup   string `json:"ibverbs_setup"`
 	// Admission limits (target.Config); absent: the flag's value.
 	MaxSessions          int    `json:"max_sessions"`

@@ -50,6 +50,7 @@ var serveTestValues = map[string]struct{ flag, json string }{
 	"roce-port":               {"4792", `4792`},
 	"roce-icrc":               {"off", `"off"`},
 	"ibverbs-setup":           {"oob", `"oob"`},
+	"roce-setup":              {"cm", `"cm"`},
 }
 
 // resolvedFlags runs serve's flag parsing and config (readServeFile,
