@@ -154,11 +154,7 @@ func (r *connReq) RemoteAddr() string {
 }
 
 func (r *connReq) Prepare(p verbs.PD, cfg verbs.QPConfig) (verbs.PendingQP, error) {
-	pp, ok := p.(*pd)
-	if !ok || pp.dev != r.dev {
-		return nil, opErr("create_qp", fmt.Errorf("%w: protection domain of another device", verbs.ErrInvalid))
-	}
-	q, err := newQP(r.dev, pp, cfg)
+	q, err := newQP(r.dev, p, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -187,10 +183,6 @@ type pendingQP struct {
 }
 
 func (d *device) PrepareDial(ctx context.Context, p verbs.PD, addr string, cfg verbs.QPConfig) (verbs.PendingQP, error) {
-	pp, ok := p.(*pd)
-	if !ok || pp.dev != d {
-		return nil, opErr("create_qp", fmt.Errorf("%w: protection domain of another device", verbs.ErrInvalid))
-	}
 	var r net.Resolver
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -207,7 +199,7 @@ func (d *device) PrepareDial(ctx context.Context, p verbs.PD, addr string, cfg v
 	if err != nil {
 		return nil, &verbs.OpError{Op: "resolve", Provider: Name, Addr: addr, Err: err}
 	}
-	q, err := newQP(d, pp, cfg)
+	q, err := newQP(d, p, cfg)
 	if err != nil {
 		return nil, err
 	}

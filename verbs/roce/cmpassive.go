@@ -179,11 +179,7 @@ func (r *cmReq) PrivateData() []byte { return r.private }
 func (r *cmReq) RemoteAddr() string { return netip.AddrPortFrom(r.c.remote, r.dev.cmPort()).String() }
 
 func (r *cmReq) Prepare(p verbs.PD, cfg verbs.QPConfig) (verbs.PendingQP, error) {
-	pp, ok := p.(*pd)
-	if !ok || pp.dev != r.dev {
-		return nil, opErr("create_qp", fmt.Errorf("%w: protection domain of another device", verbs.ErrInvalid))
-	}
-	q, err := newQP(r.dev, pp, cfg)
+	q, err := newQP(r.dev, p, cfg)
 	if err != nil {
 		return nil, err
 	}

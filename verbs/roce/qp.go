@@ -116,7 +116,11 @@ func packets(n uint64, mtu int) int {
 	return int((n + uint64(mtu) - 1) / uint64(mtu))
 }
 
-func newQP(d *device, p *pd, cfg verbs.QPConfig) (*qp, error) {
+func newQP(d *device, pv verbs.PD, cfg verbs.QPConfig) (*qp, error) {
+	p, ok := pv.(*pd)
+	if !ok || p.dev != d {
+		return nil, opErr("create_qp", fmt.Errorf("%w: protection domain of another device", verbs.ErrInvalid))
+	}
 	scq, ok1 := cfg.SendCQ.(*cq)
 	rcq, ok2 := cfg.RecvCQ.(*cq)
 	if !ok1 || !ok2 {
