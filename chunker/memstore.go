@@ -2,7 +2,6 @@ package chunker
 
 import (
 	"container/list"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -104,18 +103,8 @@ func (s *MemStore) Load(k Key, first, n int) ([]byte, bool) {
 // its racy window ago are not saved, nor those of a version larger than the
 // whole store (neither is an error).
 func (s *MemStore) Save(k Key, first int, b []byte) error {
-	size := k.Alg.Size()
-	if size == 0 {
-		if !k.Alg.Valid() {
-			return fmt.Errorf("chunker: unknown algorithm %d", uint8(k.Alg))
-		}
-		return nil
-	}
-	if len(b)%size != 0 {
-		return fmt.Errorf("chunker: %d bytes is not a whole number of %s digests", len(b), k.Alg)
-	}
-	n := len(b) / size
-	if err := checkRange(k, first, n); err != nil {
+	n, err := savedCount(k, first, b)
+	if err != nil {
 		return err
 	}
 	if n == 0 || !Persistable(k, s.now()) || memCost(k) > s.max {
@@ -127,7 +116,7 @@ func (s *MemStore) Save(k Key, first int, b []byte) error {
 	if e == nil {
 		return nil // a stale caller: a newer version is stored
 	}
-	copy(e.digests[first*size:], b)
+	copy(e.digests[first*k.Alg.Size():], b)
 	for i := first; i < first+n; i++ {
 		e.present[i/64] |= 1 << (i % 64)
 	}

@@ -250,6 +250,23 @@ func slotCheck(hdrCRC uint32, i int, d []byte) uint32 {
 	return crc32.Update(crc32.Checksum(b[:], castagnoli), castagnoli, d)
 }
 
+// savedCount checks a Save's arguments and says how many digests b
+// holds: 0 for an algorithm without digests.
+func savedCount(k Key, first int, b []byte) (int, error) {
+	size := k.Alg.Size()
+	if size == 0 {
+		if !k.Alg.Valid() {
+			return 0, fmt.Errorf("chunker: unknown algorithm %d", uint8(k.Alg))
+		}
+		return 0, nil
+	}
+	if len(b)%size != 0 {
+		return 0, fmt.Errorf("chunker: %d bytes is not a whole number of %s digests", len(b), k.Alg)
+	}
+	n := len(b) / size
+	return n, checkRange(k, first, n)
+}
+
 // checkRange validates [first, first+n) against k's layout.
 func checkRange(k Key, first, n int) error {
 	if !k.Alg.Valid() {
@@ -295,7 +312,7 @@ func (s *DirStore) Load(k Key, first, n int) ([]byte, bool) {
 		}
 		return nil, false
 	}
-	ss := slotSize(k.Alg)
+	ss, size := slotSize(k.Alg), k.Alg.Size()
 	slots := make([]byte, n*ss)
 	if _, err := f.ReadAt(slots, storeHeaderSize+int64(first)*int64(ss)); err != nil {
 		return nil, false
@@ -331,18 +348,8 @@ func (s *DirStore) touch(p string) {
 // Save implements Store. Digests of a file that changed less than
 // their racy window ago are not saved (and that is not an error).
 func (s *DirStore) Save(k Key, first int, b []byte) error {
-	size := k.Alg.Size()
-	if size == 0 {
-		if !k.Alg.Valid() {
-			return fmt.Errorf("chunker: unknown algorithm %d", uint8(k.Alg))
-		}
-		return nil
-	}
-	if len(b)%size != 0 {
-		return fmt.Errorf("chunker: %d bytes is not a whole number of %s digests", len(b), k.Alg)
-	}
-	n := len(b) / size
-	if err := checkRange(k, first, n); err != nil {
+	n, err := savedCount(k, first, b)
+	if err != nil {
 		return err
 	}
 	if n == 0 || k.Size < s.min || !Persistable(k, s.now()) || diskSize(storeFileSize(k)) > s.max {
@@ -353,7 +360,7 @@ func (s *DirStore) Save(k Key, first int, b []byte) error {
 		return err
 	}
 	defer f.Close()
-	ss := slotSize(k.Alg)
+	ss, size := slotSize(k.Alg), k.Alg.Size()
 	slots := make([]byte, n*ss)
 	for i := range n {
 		slot, d := slots[i*ss:(i+1)*ss], b[i*size:(i+1)*size]
