@@ -374,3 +374,112 @@ func eventually(t *testing.T, d time.Duration, f func() string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestCloseDuringConnect closes the device while dials and accepts are
+// in flight, at a random point of them, 30 times: Close must return
+// promptly, and so must every call in flight, with an *verbs.OpError,
+// without crashing: Close used to destroy the event channel under a
+// PrepareDial (whose id then outlived it) and leave a Connect waiting for
+// events that no longer came, until its deadline.
+func TestCloseDuringConnect(t *testing.T) {
+	cfg := testConfig(t)
+	const rounds, slack = 30, 2 * time.Second
+	for round := range rounds {
+		dev, err := cfg.Provider.Open(context.Background(), cfg.Device)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &verbstest.Env{Cfg: cfg, Dev: dev, Caps: dev.Caps()}
+		e.Cfg.Timeout = 10 * time.Second
+		dial, acc := e.NewSide(t), e.NewSide(t)
+		ln := e.Listen(t)
+		dcfg := e.QPConfig(verbs.QPConfig{MaxSendWR: 16, MaxRecvWR: 16}, dial)
+		acfg := e.QPConfig(verbs.QPConfig{MaxSendWR: 16, MaxRecvWR: 16}, acc)
+		// Calls in flight get 30 s: only Close can end them in time.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var errs []error
+		note := func(err error) {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				req, err := ln.Accept(ctx)
+				if err != nil {
+					note(err)
+					return
+				}
+				pq, err := req.Prepare(acc.PD, acfg)
+				if err != nil {
+					req.Reject(nil)
+					continue
+				}
+				qp, err := pq.Connect(ctx, verbs.ConnParam{})
+				if err != nil {
+					pq.Close()
+					note(err)
+					continue
+				}
+				qp.Close()
+			}
+		}()
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					pq, err := dev.PrepareDial(ctx, dial.PD, ln.Addr(), dcfg)
+					if err != nil {
+						note(err)
+						return
+					}
+					qp, err := pq.Connect(ctx, verbs.ConnParam{})
+					if err != nil {
+						pq.Close()
+						note(err)
+						return
+					}
+					qp.Close()
+				}
+			}()
+		}
+		time.Sleep(time.Duration(rand.Int64N(int64(20 * time.Millisecond))))
+		start := time.Now()
+		dev.Close()
+		closed := time.Since(start)
+		done := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(closed + slack):
+			buf := make([]byte, 1<<20)
+			t.Fatalf("round %d: calls still in flight %v after Close returned:\n%s", round, slack, buf[:runtime.Stack(buf, true)])
+		}
+		ended := time.Since(start)
+		cancel()
+		if closed > slack {
+			t.Errorf("round %d: Close took %v", round, closed)
+		}
+		nclosed := 0
+		for _, err := range errs {
+			var oe *verbs.OpError
+			if !errors.As(err, &oe) {
+				t.Errorf("round %d: not an *verbs.OpError: %T %v", round, err, err)
+			}
+			if errors.Is(err, verbs.ErrClosed) {
+				nclosed++
+			}
+		}
+		if round%10 == 0 || t.Failed() {
+			t.Logf("round %d: Close took %v, the calls in flight ended %v after it began; %d errors, %d ErrClosed", round, closed, ended, len(errs), nclosed)
+		}
+	}
+}
