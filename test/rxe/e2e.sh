@@ -16,9 +16,9 @@
 #   - four initiators at once; an initiator killed mid-copy (the target
 #     ends its session and goes on serving); a target killed mid-copy
 #     (cp exits 3 promptly, leaving no file);
-#   - connects cancelled in flight: ls -l (which closes while its data
-#     QPs join) and cp interrupted (SIGINT) at 40-640 ms: no crash, exit
-#     0 or 130, and the target holds no more cm_ids or QPs afterwards
+#   - connects ended in flight: ls -l (which closes as its data QPs
+#     join) and cp interrupted (SIGINT) at 40-640 ms: no crash, exit 0
+#     or 130, and the target holds no more cm_ids or QPs afterwards
 #     (rdma resource show);
 #   - the staging warning ("staging windows through registered bounce
 #     buffers") appears exactly once on Linux <= 6.1, whose rxe can't
@@ -246,13 +246,17 @@ fi
 rm -f "$DST"/.killed* "$DST"/killed*
 cpcheck one
 
-# ------------------------------------------------------------ cancelled joins
-# Connects cancelled in flight (librdmacm used to crash: SIGSEGV in
-# rdma_get_cm_event): ls closes straight after its List, its data QPs'
-# joins finished or cancelled; cp gets SIGINT at staggered times, while
-# its control QP connects or its data QPs join. Each exits 0 or 130 (interrupted) with no
-# crash, the target goes on serving, and it is left holding no more
-# cm_ids or QPs (rdma resource show, by its pid) than before.
+# ------------------------------------------------------------ interrupted connects
+# Connects ended in flight: ls closes straight after its List, its data
+# QPs' joins finished or cancelled; cp gets SIGINT at staggered times,
+# while its control QP connects or its data QPs join. Each exits 0 or 130
+# (interrupted) with no crash, the target goes on serving, and it is left
+# holding no more cm_ids or QPs (rdma resource show) than before. A guard
+# at the command level: the provider's crash on a cancelled connect
+# (SIGSEGV in rdma_get_cm_event) is proved and tested by verbs/ibverbs
+# TestCancelConnect, which this guest runs first; here the 500 ms
+# joinGrace and an interrupted close's 300 ms bound hid it (20 runs of
+# the unfixed rdmacp passed).
 SRVPID=$(pgrep -P "$SRV" | head -1)
 # The kernel names the thread that created an object as its "pid".
 rescount() {
@@ -290,9 +294,9 @@ for _ in $(seq 150); do
 	sleep 0.1
 done
 if [ $bad = 0 ] && [ -z "$left" ] && kill -0 "$SRV" 2>/dev/null; then
-	pass "cancelled joins: 4 ls -l, 16 cp interrupted at 40-640 ms ($ints exited 130): no crash; target holds cm_ids $cm, QPs $qp (before: $cm0, $qp0), $(since "$t")s"
+	pass "interrupted connects: 4 ls -l, 16 cp interrupted at 40-640 ms ($ints exited 130): no crash; target holds cm_ids $cm, QPs $qp (before: $cm0, $qp0), $(since "$t")s"
 else
-	fail "cancelled joins: $bad bad runs; target left: ${left:-nothing}; target alive: $(kill -0 "$SRV" 2>/dev/null && echo yes || echo no)"
+	fail "interrupted connects: $bad bad runs; target left: ${left:-nothing}; target alive: $(kill -0 "$SRV" 2>/dev/null && echo yes || echo no)"
 fi
 cpcheck one
 
