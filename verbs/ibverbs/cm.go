@@ -161,11 +161,32 @@ func (d *device) resolve(ctx context.Context, addr string) (net.IP, int, error) 
 	return ip, port, nil
 }
 
-func (d *device) setupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+// beginSetup registers a connection set-up step (Listen, PrepareDial,
+// Connect) and bounds it: by ctx, by SetupTimeout when ctx has no
+// deadline, and by Close, which cancels the context it returns (cause
+// ErrClosed) and waits for done before it frees the ids, QPs and event
+// channel the step may be using. It fails with ErrClosed once Close has
+// begun.
+func (d *device) beginSetup(ctx context.Context) (context.Context, func(), error) {
+	d.lifeMu.Lock()
+	if d.closed {
+		d.lifeMu.Unlock()
+		return nil, nil, verbs.ErrClosed
 	}
-	return context.WithTimeout(ctx, d.p.cfg.SetupTimeout)
+	d.setups.Add(1)
+	d.lifeMu.Unlock()
+	timeout := func() {}
+	if _, ok := ctx.Deadline(); !ok {
+		ctx, timeout = context.WithTimeout(ctx, d.p.cfg.SetupTimeout)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(d.closing, func() { cancel(context.Cause(d.closing)) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		timeout()
+		d.setups.Done()
+	}, nil
 }
 
 // timeoutMS is what rdma_resolve_addr/route get: the time ctx has left.
@@ -210,6 +231,11 @@ func (d *device) Listen(ctx context.Context, addr string) (verbs.Listener, error
 	if d.p.cfg.Setup == SetupOOB {
 		return d.listenOOB(ctx, addr)
 	}
+	ctx, done, err := d.beginSetup(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
 	ip, port, err := d.resolve(ctx, addr)
 	if err != nil {
 		return fail(err)
@@ -405,8 +431,11 @@ func (d *device) PrepareDial(ctx context.Context, p verbs.PD, addr string, cfg v
 	if d.p.cfg.Setup == SetupOOB {
 		return d.prepareDialOOB(ctx, p, addr, cfg)
 	}
-	ctx, cancel := d.setupCtx(ctx)
-	defer cancel()
+	ctx, done, err := d.beginSetup(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
 	ip, port, err := d.resolve(ctx, addr)
 	if err != nil {
 		return fail(err)
@@ -554,15 +583,12 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 	}
 	q := p.q
 	d := q.d
-	q.cmMu.Lock()
-	gone := q.destroyed
-	q.cmMu.Unlock()
-	if gone {
+	ctx, done, err := d.beginSetup(ctx)
+	if err != nil {
 		p.state = 2
-		return fail(verbs.ErrClosed)
+		return fail(err)
 	}
-	ctx, cancel := d.setupCtx(ctx)
-	defer cancel()
+	defer done()
 	ord, ird := q.cfg.MaxReadsOut, q.cfg.MaxReadsIn
 	if p.req != nil {
 		// The requester's offer bounds ours: it serves initDepth READs
@@ -576,7 +602,21 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 	if p.req != nil {
 		accept = 1
 	}
-	if rc := C.rc_connect(q.cid.id, pd, n, C.uint8_t(ird), C.uint8_t(ord), accept); rc != 0 {
+	// Every use of the id and QP here is under cmMu and checks that the
+	// QP is not destroyed: Device.Close waits for this Connect
+	// (beginSetup), but qp.destroy has other callers.
+	q.cmMu.Lock()
+	rc := C.int(0)
+	if !q.destroyed {
+		rc = C.rc_connect(q.cid.id, pd, n, C.uint8_t(ird), C.uint8_t(ord), accept)
+	}
+	gone := q.destroyed
+	q.cmMu.Unlock()
+	if gone {
+		p.state = 2
+		return fail(verbs.ErrClosed)
+	}
+	if rc != 0 {
 		p.teardown()
 		return fail(fmt.Errorf("rdma_%s: %w", op, errnoErr(rc)))
 	}
@@ -617,8 +657,12 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		break
 	}
 	q.cmMu.Lock()
+	if q.destroyed {
+		q.cmMu.Unlock()
+		p.state = 2
+		return fail(verbs.ErrClosed)
+	}
 	q.connected = true
-	q.cmMu.Unlock()
 	local, remote := q.cid.addrs()
 	var aord, aird, mtu, state C.int
 	detail := fmt.Sprintf("rdma_cm %s %s port %d", d.trans, d.name, C.rc_id_port(q.cid.id))
@@ -626,6 +670,7 @@ func (p *pendingQP) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP, 
 		ord, ird = int(aord), int(aird)
 		detail += fmt.Sprintf(", path mtu %d", mtuBytes(C.enum_ibv_mtu(mtu)))
 	}
+	q.cmMu.Unlock()
 	if d.port.gidIndex >= 0 {
 		detail += fmt.Sprintf(", gid[%d] %s", d.port.gidIndex, d.port.gid)
 	}

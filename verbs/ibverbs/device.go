@@ -294,8 +294,15 @@ type device struct {
 	evbuf  *C.struct_rc_cm_event
 	wg     sync.WaitGroup
 
-	idMu sync.Mutex
-	ids  map[uintptr]*cmID
+	idMu      sync.Mutex
+	ids       map[uint64]*cmID // by token (rc_create_id)
+	nextToken uint64
+
+	// Connection set-ups in flight (beginSetup): Close cancels them and
+	// waits for them before it frees what they use.
+	closing    context.Context
+	stopSetups context.CancelCauseFunc
+	setups     sync.WaitGroup
 
 	// Object lifetimes; not on the data path.
 	lifeMu    sync.Mutex
@@ -405,11 +412,12 @@ func (p *provider) openCtx(l *contextList, c *C.struct_ibv_context, pi portInfo)
 			MemoryWindows:  hasMW,
 			Addressing:     verbs.AddrIP,
 		},
-		ids: map[uintptr]*cmID{}, pds: map[*pd]struct{}{}, cqs: map[*cq]struct{}{},
+		ids: map[uint64]*cmID{}, pds: map[*pd]struct{}{}, cqs: map[*cq]struct{}{},
 		qps: map[*qp]struct{}{}, listeners: map[verbs.Listener]struct{}{}, reqs: map[verbs.ConnRequest]struct{}{},
 		tabs: map[uint32]*qp{}, mws: map[uint32]*mw{},
 	}
 	d.trans = transportName(c, pi)
+	d.closing, d.stopSetups = context.WithCancelCause(context.Background())
 	sh, err := acquireShared(c)
 	if err != nil {
 		return nil, err
@@ -465,6 +473,13 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
+	d.lifeMu.Unlock()
+	// Set-ups in flight end first (each wait in them is bounded by its
+	// context, which this cancels): they use ids, QPs and the event
+	// channel freed below.
+	d.stopSetups(verbs.ErrClosed)
+	d.setups.Wait()
+	d.lifeMu.Lock()
 	ls := keys(d.listeners)
 	rs := keys(d.reqs)
 	qs := keys(d.qps)
@@ -517,8 +532,8 @@ type cmEvent struct {
 	typ       C.enum_rdma_cm_event_type
 	status    int
 	idp       *C.struct_rdma_cm_id
-	id        uintptr
-	listenID  uintptr
+	token     uint64
+	listen    uint64 // CONNECT_REQUEST: the listening id's token
 	qpNum     uint32
 	respRes   int
 	initDepth int
@@ -534,44 +549,62 @@ func (e cmEvent) String() string {
 type cmID struct {
 	d       *device
 	id      *C.struct_rdma_cm_id
+	token   uint64
 	mu      sync.Mutex
 	handler func(cmEvent)
 	events  chan cmEvent
 	owner   any // *listener for a listening id
 }
 
-func (d *device) newCMID() (*cmID, error) {
-	var id *C.struct_rdma_cm_id
-	if rc, err := C.rdma_create_id(d.ch, &id, nil, C.RDMA_PS_TCP); rc != 0 {
-		return nil, fmt.Errorf("rdma_create_id: %w", err)
-	}
-	c := &cmID{d: d, id: id, events: make(chan cmEvent, 16)}
+func (d *device) token() uint64 {
 	d.idMu.Lock()
-	d.ids[uintptr(unsafe.Pointer(id))] = c
-	d.idMu.Unlock()
-	return c, nil
+	defer d.idMu.Unlock()
+	d.nextToken++
+	return d.nextToken
 }
 
-// adopt registers a child id that a CONNECT_REQUEST created.
-func (d *device) adopt(id *C.struct_rdma_cm_id) *cmID {
-	c := &cmID{d: d, id: id, events: make(chan cmEvent, 16)}
+func (d *device) newCMID() (*cmID, error) {
+	var id *C.struct_rdma_cm_id
+	tok := d.token()
+	if rc := C.rc_create_id(d.ch, C.uint64_t(tok), &id); rc != 0 {
+		return nil, fmt.Errorf("rdma_create_id: %w", errnoErr(rc))
+	}
+	return d.register(id, tok), nil
+}
+
+func (d *device) register(id *C.struct_rdma_cm_id, tok uint64) *cmID {
+	c := &cmID{d: d, id: id, token: tok, events: make(chan cmEvent, 16)}
 	d.idMu.Lock()
-	d.ids[uintptr(unsafe.Pointer(id))] = c
+	d.ids[tok] = c
 	d.idMu.Unlock()
 	return c
 }
 
-// destroy destroys the id; its events were all acked when they were read,
-// so this never waits on the event loop.
+// adopt registers a child id that a CONNECT_REQUEST created; it has its
+// listener's token until then. The event loop calls it, before it reads
+// the next event.
+func (d *device) adopt(id *C.struct_rdma_cm_id) *cmID {
+	tok := d.token()
+	C.rc_set_token(id, C.uint64_t(tok))
+	return d.register(id, tok)
+}
+
+// destroy destroys the id, once. Its events were all acked when they
+// were read, so this never waits on the event loop; and rdma_destroy_id
+// returns only once librdmacm has finished with every event it reported
+// for the id: see qp.destroy.
 func (c *cmID) destroy() {
-	if c.id == nil {
+	c.mu.Lock()
+	id := c.id
+	c.id = nil
+	c.mu.Unlock()
+	if id == nil {
 		return
 	}
-	C.rdma_destroy_id(c.id)
 	c.d.idMu.Lock()
-	delete(c.d.ids, uintptr(unsafe.Pointer(c.id)))
+	delete(c.d.ids, c.token)
 	c.d.idMu.Unlock()
-	c.id = nil
+	C.rdma_destroy_id(id)
 }
 
 func (c *cmID) deliver(e cmEvent) {
@@ -610,13 +643,14 @@ func (c *cmID) setHandler(h func(cmEvent)) {
 	}
 }
 
-// wait returns the next event for c, or ctx's error.
+// wait returns the next event for c, or why ctx ended (ErrClosed when
+// the device is closing: beginSetup).
 func (c *cmID) wait(ctx context.Context) (cmEvent, error) {
 	select {
 	case e := <-c.events:
 		return e, nil
 	case <-ctx.Done():
-		return cmEvent{}, ctx.Err()
+		return cmEvent{}, context.Cause(ctx)
 	}
 }
 
@@ -648,8 +682,8 @@ func (d *device) copyEvent() cmEvent {
 		typ:       C.enum_rdma_cm_event_type(b.event),
 		status:    int(b.status),
 		idp:       b.id,
-		id:        uintptr(unsafe.Pointer(b.id)),
-		listenID:  uintptr(unsafe.Pointer(b.listen_id)),
+		token:     uint64(b.token),
+		listen:    uint64(b.listen_token),
 		qpNum:     uint32(b.qp_num),
 		respRes:   int(b.responder_resources),
 		initDepth: int(b.initiator_depth),
@@ -663,7 +697,7 @@ func (d *device) copyEvent() cmEvent {
 func (d *device) dispatch(e cmEvent) {
 	if e.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
 		d.idMu.Lock()
-		lc := d.ids[e.listenID]
+		lc := d.ids[e.listen]
 		d.idMu.Unlock()
 		child := d.adopt(e.idp)
 		var l *listener
@@ -673,15 +707,16 @@ func (d *device) dispatch(e cmEvent) {
 			lc.mu.Unlock()
 		}
 		if l == nil || !l.push(child, e) {
-			go func() {
-				C.rdma_reject(child.id, nil, 0)
-				child.destroy()
-			}()
+			// Here, not in a goroutine that could outlive Close: this
+			// never waits on the event loop (librdmacm counts the
+			// request against the listening id, acked already).
+			C.rdma_reject(child.id, nil, 0)
+			child.destroy()
 		}
 		return
 	}
 	d.idMu.Lock()
-	c := d.ids[e.id]
+	c := d.ids[e.token]
 	d.idMu.Unlock()
 	if c != nil {
 		c.deliver(e)

@@ -218,8 +218,11 @@ func (d *device) prepareDialOOB(ctx context.Context, p verbs.PD, addr string, cf
 	if err := d.checkOOB(); err != nil {
 		return fail(err)
 	}
-	ctx, cancel := d.setupCtx(ctx)
-	defer cancel()
+	ctx, done, err := d.beginSetup(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
 	ip, port, err := d.resolve(ctx, addr)
 	if err != nil {
 		return fail(err)
@@ -296,8 +299,11 @@ func (p *oobPending) Connect(ctx context.Context, cp verbs.ConnParam) (verbs.QP,
 	if len(cp.PrivateData) > oob.MaxPrivateData {
 		return fail(fmt.Errorf("%w: %d bytes of private data, limit %d", verbs.ErrInvalid, len(cp.PrivateData), oob.MaxPrivateData))
 	}
-	ctx, cancel := p.q.d.setupCtx(ctx)
-	defer cancel()
+	ctx, done, err := p.q.d.beginSetup(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
 	if p.req == nil {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: p.src}}
 		c, err := d.DialContext(ctx, "tcp4", p.addr)

@@ -648,8 +648,17 @@ func (q *qp) destroy() {
 	d := q.d
 	d.shared.delQP(q)
 	if q.cid != nil {
-		C.rdma_destroy_qp(q.cid.id)
+		// The id goes first, and the QP after it, by hand (all that
+		// rdma_destroy_qp does for a QP on our own CQs). librdmacm's
+		// event thread works on an id's QP inside rdma_get_cm_event
+		// (RTR and RTS for a CONNECT_RESPONSE, ERR for a REJECTED);
+		// rdma_destroy_id stops the kernel reporting events for the id
+		// and returns once every event reported is acked, so nothing
+		// touches the QP any more. The other way round, a connect
+		// cancelled as its reply came in freed the QP under the event
+		// thread: SIGSEGV in rdma_get_cm_event (TestCancelConnect).
 		q.cid.destroy()
+		C.ibv_destroy_qp(q.qp)
 	} else {
 		C.ibv_destroy_qp(q.qp)
 	}

@@ -250,7 +250,8 @@ static int rc_query_gid(struct ibv_context *ctx, uint32_t port, uint32_t idx,
 // acked before Go sees this, so no destroy ever waits on Go.
 struct rc_cm_event {
 	struct rdma_cm_id *id;
-	struct rdma_cm_id *listen_id;
+	uint64_t token;        // the id's, which Go gave it (rc_create_id, rc_set_token)
+	uint64_t listen_token; // CONNECT_REQUEST: the listening id's
 	int32_t event;
 	int32_t status;
 	uint32_t qp_num;
@@ -269,7 +270,8 @@ static int rc_get_cm_event(struct rdma_event_channel *ch, struct rc_cm_event *ou
 		return errno ? errno : EIO;
 	memset(out, 0, sizeof(*out));
 	out->id = ev->id;
-	out->listen_id = ev->listen_id;
+	out->token = (uint64_t)(uintptr_t)ev->id->context;
+	out->listen_token = ev->listen_id ? (uint64_t)(uintptr_t)ev->listen_id->context : 0;
 	out->event = ev->event;
 	out->status = ev->status;
 	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ||
@@ -290,6 +292,19 @@ static int rc_get_cm_event(struct rdma_event_channel *ch, struct rc_cm_event *ou
 	rdma_ack_cm_event(ev);
 	return 0;
 }
+
+// rdma_cm ids carry a token in their context, never reused, which events
+// are routed by: an id's address may be reused as soon as it is
+// destroyed, and an event read just before that must not reach the id
+// allocated next at the same address.
+static int rc_create_id(struct rdma_event_channel *ch, uint64_t token, struct rdma_cm_id **id)
+{
+	if (rdma_create_id(ch, id, (void *)(uintptr_t)token, RDMA_PS_TCP) != 0)
+		return errno ? errno : EINVAL;
+	return 0;
+}
+
+static void rc_set_token(struct rdma_cm_id *id, uint64_t token) { id->context = (void *)(uintptr_t)token; }
 
 // An async event, copied and acked.
 struct rc_async_event {
