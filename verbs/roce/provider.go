@@ -253,6 +253,8 @@ type device struct {
 	// counters, for tests and the debug log
 	dropped  atomic.Uint64 // datagrams that failed to decode or had no QP
 	sentPkts atomic.Uint64
+	repairs  atomic.Uint64 // READ requests for responses lost (readrx.go)
+	replays  atomic.Uint64 // duplicate READ requests served again (readresp.go)
 }
 
 func (d *device) Provider() string { return Name }

@@ -59,11 +59,14 @@ type qp struct {
 	readsIn     int    // negotiated IRD
 	readsActive int    // READ requests out and not finished
 	readBytes   int64  // bytes those READs still owe
+	acked       uint32 // the highest PSN acknowledged, when ackedOK
+	ackedOK     bool
 	retries     int
 	rnrRetries  int
 	progress    time.Time // when the requester last moved forward
 	rnrUntil    time.Time // resend after an RNR NAK once this has passed
-	gapSeen     bool      // a gap in READ responses already asked for go-back-N
+	nakFrom     uint32    // READs from this PSN on were dropped by the responder,
+	nakAt       time.Time // as a NAK said then (zero: none pending; readrx.go)
 
 	// Responder state, the engine's alone.
 	ePSN     uint32 // the PSN the next new request must carry
@@ -74,6 +77,9 @@ type qp struct {
 	ackOwed  bool
 	rnrPSN   uint32
 	rnrNaked bool
+
+	resps   []readResp // the READs this responder took, IRD of them (readresp.go)
+	respsAt int        // where the next goes
 
 	scratch []byte
 }
@@ -91,9 +97,8 @@ type swqe struct {
 	first uint32 // its first PSN
 	npsn  int    // PSNs it spans: its packets, or a READ's responses
 	next  int    // SEND: packets transmitted since the last go-back-N
-	got   int    // READ: responses received, in order
-	asked bool   // READ: a request for the rest (from got) is out
 	bad   verbs.Status
+	rx    readRx // READ: its responses (readrx.go)
 }
 
 func (w *swqe) last() uint32 { return psnAdd(w.first, w.npsn-1) }
@@ -102,12 +107,6 @@ func (w *swqe) last() uint32 { return psnAdd(w.first, w.npsn-1) }
 // only within half the 24-bit space, 2^23; this keeps well inside it. It
 // refuses one message of 2^22 packets or more (1 GiB at MTU 256).
 const psnWindow = 1 << 22
-
-// rest is how many bytes of a READ have not arrived.
-func (w *swqe) rest(mtu int) uint64 {
-	n, got := uint64(w.wr.Local.Length), uint64(w.got)*uint64(mtu)
-	return n - min(n, got)
-}
 
 func packets(n uint64, mtu int) int {
 	if n == 0 {
@@ -350,17 +349,14 @@ func (q *qp) transmit() {
 				return
 			}
 		case verbs.OpRead:
-			if w.asked {
+			if w.rx.asked {
 				continue
 			}
-			rest := w.rest(q.mtu)
-			if q.readsActive >= q.readsOut || !q.dev.readBudget(rest, q.readsActive == 0) {
+			if !w.rx.sent && !q.startRead(w) {
 				return
 			}
-			q.sendReadRequest(w, rest)
-			w.asked = true
-			q.readsActive++
-			q.owe(int64(rest))
+			q.askRead(w, w.rx.got, w.npsn)
+			w.rx.asked = true
 		}
 	}
 }
@@ -405,12 +401,6 @@ func (q *qp) owe(n int64) {
 	q.dev.readOut.Add(n)
 }
 
-func (q *qp) sendReadRequest(w *swqe, rest uint64) {
-	off := uint64(w.got) * uint64(q.mtu)
-	q.put(&packet{opcode: opReadRequest, pkey: defaultPKey, destQP: q.rqpn, ackReq: true,
-		psn: psnAdd(w.first, w.got), va: w.wr.RemoteAddr + off, rkey: w.wr.RKey, dmaLen: uint32(rest)})
-}
-
 // put encodes and sends one packet to the peer. A send error is a lost
 // packet: retransmission repairs it or the retry count ends the QP.
 func (q *qp) put(p *packet) {
@@ -423,9 +413,10 @@ func (q *qp) put(p *packet) {
 func (q *qp) completeFront(s verbs.Status) {
 	w := q.inflight[0]
 	q.inflight = q.inflight[1:]
-	if w.wr.Op == verbs.OpRead && w.asked {
+	if w.wr.Op == verbs.OpRead && w.rx.sent {
 		q.readsActive--
-		q.owe(-int64(w.rest(q.mtu)))
+		q.owe(-w.rx.owed)
+		w.rx.owed = 0
 	}
 	q.mu.Lock()
 	q.sqUsed--
@@ -438,32 +429,52 @@ func (q *qp) moved() {
 	q.progress = time.Now()
 	q.retries = 0
 	q.rnrRetries = 0
-	q.gapSeen = false
 }
 
 // ackThrough applies an acknowledgement of every PSN up to and including
-// psn. A READ it passes whose responses have not all come were lost:
-// go-back-N.
+// psn (an ACK, or a READ response for the requests before its READ). It
+// also says that the responder has sent every response of the READs
+// before psn: those still missing some were lost (readrx.go).
 func (q *qp) ackThrough(psn uint32) {
 	if psnDiff(psn, q.una) < -1 || psnDiff(psn, q.nextPSN) >= 0 {
 		return // stale, or for a PSN never sent: ignore
 	}
+	if !q.ackedOK || psnDiff(psn, q.acked) > 0 {
+		q.acked, q.ackedOK = psn, true
+	}
+	q.readsSentThrough(psn)
+	q.completeReady()
+}
+
+// completeReady completes, in order, the WRs at the front that are done:
+// SENDs acknowledged, READs whose every response has come.
+func (q *qp) completeReady() {
 	for len(q.inflight) > 0 {
 		w := q.inflight[0]
 		if w.wr.Op == verbs.OpRead {
-			if psnDiff(psn, psnAdd(w.first, w.got)) >= 0 && !q.gapSeen {
-				q.gapSeen = true
-				q.goBack()
+			if !w.rx.sent {
+				return
 			}
-			return
-		}
-		if psnDiff(psn, w.last()) >= 0 {
+			if una := psnAdd(w.first, w.rx.got); psnDiff(una, q.una) > 0 {
+				q.una = una
+			}
+			if w.rx.recv < w.npsn {
+				return
+			}
 			q.una = psnAdd(w.last(), 1)
 			q.completeFront(verbs.StatusSuccess)
 			continue
 		}
-		if psnDiff(psn, q.una) >= 0 {
-			q.una = psnAdd(psn, 1)
+		if !q.ackedOK {
+			return
+		}
+		if psnDiff(q.acked, w.last()) >= 0 {
+			q.una = psnAdd(w.last(), 1)
+			q.completeFront(verbs.StatusSuccess)
+			continue
+		}
+		if psnDiff(q.acked, q.una) >= 0 {
+			q.una = psnAdd(q.acked, 1)
 			q.moved()
 		}
 		return
@@ -490,7 +501,7 @@ func (q *qp) onAck(p *packet) {
 			delay = rnrDelay(p.syndrome & 0x1f)
 		}
 		q.rnrUntil = time.Now().Add(delay)
-		q.goBack()
+		q.goBackFrom(p.psn)
 	case synNAK:
 		q.ackThrough(psnAdd(p.psn, -1))
 		if len(q.inflight) == 0 {
@@ -498,8 +509,10 @@ func (q *qp) onAck(p *packet) {
 		}
 		switch code := p.syndrome & 0x1f; code {
 		case nakPSNSeq:
-			if psnDiff(p.psn, q.una) == 0 {
-				q.goBack()
+			// The responder saw a gap in our requests: it expects
+			// p.psn, and dropped what came after it.
+			if psnDiff(p.psn, q.una) >= 0 && psnDiff(p.psn, q.nextPSN) < 0 {
+				q.goBackFrom(p.psn)
 			}
 		case nakInvalidReq:
 			q.die(verbs.StatusRemoteInvalid, errors.New("the peer refused a request as invalid (NAK)"))
@@ -511,71 +524,36 @@ func (q *qp) onAck(p *packet) {
 	}
 }
 
-func (q *qp) onReadResponse(p *packet) {
-	// A response to a READ acknowledges every request before it.
-	q.ackThrough(psnAdd(p.psn, -1))
-	if len(q.inflight) == 0 {
-		return
-	}
-	w := q.inflight[0]
-	if w.wr.Op != verbs.OpRead || !w.asked {
-		return
-	}
-	want := psnAdd(w.first, w.got)
-	if d := psnDiff(p.psn, want); d != 0 {
-		if d > 0 && d < w.npsn && !q.gapSeen {
-			q.gapSeen = true // one go-back-N per gap, not one per packet past it
-			q.goBack()
-		}
-		return
-	}
-	n := uint64(w.wr.Local.Length)
-	off := uint64(w.got) * uint64(q.mtu)
-	chunk := min(uint64(q.mtu), n-off)
-	// The opcode must fit the position: the last response ends a READ
-	// (LAST or ONLY), any other goes on (FIRST or MIDDLE). Which of the
-	// two depends on the request it answers: a request for the rest
-	// after a loss is a READ of its own, and a late duplicate of the
-	// first request's burst carries the same bytes at the same PSN.
-	final := w.got == w.npsn-1
-	endsRead := p.opcode == opReadRespLast || p.opcode == opReadRespOnly
-	if final != endsRead || uint64(len(p.payload)) != chunk {
-		q.die(verbs.StatusBadResponse, fmt.Errorf("READ response PSN %#x: opcode %#x with %d bytes, want %d bytes and final=%v", p.psn, p.opcode, len(p.payload), chunk, final))
-		return
-	}
-	if chunk > 0 {
-		m, b, ok := q.dev.resolve(q.pd, w.wr.Local.LKey, w.wr.Local.Addr+off, chunk, verbs.AccessLocalWrite)
-		if !ok {
-			q.die(verbs.StatusLocalProtect, fmt.Errorf("work request %#x: %w", w.wr.ID, errDeregistered))
-			return
-		}
-		copy(b, p.payload)
-		m.release()
-	}
-	w.got++
-	q.owe(-int64(chunk))
-	q.una = psnAdd(p.psn, 1)
-	q.moved()
-	if w.got == w.npsn {
-		q.completeFront(verbs.StatusSuccess)
-	}
-}
-
-// goBack rewinds transmission to una: every WR in flight is sent again
-// from its first unacknowledged PSN (go-back-N).
+// goBack rewinds transmission to una after a retransmit timeout: every
+// SEND in flight is sent again from its first unacknowledged PSN
+// (go-back-N), every READ asked again for what it still misses.
 func (q *qp) goBack() {
 	for _, w := range q.inflight {
 		switch w.wr.Op {
 		case verbs.OpSend:
 			w.next = max(0, min(w.npsn, psnDiff(q.una, w.first)))
 		case verbs.OpRead:
-			if w.asked {
-				q.readsActive--
-				q.owe(-int64(w.rest(q.mtu)))
-				w.asked = false
-			}
+			w.rx.asked = false
+			w.rx.fixAt = time.Time{}
 		}
 	}
+	q.progress = time.Now()
+}
+
+// goBackFrom sends again every request from psn on, which the responder
+// dropped (a PSN sequence NAK, an RNR NAK): SEND packets from psn at
+// once, and the READs at or after it once they have had time to show
+// they were taken after all (readsDropped).
+func (q *qp) goBackFrom(psn uint32) {
+	for _, w := range q.inflight {
+		if w.wr.Op == verbs.OpSend && psnDiff(w.last(), psn) >= 0 {
+			w.next = max(0, min(w.npsn, psnDiff(psn, w.first)))
+		}
+	}
+	if q.nakAt.IsZero() || psnDiff(psn, q.nakFrom) < 0 {
+		q.nakFrom = psn
+	}
+	q.nakAt = time.Now()
 	q.progress = time.Now()
 }
 
@@ -585,6 +563,8 @@ func (q *qp) onTimer(rto time.Duration) {
 		return
 	}
 	if time.Since(q.progress) < rto || time.Now().Before(q.rnrUntil) {
+		q.readsDropped(time.Now(), rto)
+		q.repairReads(time.Now(), rto)
 		return
 	}
 	q.retries++
@@ -599,7 +579,7 @@ func (q *qp) onTimer(rto time.Duration) {
 // or a READ request sent and not yet acknowledged.
 func (q *qp) onWire() bool {
 	for _, w := range q.inflight {
-		if w.asked || w.next > 0 {
+		if w.rx.asked || w.next > 0 {
 			return true
 		}
 	}
@@ -636,10 +616,14 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 func (q *qp) onRequest(p *packet) {
 	d := psnDiff(p.psn, q.ePSN)
 	if d < 0 {
-		// A duplicate: the requester missed our answer. READs are
-		// idempotent and served again; anything else is acknowledged.
+		// A duplicate: the requester missed our answer. A READ is
+		// served again if it may be (readresp.go), anything else is
+		// acknowledged.
 		if p.opcode == opReadRequest {
-			q.serveRead(p)
+			if q.replayable(p) {
+				q.dev.replays.Add(1)
+				q.serveRead(p)
+			}
 		} else {
 			q.ackOwed = true
 		}
@@ -660,6 +644,7 @@ func (q *qp) onRequest(p *packet) {
 		}
 		q.ePSN = psnAdd(q.ePSN, packets(uint64(p.dmaLen), q.mtu))
 		q.msn++
+		q.tookRead(p)
 		q.serveRead(p)
 		return
 	}
