@@ -62,8 +62,8 @@ func walkAll(t *testing.T, w *walker, each func(walked)) []walked {
 	dirs := []string{""}
 	var out []walked
 	for {
-		we, ok := w.next()
-		if !ok {
+		var we walkEntry
+		if !w.next(&we) {
 			break
 		}
 		if int(we.e.Dir) >= len(dirs) {
