@@ -23,7 +23,7 @@ import (
 )
 
 // testExport serves dir as the directory export "data".
-func testExport(t *testing.T, dir string) *export {
+func testExport(t testing.TB, dir string) *export {
 	t.Helper()
 	x, err := openExport(Export{Name: "data", Path: dir})
 	if err != nil {
