@@ -125,7 +125,7 @@ run() { # name command...
   if [ $warm = 0 ] && [ -n "$d" ]; then
     cpcpu[$name]=$(awk -v a="${cpcpu[$name]:-0}" '{ printf "%.3f", a + $1 + $2 }' "$dir/cp.cpu")
     dcpu[$name]=$(awk -v a="${dcpu[$name]:-0}" -v t=$((d1 - d0)) -v hz="$hz" 'BEGIN { printf "%.3f", a + t / hz }')
-    rss[$name]=$(awk -v a="${rss[$name]:-0}" '{ printf "%d", $3 > a ? $3 : a }' "$dir/cp.cpu")
+    rss[$name]=$(awk -v a="${rss[$name]:-0}" '{ printf "%d", ($3 > a ? $3 : a) }' "$dir/cp.cpu")
   fi
 }
 for round in $(seq 0 "$runs"); do
