@@ -28,8 +28,11 @@
 #
 # -o BIN adds BIN (another rdmacp, say a build of main) as "before", with
 # its own daemon, run in turn with the others in every round: a before and
-# after under the same load. Each rdmacp's CPU (user + system seconds per
-# 1,000 files, of cp and of its daemon) is printed too.
+# after under the same load. Each rdmacp's and rsync's CPU (user + system
+# seconds per 1,000 files, of the client and of its daemon, the daemon's
+# reaped children included: rsync's per-connection sender) and the
+# client's peak RSS are printed too, and the load averages at the start
+# and the end: trust the ratios of one run more than any one time.
 set -euo pipefail
 files=10000 kib=4 runs=3 dir= ext4= reuse= old=
 while getopts n:k:r:d:eRo: o; do
@@ -77,8 +80,8 @@ if [ -n "$old" ]; then
   "$old" serve --transport iwarp-soft --listen 127.0.0.1:$oport --export data="$dir/export" --log-level warn &
   opid=$!
 fi
-# cpu PID: its user + system clock ticks so far
-cpu() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# cpu PID: its user + system clock ticks so far, its reaped children's too
+cpu() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$1/stat"; }
 cat >"$dir/rsyncd.conf" <<CONF
 port = $rport
 address = 127.0.0.1
@@ -89,7 +92,9 @@ pid file = $dir/rsyncd.pid
   read only = true
 CONF
 rsync --daemon --no-detach --config="$dir/rsyncd.conf" &
+rpid=$!
 sleep 1
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 now() { date +%s.%N; }
 # fresh points DIR/out at a new empty directory: nothing is deleted while
@@ -106,20 +111,21 @@ fresh() {
 declare -A res
 warm=1 # the first round is a warm-up, not recorded
 record() { [ $warm = 1 ] || res[$1]="${res[$1]:-} $2"; }
-declare -A cpcpu dcpu
+declare -A cpcpu dcpu rss
 hz=$(getconf CLK_TCK)
 run() { # name command...
   local name=$1; shift
   fresh
   local d=${daemon:-} d0=0 d1=0
   [ -z "$d" ] || d0=$(cpu "$d")
-  local t0 t1; t0=$(now); /usr/bin/time -f '%U %S' -o "$dir/cp.cpu" "$@" >/dev/null; t1=$(now)
+  local t0 t1; t0=$(now); /usr/bin/time -f '%U %S %M' -o "$dir/cp.cpu" "$@" >/dev/null; t1=$(now)
   [ -z "$d" ] || d1=$(cpu "$d")
   [ "$(find "$dir/out/" -type f | wc -l)" -eq "$files" ] || { echo "$name: wrong file count" >&2; exit 1; }
   record "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')"
   if [ $warm = 0 ] && [ -n "$d" ]; then
     cpcpu[$name]=$(awk -v a="${cpcpu[$name]:-0}" '{ printf "%.3f", a + $1 + $2 }' "$dir/cp.cpu")
     dcpu[$name]=$(awk -v a="${dcpu[$name]:-0}" -v t=$((d1 - d0)) -v hz="$hz" 'BEGIN { printf "%.3f", a + t / hz }')
+    rss[$name]=$(awk -v a="${rss[$name]:-0}" '{ printf "%d", ($3 > a ? $3 : a) }' "$dir/cp.cpu")
   fi
 }
 for round in $(seq 0 "$runs"); do
@@ -127,7 +133,7 @@ for round in $(seq 0 "$runs"); do
   daemon=$spid run rdmacp "$bin" cp -r -q --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
   [ -z "$old" ] || daemon=$opid run before "$old" cp -r -q --transport iwarp-soft 127.0.0.1:$oport:data/tree "$dir/out/"
   daemon=$spid run rdmacp-no-pack "$bin" cp -r -q --no-pack --transport iwarp-soft 127.0.0.1:$port:data/tree "$dir/out/"
-  run rsync rsync -a rsync://127.0.0.1:$rport/data/tree "$dir/out/"
+  daemon=$rpid run rsync rsync -a rsync://127.0.0.1:$rport/data/tree "$dir/out/"
   run rsync+sync sh -c "rsync -a rsync://127.0.0.1:$rport/data/tree '$dir/out/' && sync -f '$dir/out'"
   for sync in 0 1; do
     # the listener's start-up is outside the timing: it starts first
@@ -152,10 +158,13 @@ for k in rdmacp ${old:+before} rdmacp-no-pack rsync rsync+sync tar\|nc tar\|nc+s
   med[$k]=$(echo "${res[$k]}" | median)
   printf '  %-16s %8ss   (runs:%s)\n' "$k" "${med[$k]}" "${res[$k]}"
 done
-for k in rdmacp ${old:+before} rdmacp-no-pack; do
-  awk -v k="$k" -v c="${cpcpu[$k]}" -v d="${dcpu[$k]}" -v n=$((runs * files)) -v r="$(ps -o rss= -p "$([ "$k" = before ] && echo "$opid" || echo "$spid")")" \
-    'BEGIN { printf "  %-16s CPU s per 1k files: cp %.4f, daemon %.4f (daemon RSS now %d MiB)\n", k, c / n * 1000, d / n * 1000, r / 1024 }'
+for k in rdmacp ${old:+before} rdmacp-no-pack rsync; do
+  d=$spid
+  case $k in before) d=$opid ;; rsync) d=$rpid ;; esac
+  awk -v k="$k" -v c="${cpcpu[$k]}" -v d="${dcpu[$k]}" -v n=$((runs * files)) -v m="${rss[$k]}" -v r="$(ps -o rss= -p "$d")" \
+    'BEGIN { printf "  %-16s CPU s per 1k files: client %.4f, daemon %.4f; client peak RSS %d MiB, daemon RSS now %d MiB\n", k, c / n * 1000, d / n * 1000, m / 1024, r / 1024 }'
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 awk -v r="${med[rsync]}" -v rs="${med[rsync+sync]}" -v t="${med[tar|nc]}" -v ts="${med[tar|nc+sync]}" \
   -v p="${med[rdmacp]}" -v np="${med[rdmacp-no-pack]}" 'BEGIN {
   printf "rsync / rdmacp: %.2fx (rsync+sync / rdmacp: %.2fx)\n", r / p, rs / p

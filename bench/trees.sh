@@ -41,6 +41,7 @@ maxrss() { awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$1"; } # MiB
 cpus() { awk '/User time|System time/ { s += $NF } END { printf "%.3f", s }' "$1"; } # user + sys
 tools="rdmacp${old:+ before} rsync"
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-9s %-7s %9s %12s %12s %14s %14s\n' files tool seconds "cp MiB" "daemon MiB" "cp CPU s/1k" "daemon s/1k"
 for n in $sizes; do
   rm -rf "$dir/export"
@@ -113,4 +114,5 @@ CONF
   awk -v r="${med[rsync]}" -v p="${med[rdmacp]}" -v n="$n" 'BEGIN { printf "%-9s rsync / rdmacp: %.2fx\n", n, r / p }'
   [ -z "$old" ] || awk -v r="${med[rsync]}" -v p="${med[before]}" -v n="$n" 'BEGIN { printf "%-9s rsync / before: %.2fx\n", n, r / p }'
   unset t m c dm dc med
+  echo "load average after $n files: $(cut -d' ' -f1-3 /proc/loadavg)"
 done

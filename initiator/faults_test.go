@@ -448,3 +448,56 @@ func TestCorruptPackedFileIsReread(t *testing.T) {
 		}
 	}
 }
+
+// A walk READs a batch into one of two sinks while the batch before it is
+// written out from the other: a packed file of a later batch that comes
+// in corrupted is read again into its own batch's sink, so that every
+// file arrives whole and none of the batch before it is overwritten.
+func TestCorruptWalkedFileIsRereadInItsSink(t *testing.T) {
+	e, inj := faultyEnv(t)
+	const files = 600 // batches of 128, 256 and 216 entries: sinks 0, 1, 0
+	want := map[string][]byte{}
+	if err := os.Mkdir(filepath.Join(e.Dir, "t"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range files {
+		name := fmt.Sprintf("f%03d", i)
+		want[name] = randomFile(t, filepath.Join(e.Dir, "t", name), 100+i%50)
+	}
+	s := e.Dial(t, func(c *initiator.Config) { c.ReadSize = 4096; c.Retries = 3 })
+	var mu sync.Mutex
+	reads := 0
+	inj.CorruptReads(6, func(wr verbs.SendWR) bool { // READs of the second batch on
+		mu.Lock()
+		defer mu.Unlock()
+		if wr.Op == verbs.OpRead {
+			reads++
+		}
+		return reads > 8
+	})
+	got := 0
+	var batches []int
+	err := s.Walk(context.Background(), "data/t", 4096, initiator.Shard{}, nil, func(ws []initiator.Walked) error {
+		batches = append(batches, len(ws))
+		for _, w := range ws {
+			switch {
+			case w.Item.Err != nil || !w.Packed:
+				t.Errorf("%s: packed %v, %v", w.Item.Rel, w.Packed, w.Item.Err)
+			case !bytes.Equal(w.Data, want[w.Item.Rel]):
+				t.Errorf("%s: %d bytes differ", w.Item.Rel, len(w.Data))
+			default:
+				got++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := inj.Stats().CorruptedReads; n != 6 {
+		t.Fatalf("injected %d corruptions, want 6", n)
+	}
+	if got != files || len(batches) < 3 {
+		t.Errorf("%d files whole of %d, in batches %v", got, files, batches)
+	}
+}

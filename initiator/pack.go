@@ -156,7 +156,7 @@ func (s *Session) ReadPack(ctx context.Context, r *protocol.PackReply, gens []ui
 	var buf []byte
 	if r.Window.Length > 0 {
 		var err error
-		if buf, err = s.readWindow(ctx, r.Window, gens); err != nil {
+		if buf, err = s.readWindow(ctx, r.Window, gens, 0); err != nil {
 			return err
 		}
 	}
@@ -170,7 +170,7 @@ func (s *Session) ReadPack(ctx context.Context, r *protocol.PackReply, gens []ui
 		}
 		packed[k] = f
 	}
-	errs, err := s.checkPacked(ctx, r.Window, gens, buf, packed)
+	errs, err := s.checkPacked(ctx, r.Window, gens, 0, buf, packed)
 	if err != nil {
 		return err
 	}
@@ -182,15 +182,16 @@ func (s *Session) ReadPack(ctx context.Context, r *protocol.PackReply, gens []ui
 	return fn(files)
 }
 
-// readWindow READs all of a pack's (or walk batch's) window into the
-// session's pack sink and returns its bytes, valid until the next pack.
-func (s *Session) readWindow(ctx context.Context, w protocol.Window, gens []uint32) ([]byte, error) {
+// readWindow READs all of a pack's (or walk batch's) window into sink k
+// of the session and returns its bytes, valid until sink k's next use.
+func (s *Session) readWindow(ctx context.Context, w protocol.Window, gens []uint32, k int) ([]byte, error) {
 	n := w.Length
-	mr, b, err := s.packSink(int(n))
+	sk := &s.sinks[k]
+	b, err := sk.get(s, int(n))
 	if err != nil {
 		return nil, err
 	}
-	if err := s.readRange(ctx, mr, w, gens, 0, n); err != nil {
+	if err := s.readRange(ctx, sk.mr, w, gens, 0, n); err != nil {
 		return nil, err
 	}
 	return b[:n], nil
@@ -202,12 +203,12 @@ func packedData(buf []byte, f *protocol.PackedFile) []byte {
 }
 
 // checkPacked checks the packed files of window w (nil: not packed),
-// whose bytes readWindow READ into buf, against their digests, and READs
+// whose bytes readWindow READ into buf (sink k), against their digests, and READs
 // each that fails again, in place, by the rule every chunk follows: its
 // group of READs queued again (reads.Engine.Retry), up to --retries
 // times. errs[i], an ErrVerify, is file i's failure; err, anything else,
 // stops everything.
-func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uint32, buf []byte, files []*protocol.PackedFile) (errs []error, err error) {
+func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uint32, k int, buf []byte, files []*protocol.PackedFile) (errs []error, err error) {
 	alg := s.cfg.Algorithm
 	errs = make([]error, len(files))
 	if alg.Size() == 0 {
@@ -260,7 +261,7 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 	}()
 	for _, g := range again {
 		f := files[g.Tag]
-		eng.AddGroup(g, s.rangePieces(s.packMR, w, gens, f.Offset, f.Entry.Size))
+		eng.AddGroup(g, s.rangePieces(s.sinks[k].mr, w, gens, f.Offset, f.Entry.Size))
 	}
 	if err := runPacked(ctx, eng, "reading packed files again"); err != nil {
 		return nil, err
@@ -268,32 +269,39 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 	return errs, nil
 }
 
-// packSink returns registered memory of at least n bytes to READ a pack
-// into. It is kept for the session's next pack: fresh memory for every
-// pack would cost a page fault per page.
-func (s *Session) packSink(n int) (verbs.MR, []byte, error) {
-	if s.packBuf != nil && len(s.packBuf.Bytes()) >= n {
-		return s.packMR, s.packBuf.Bytes(), nil
+// packSink is registered memory to READ a pack into, kept for the
+// session's next pack: fresh memory for every pack would cost a page
+// fault per page.
+type packSink struct {
+	buf *verbs.Buffer
+	mr  verbs.MR // over buf
+}
+
+// get returns the sink's memory, at least n bytes of it, registered with
+// s.
+func (k *packSink) get(s *Session, n int) ([]byte, error) {
+	if k.buf != nil && len(k.buf.Bytes()) >= n {
+		return k.buf.Bytes(), nil
 	}
-	s.freePackSink()
+	k.free()
 	b, err := verbs.AllocBuffer(max(n, 4<<20))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	mr, err := s.regMR(b.Bytes(), verbs.AccessLocalWrite)
 	if err != nil {
 		b.Free()
-		return nil, nil, err
+		return nil, err
 	}
-	s.packBuf, s.packMR = b, mr
-	return mr, b.Bytes(), nil
+	k.buf, k.mr = b, mr
+	return b.Bytes(), nil
 }
 
-func (s *Session) freePackSink() {
-	if s.packBuf != nil {
-		s.packMR.Close()
-		s.packBuf.Free()
-		s.packBuf, s.packMR = nil, nil
+func (k *packSink) free() {
+	if k.buf != nil {
+		k.mr.Close()
+		k.buf.Free()
+		k.buf, k.mr = nil, nil
 	}
 }
 

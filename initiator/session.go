@@ -251,8 +251,10 @@ type Session struct {
 	bytesRead atomic.Int64
 	packs     int // Packs answered, and walk batches with packed files (packCall, walkCall)
 	closeOnce sync.Once
-	packBuf   *verbs.Buffer
-	packMR    verbs.MR // over packBuf
+	// sinks are the registered memory packs and walk batches are READ
+	// into: a walk READs its next batch into one while its last one is
+	// written out from the other (walk.go).
+	sinks [2]packSink
 
 	// spent is the time recovery has taken so far, against RetryFor.
 	spent          time.Duration
@@ -801,7 +803,9 @@ func (s *Session) teardown() {
 		s.qps.Close()
 		s.qps = nil
 	}
-	s.freePackSink()
+	for i := range s.sinks {
+		s.sinks[i].free()
+	}
 	s.staging.drain()
 	if s.ch != nil {
 		s.ch.Close()

@@ -385,9 +385,8 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 		}
 		return wBatch(false, 0, wFile(1, "late")) // a has been left
 	})
-	answer(t, tch, func(m *protocol.WalkNext) protocol.Message {
-		return wBatch(true, 0)
-	})
+	// A batch is checked as it comes, before the next is asked for: the
+	// walk stops at the bad one, with a Close.
 	answer(t, tch, func(m *protocol.Close) protocol.Message {
 		if m.Handle != 1 {
 			t.Errorf("close %+v", m)

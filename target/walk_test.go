@@ -23,7 +23,7 @@ import (
 )
 
 // testExport serves dir as the directory export "data".
-func testExport(t *testing.T, dir string) *export {
+func testExport(t testing.TB, dir string) *export {
 	t.Helper()
 	x, err := openExport(Export{Name: "data", Path: dir})
 	if err != nil {
@@ -62,8 +62,8 @@ func walkAll(t *testing.T, w *walker, each func(walked)) []walked {
 	dirs := []string{""}
 	var out []walked
 	for {
-		we, ok := w.next()
-		if !ok {
+		var we walkEntry
+		if !w.next(&we) {
 			break
 		}
 		if int(we.e.Dir) >= len(dirs) {
