@@ -647,7 +647,15 @@ func (q *qp) destroy() {
 
 	d := q.d
 	d.shared.delQP(q)
-	if q.cid != nil {
+	switch {
+	case q.cid != nil && C.rc_transport(d.ctx) == C.IBV_TRANSPORT_IWARP:
+		// On iWARP the QP goes first: the kernel's iw_cm moves it,
+		// not librdmacm, and destroying the id of a connected QP
+		// first panicked Linux 6.1's iw_cm (a BUG in cm_work_handler,
+		// every siw interop run in the guest).
+		C.rdma_destroy_qp(q.cid.id)
+		q.cid.destroy()
+	case q.cid != nil:
 		// The id goes first, and the QP after it, by hand (all that
 		// rdma_destroy_qp does for a QP on our own CQs). librdmacm's
 		// event thread works on an id's QP inside rdma_get_cm_event
@@ -659,7 +667,7 @@ func (q *qp) destroy() {
 		// thread: SIGSEGV in rdma_get_cm_event (TestCancelConnect).
 		q.cid.destroy()
 		C.ibv_destroy_qp(q.qp)
-	} else {
+	default:
 		C.ibv_destroy_qp(q.qp)
 	}
 	for _, p := range []unsafe.Pointer{unsafe.Pointer(q.sIn), unsafe.Pointer(q.sWR), unsafe.Pointer(q.sSGE),
