@@ -291,6 +291,8 @@ func TestExitCodes(t *testing.T) {
 		{"traversal", []string{"cp", "--secret-file", secret, s.addr + ":data/../../etc/passwd", dst + "1"}, exitRemote, "outside export"},
 		{"bad flag", []string{"cp", "--qps", "zero", s.addr + ":data/f", dst + "1"}, exitUsage, ""},
 		{"local source", []string{"cp", "/etc/passwd", dst + "1"}, exitUsage, "not a remote path"},
+		{"both remote", []string{"cp", "--secret-file", secret, s.addr + ":data/f", s.addr + ":data/g"}, exitUsage, "both remote"},
+		{"both remote, URL", []string{"cp", "--secret-file", secret, s.addr + ":data/f", "rdmacp://" + s.addr + "/data/g"}, exitUsage, "both remote"},
 		{"unreachable", []string{"cp", "127.0.0.1:1:data/f", dst + "1"}, exitConnect, "connection"},
 		{"ibverbs not built", []string{"cp", "--transport", "ibverbs", s.addr + ":data/f", dst + "1"}, exitConnect, "built without rdma support"},
 		{"unknown transport", []string{"cp", "--transport", "carrier-pigeon", s.addr + ":data/f", dst + "1"}, exitUsage, "unknown transport"},

@@ -108,6 +108,12 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		}
 		return pushOne(c, srcArg, dst, to, stdout)
 	}
+	if _, dstRemote, _ := parseRemote(dst); dstRemote {
+		// Taken as a local path, it would become a directory named
+		// after the host ("rdmacp:/host/...", "host:data/..."): refuse,
+		// as rsync and scp -3-less copies do.
+		return usagef("%q and %q are both remote: rdmacp copies between a target and this host (pull to a local DEST, then push it); a local DEST whose name has a colon is ./%s", srcArg, dst, dst)
+	}
 	filter, err := cpFilter(c)
 	if err != nil {
 		return err
