@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -258,6 +260,13 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 		return usagef("%s is a directory: push copies single files (cp -r copies remote trees only)", srcArg)
 	case !fi.Mode().IsRegular():
 		return &fs.PathError{Op: "push", Path: srcArg, Err: errors.New("not a regular file: push copies regular files only")}
+	}
+	if strings.HasSuffix(dstArg, "/") {
+		// DEST/ names a directory, as for a pull and for cp: the file
+		// goes in it under its own name, and a DEST that is a file, or
+		// missing, is refused by the target. parseRemote drops the
+		// slash, which once let "f other/" overwrite the file "other".
+		to.path = path.Join(to.path, filepath.Base(srcArg))
 	}
 	cfg, err := initiatorConfig(c)
 	if err != nil {

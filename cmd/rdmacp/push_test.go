@@ -244,3 +244,39 @@ func TestKilledDaemonPushLeftover(t *testing.T) {
 		t.Errorf("after a push into the directory: %v, want only small (%s gone)\n%s", n, left[0], s.logs)
 	}
 }
+
+// A DEST with a trailing slash names a directory, as for a pull and for
+// cp: "cp f HOST:data/other/" where other is a file is refused (exit 5)
+// and leaves other as it was; it once overwrote it. Into a directory
+// the file keeps its own name.
+func TestPushTrailingSlash(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	other := filepath.Join(dir, "other")
+	os.WriteFile(other, []byte("keep me"), 0o644)
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "local.bin")
+	writeFile(t, src, 1000)
+
+	_, errs, code := run(t, "cp", src, s.addr+":data/other/")
+	if code != exitRemote || !strings.Contains(errs, "not a directory") {
+		t.Errorf("push into a file's name with a slash: exit %d (want %d), stderr %q", code, exitRemote, errs)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "keep me" {
+		t.Errorf("the file at DEST/ became %d bytes", len(b))
+	}
+	if _, _, code := run(t, "cp", src, s.addr+":data/sub/"); code != 0 {
+		t.Fatalf("push into DIR/: exit %d", code)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sub", "local.bin")); err != nil || fi.Size() != 1000 {
+		t.Errorf("DIR/ did not get DIR/local.bin: %v", err)
+	}
+	_, errs, code = run(t, "cp", src, s.addr+":data/missing/")
+	if code != exitRemote || !strings.Contains(errs, "no such directory") {
+		t.Errorf("push into a missing DIR/: exit %d (want %d), stderr %q", code, exitRemote, errs)
+	}
+	if got := names(dir); len(got) != 2 {
+		t.Errorf("export holds %q, want other and sub", got)
+	}
+}
