@@ -201,11 +201,22 @@ func renderGot(c *cli.Context, s *initiator.Session, srcArg string, res *initiat
 	if quiet {
 		return nil
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
-		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s)%s, %d QPs x %d READs, %s, %d chunk retries%s\n",
+		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, readText(res), s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
 	printRails(stdout, s.Rails())
 	printRateCap(stdout, s)
 	return nil
+}
+
+// readText says how much of a single file was READ when that is not all
+// of it (a resume with --partial, a sparse source's holes), as the tree
+// summary's "N read" and --json's bytes_read do: otherwise the line
+// shows a rate the link never carried and hides the resume.
+func readText(res *initiator.Result) string {
+	if res.BytesRead == res.Bytes {
+		return ""
+	}
+	return ", " + formatSI(res.BytesRead) + " read"
 }
 
 // skippedSummary ends a single-file copy that copied nothing: DEST was
