@@ -50,7 +50,7 @@ func cpCommand() *cli.Command {
 			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "list each file as it lands (\"deleting PATH\" for what --delete removes)"},
 			&cli.BoolFlag{Name: "progress", Usage: "with -r, add the file in flight to the tree's progress line (so does -v)"},
 			&cli.BoolFlag{Name: "P", Usage: "--partial --progress"},
-			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see the README)", rules, ruleExclude),
+			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see docs/guide.md, Filters)", rules, ruleExclude),
 			filterFlag("include", "keep what matches `PATTERN`, even if a later --exclude matches it (the first rule that matches wins)", rules, ruleInclude),
 			filterFlag("exclude-from", "--exclude each pattern in `FILE`, one a line (# and ; start comments)", rules, ruleExcludeFrom),
 			&cli.BoolFlag{Name: "sparse", Aliases: []string{"S"}, Usage: "turn runs of zero blocks in the data into holes at DEST too (the source's holes always stay holes); on a block device only with --zero zeroout or discard"},
