@@ -437,6 +437,9 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		if err != nil || !ok {
 			return usagef("manifest line %d: %q is not a remote path: want HOST[:PORT]:EXPORT/PATH", ml.line, ml.Src)
 		}
+		if _, remote, _ := parseRemote(ml.Dest); remote {
+			return usagef("manifest line %d: DEST %q is remote: a manifest pulls to local paths (a local name with a colon is ./%s)", ml.line, ml.Dest, ml.Dest)
+		}
 		if addr == "" {
 			addr = src.addr
 		} else if src.addr != addr {
