@@ -158,9 +158,27 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	res, err := s.Get(ctx, src.path, dst, opt)
 	r.finish()
 	if err != nil {
-		return err
+		return linkToDir(err, src.path, e)
 	}
 	return renderGot(c, s, srcArg, res, stdout)
+}
+
+// linkToDir explains a source that is a symlink to a directory: the
+// target opens it through the link and answers "is a directory", which
+// with -r given (or with a slash after the link) left the user nowhere.
+// The target walks a tree from a real directory only, so the answer
+// names the directory the link points at.
+func linkToDir(err error, src string, e protocol.Entry) error {
+	var pe *protocol.Error
+	if e.Type != protocol.FileSymlink || !errors.As(err, &pe) || pe.Code != protocol.CodeIsDir {
+		return err
+	}
+	msg := fmt.Sprintf("%s is a symlink to a directory (-> %s): copy the directory by its own path", src, e.Target)
+	export, _, _ := strings.Cut(src, "/")
+	if real := path.Join(path.Dir(src), e.Target); !path.IsAbs(e.Target) && strings.HasPrefix(real, export+"/") {
+		msg += ", with -r: " + real // inside the export; a link out of it gets no hint
+	}
+	return &protocol.Error{Code: protocol.CodeIsDir, Message: msg}
 }
 
 // notToCopy says why a single file is not copied at all ("is not in
