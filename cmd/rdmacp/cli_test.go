@@ -427,6 +427,15 @@ func TestDemo(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "identical") {
 		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errs)
 	}
+
+	// --json: the sha256 check, which the demo exists for, is a line too
+	// (it once printed cp's lines alone).
+	out, errs, code = run(t, "demo", "--json", "--size", "1MiB")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var d demoLine
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &d); code != 0 || err != nil || d.Type != "demo" || !d.Identical || len(d.Source) != 64 || d.Source != d.Copy {
+		t.Errorf("demo --json: exit %d, last line %q (%v), stderr %q", code, lines[len(lines)-1], err, errs)
+	}
 }
 
 func TestParseRemote(t *testing.T) {
