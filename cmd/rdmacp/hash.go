@@ -107,7 +107,7 @@ func runHash(c *cli.Context) error {
 	}
 	alg, err := chunker.ParseAlgorithm(c.String("digest"))
 	if err != nil {
-		return usagef("--digest: %v", err)
+		return digestError(c.String("digest"))
 	}
 	if alg == chunker.None {
 		return usagef("--digest none: there is nothing to hash")

@@ -410,7 +410,7 @@ func servePolicy(c *cli.Context, file serveFile) (target.Config, error) {
 	}
 	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
 	if err != nil {
-		return target.Config{}, usagef("--digest: %v", err)
+		return target.Config{}, digestError(pick("digest", file.Digest))
 	}
 	lim, err := limitsOf(c, file)
 	if err != nil {
