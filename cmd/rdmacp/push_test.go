@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"os"
@@ -278,5 +279,43 @@ func TestPushTrailingSlash(t *testing.T) {
 	}
 	if got := names(dir); len(got) != 2 {
 		t.Errorf("export holds %q, want other and sub", got)
+	}
+}
+
+// Ctrl-C in the middle of a push says "interrupted", not a cascade of
+// "data queue pair N failed ... replaced" warnings: once interrupted, the
+// initiator frees its windows while the target still READs them, and
+// the queue pairs that fail for it are the interrupt's doing, not a
+// fault of the link to report.
+func TestInterruptedPushNoQPWarnings(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "big")
+	writeFile(t, src, 256<<20)
+	cp := rdmacp("cp", "--qps", "4", src, s.addr+":data/big")
+	var errs bytes.Buffer
+	cp.Stderr = &errs
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
+		if len(n) > 0 || time.Now().After(deadline) {
+			cp.Process.Kill()
+			cp.Wait()
+			t.Fatalf("no temporary file to catch: %v", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // windows registered and being READ
+	cp.Process.Signal(syscall.SIGINT)
+	cp.Wait()
+	code := cp.ProcessState.ExitCode()
+	if code != exitInterrupts {
+		t.Skipf("the push ended (exit %d) before SIGINT came: %q", code, errs.String())
+	}
+	if strings.Contains(errs.String(), "queue pair") || !strings.Contains(errs.String(), "rdmacp: interrupted") {
+		t.Errorf("interrupted push: stderr %q, want \"interrupted\" and no queue pair warnings", errs.String())
 	}
 }
