@@ -703,11 +703,14 @@ func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error)
 func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
 	ents, err := s.List(ctx, p)
 	var pe *protocol.Error
-	if err == nil || !errors.As(err, &pe) || pe.Code != protocol.CodeNotDir {
+	if err == nil || !errors.As(err, &pe) {
 		return ents, err
 	}
+	// List follows a symlink; a link that leads nowhere or out of the
+	// export fails there (not found, permission denied) but is listed
+	// itself, as ls lists a dangling link.
 	e, serr := s.Stat(ctx, p)
-	if serr != nil || e.Type == protocol.FileDir {
+	if serr != nil || e.Type == protocol.FileDir || (pe.Code != protocol.CodeNotDir && e.Type != protocol.FileSymlink) {
 		return nil, err // a directory a moment ago, or gone: List's error says what
 	}
 	e.Name = path.Base(p)

@@ -291,6 +291,8 @@ func TestExitCodes(t *testing.T) {
 		{"traversal", []string{"cp", "--secret-file", secret, s.addr + ":data/../../etc/passwd", dst + "1"}, exitRemote, "outside export"},
 		{"bad flag", []string{"cp", "--qps", "zero", s.addr + ":data/f", dst + "1"}, exitUsage, ""},
 		{"local source", []string{"cp", "/etc/passwd", dst + "1"}, exitUsage, "not a remote path"},
+		{"both remote", []string{"cp", "--secret-file", secret, s.addr + ":data/f", s.addr + ":data/g"}, exitUsage, "both remote"},
+		{"both remote, URL", []string{"cp", "--secret-file", secret, s.addr + ":data/f", "rdmacp://" + s.addr + "/data/g"}, exitUsage, "both remote"},
 		{"unreachable", []string{"cp", "127.0.0.1:1:data/f", dst + "1"}, exitConnect, "connection"},
 		{"ibverbs not built", []string{"cp", "--transport", "ibverbs", s.addr + ":data/f", dst + "1"}, exitConnect, "built without rdma support"},
 		{"unknown transport", []string{"cp", "--transport", "carrier-pigeon", s.addr + ":data/f", dst + "1"}, exitUsage, "unknown transport"},
@@ -424,6 +426,15 @@ func TestDemo(t *testing.T) {
 	out, errs, code := run(t, "demo", "--size", "5MiB")
 	if code != 0 || !strings.Contains(out, "identical") {
 		t.Fatalf("demo: exit %d\n%s\n%s", code, out, errs)
+	}
+
+	// --json: the sha256 check, which the demo exists for, is a line too
+	// (it once printed cp's lines alone).
+	out, errs, code = run(t, "demo", "--json", "--size", "1MiB")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var d demoLine
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &d); code != 0 || err != nil || d.Type != "demo" || !d.Identical || len(d.Source) != 64 || d.Source != d.Copy {
+		t.Errorf("demo --json: exit %d, last line %q (%v), stderr %q", code, lines[len(lines)-1], err, errs)
 	}
 }
 

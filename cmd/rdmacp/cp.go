@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -48,7 +50,7 @@ func cpCommand() *cli.Command {
 			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "list each file as it lands (\"deleting PATH\" for what --delete removes)"},
 			&cli.BoolFlag{Name: "progress", Usage: "with -r, add the file in flight to the tree's progress line (so does -v)"},
 			&cli.BoolFlag{Name: "P", Usage: "--partial --progress"},
-			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see the README)", rules, ruleExclude),
+			filterFlag("exclude", "leave out what matches `PATTERN` (rsync's rules; see docs/guide.md, Filters)", rules, ruleExclude),
 			filterFlag("include", "keep what matches `PATTERN`, even if a later --exclude matches it (the first rule that matches wins)", rules, ruleInclude),
 			filterFlag("exclude-from", "--exclude each pattern in `FILE`, one a line (# and ; start comments)", rules, ruleExcludeFrom),
 			&cli.BoolFlag{Name: "sparse", Aliases: []string{"S"}, Usage: "turn runs of zero blocks in the data into holes at DEST too (the source's holes always stay holes); on a block device only with --zero zeroout or discard"},
@@ -108,6 +110,12 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 		}
 		return pushOne(c, srcArg, dst, to, stdout)
 	}
+	if _, dstRemote, _ := parseRemote(dst); dstRemote {
+		// Taken as a local path, it would become a directory named
+		// after the host ("rdmacp:/host/...", "host:data/..."): refuse,
+		// as rsync and scp -3-less copies do.
+		return usagef("%q and %q are both remote: rdmacp copies between a target and this host (pull to a local DEST, then push it); a local DEST whose name has a colon is ./%s", srcArg, dst, dst)
+	}
 	filter, err := cpFilter(c)
 	if err != nil {
 		return err
@@ -150,9 +158,27 @@ func copyOne(c *cli.Context, srcArg, dst string, stdout io.Writer) error {
 	res, err := s.Get(ctx, src.path, dst, opt)
 	r.finish()
 	if err != nil {
-		return err
+		return linkToDir(err, src.path, e)
 	}
 	return renderGot(c, s, srcArg, res, stdout)
+}
+
+// linkToDir explains a source that is a symlink to a directory: the
+// target opens it through the link and answers "is a directory", which
+// with -r given (or with a slash after the link) left the user nowhere.
+// The target walks a tree from a real directory only, so the answer
+// names the directory the link points at.
+func linkToDir(err error, src string, e protocol.Entry) error {
+	var pe *protocol.Error
+	if e.Type != protocol.FileSymlink || !errors.As(err, &pe) || pe.Code != protocol.CodeIsDir {
+		return err
+	}
+	msg := fmt.Sprintf("%s is a symlink to a directory (-> %s): copy the directory by its own path", src, e.Target)
+	export, _, _ := strings.Cut(src, "/")
+	if real := path.Join(path.Dir(src), e.Target); !path.IsAbs(e.Target) && strings.HasPrefix(real, export+"/") {
+		msg += ", with -r: " + real // inside the export; a link out of it gets no hint
+	}
+	return &protocol.Error{Code: protocol.CodeIsDir, Message: msg}
 }
 
 // notToCopy says why a single file is not copied at all ("is not in
@@ -193,11 +219,22 @@ func renderGot(c *cli.Context, s *initiator.Session, srcArg string, res *initiat
 	if quiet {
 		return nil
 	}
-	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s), %d QPs x %d READs, %s, %d chunk retries%s\n",
-		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
+	fmt.Fprintf(stdout, "%s -> %s: %s in %.2fs (%.1f MB/s)%s, %d QPs x %d READs, %s, %d chunk retries%s\n",
+		escape.String(srcArg), escape.String(res.Dest), formatSI(res.Bytes), secs, mbps, readText(res), s.DataQPs(), s.ReadsPerQP(), res.Digest, res.Retries, recoveredText(c))
 	printRails(stdout, s.Rails())
 	printRateCap(stdout, s)
 	return nil
+}
+
+// readText says how much of a single file was READ when that is not all
+// of it (a resume with --partial, a sparse source's holes), as the tree
+// summary's "N read" and --json's bytes_read do: otherwise the line
+// shows a rate the link never carried and hides the resume.
+func readText(res *initiator.Result) string {
+	if res.BytesRead == res.Bytes {
+		return ""
+	}
+	return ", " + formatSI(res.BytesRead) + " read"
 }
 
 // skippedSummary ends a single-file copy that copied nothing: DEST was
@@ -252,6 +289,13 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 		return usagef("%s is a directory: push copies single files (cp -r copies remote trees only)", srcArg)
 	case !fi.Mode().IsRegular():
 		return &fs.PathError{Op: "push", Path: srcArg, Err: errors.New("not a regular file: push copies regular files only")}
+	}
+	if strings.HasSuffix(dstArg, "/") {
+		// DEST/ names a directory, as for a pull and for cp: the file
+		// goes in it under its own name, and a DEST that is a file, or
+		// missing, is refused by the target. parseRemote drops the
+		// slash, which once let "f other/" overwrite the file "other".
+		to.path = path.Join(to.path, filepath.Base(srcArg))
 	}
 	cfg, err := initiatorConfig(c)
 	if err != nil {

@@ -83,10 +83,20 @@ func modifyWindow(c *cli.Context) time.Duration {
 // parseModifyWindow reads seconds as rsync's --modify-window does
 // (fractions and Go durations too); 0 is mtimes equal to the nanosecond.
 func parseModifyWindow(s string) (time.Duration, error) {
-	if s == "" || s == "0" {
-		return 0, nil
+	t := strings.TrimSpace(s)
+	if f, err := strconv.ParseFloat(t, 64); t == "" || err == nil && f == 0 {
+		return 0, nil // "0", "0.0", "00"
 	}
-	return parseDuration(s)
+	if d, err := time.ParseDuration(t); err == nil && d == 0 {
+		return 0, nil // "0s"
+	}
+	d, err := parseDuration(s)
+	if err != nil {
+		// parseDuration's words ("a positive duration") would refuse 0,
+		// which is this flag's default.
+		return 0, fmt.Errorf("%q: want 0 or more seconds (1.5) or a duration (2s)", s)
+	}
+	return d, nil
 }
 
 // partial is --partial, or -P.
@@ -436,6 +446,9 @@ func copyManifest(c *cli.Context, from string, stdout io.Writer) error {
 		src, ok, err := parseRemote(ml.Src)
 		if err != nil || !ok {
 			return usagef("manifest line %d: %q is not a remote path: want HOST[:PORT]:EXPORT/PATH", ml.line, ml.Src)
+		}
+		if _, remote, _ := parseRemote(ml.Dest); remote {
+			return usagef("manifest line %d: DEST %q is remote: a manifest pulls to local paths (a local name with a colon is ./%s)", ml.line, ml.Dest, ml.Dest)
 		}
 		if addr == "" {
 			addr = src.addr

@@ -174,6 +174,15 @@ func TestCpManifest(t *testing.T) {
 	if _, errs, code := run(t, "cp", "--from", manifest); code != exitUsage || !strings.Contains(errs, "one target") {
 		t.Errorf("two targets: exit %d, %q", code, errs)
 	}
+	// A remote DEST (scp's remote-to-remote habit): a usage error naming
+	// the line, not a local directory named after the host.
+	os.WriteFile(manifest, []byte(s.addr+":data/a "+filepath.Join(out, "x")+"\n"+s.addr+":data/a "+s.addr+":data/y\n"), 0o600)
+	if _, errs, code := run(t, "cp", "--from", manifest); code != exitUsage || !strings.Contains(errs, "line 2: DEST") || !strings.Contains(errs, "is remote") {
+		t.Errorf("remote DEST: exit %d, %q", code, errs)
+	}
+	if _, err := os.Stat(filepath.Join(out, "x")); err == nil {
+		t.Error("a manifest refused for its remote DEST copied its other line")
+	}
 }
 
 // Shards 0..N-1 of a manifest copy each line exactly once.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -91,6 +92,11 @@ func runDemo(c *cli.Context) error {
 	b, err := sha256File(filepath.Join(dir, "copy.bin"))
 	if err != nil {
 		return err
+	}
+	if jsonOut {
+		if err := json.NewEncoder(c.App.Writer).Encode(demoLine{Type: "demo", Source: a, Copy: b, Identical: a == b}); err != nil {
+			return err
+		}
 	}
 	if a != b {
 		return fmt.Errorf("%w: sha256 of the copy %s differs from the source's %s", initiator.ErrVerify, b, a)

@@ -72,7 +72,7 @@ func initiatorConfig(c *cli.Context) (initiator.Config, error) {
 		}
 	}
 	if cfg.Algorithm, err = chunker.ParseAlgorithm(c.String("digest")); err != nil {
-		return cfg, usagef("--digest: %v", err)
+		return cfg, digestError(c.String("digest"))
 	}
 	if cfg.BwLimit, err = parseRate(c.String("bwlimit")); err != nil {
 		return cfg, usagef("--bwlimit: %v", err)
@@ -227,4 +227,11 @@ func sizeText(n int64) string {
 		}
 	}
 	return fmt.Sprint(n)
+}
+
+// digestError is the usage error for a --digest no digest has: the
+// user's word and the ones there are, without chunker's "chunker:
+// unknown digest algorithm" prefix (an internal package's name).
+func digestError(value string) error {
+	return usagef("--digest %q: want crc32c, blake3 or none", value)
 }

@@ -107,7 +107,7 @@ func runHash(c *cli.Context) error {
 	}
 	alg, err := chunker.ParseAlgorithm(c.String("digest"))
 	if err != nil {
-		return usagef("--digest: %v", err)
+		return digestError(c.String("digest"))
 	}
 	if alg == chunker.None {
 		return usagef("--digest none: there is nothing to hash")
@@ -200,6 +200,14 @@ func (h *hasher) warn(err error) {
 	fmt.Fprintf(os.Stderr, "rdmacp hash: %v\n", err)
 }
 
+// note tells why a PATH named on the command line is not hashed, so
+// that "0 files" does not come unexplained; -q keeps it quiet.
+func (h *hasher) note(format string, args ...any) {
+	if !h.quiet {
+		fmt.Fprintf(os.Stderr, "rdmacp hash: "+format+"\n", args...)
+	}
+}
+
 // walk lists the files under p that serve would export: regular files
 // (and p itself if it is a block device), symlinks not followed.
 func (h *hasher) walk(root string) ([]string, error) {
@@ -220,12 +228,17 @@ func (h *hasher) walk(root string) ([]string, error) {
 			return nil
 		}
 		if fi.Mode().IsRegular() && fi.Size() < chunker.StoreMinFile {
+			if p == root { // named, not found under a directory: say why nothing happens
+				h.note("%s: under %s, not stored (serve hashes a file that small when asked, about as fast as a lookup)", p, formatBytes(chunker.StoreMinFile))
+			}
 			return nil // not stored: hashed when served, about as fast as a lookup
 		}
 		if fi.Mode().IsRegular() || (p == root && blockdev.Is(fi)) {
 			out = append(out, p)
 			h.counts.Files.Add(1)
 			h.counts.Bytes.Add(fi.Size())
+		} else if p == root && !fi.IsDir() {
+			h.note("%s: not a regular file or block device, skipped (serve exports neither)", p)
 		}
 		return nil
 	})

@@ -470,3 +470,30 @@ func TestServeDefaultStateDirUnusable(t *testing.T) {
 		t.Errorf("the refused state directory was written: %v", ents)
 	}
 }
+
+// A PATH named on the command line that is not hashed says why: a file
+// under 64 KiB (not stored) or a FIFO (not exported). Both once gave
+// "0 files, 0 B: 0 B hashed" and nothing else. The same small file
+// found under a directory stays silent, and -q silences both.
+func TestHashSaysWhyNamedPathSkipped(t *testing.T) {
+	t.Parallel()
+	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
+	small := filepath.Join(src, "small")
+	oldFile(t, small, 1000)
+	fifo := filepath.Join(src, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := run(t, "hash", "--state-dir", state, small, fifo)
+	if code != 0 || !strings.Contains(errs, small+": under 64.00 KiB, not stored") ||
+		!strings.Contains(errs, fifo+": not a regular file or block device, skipped") || !strings.Contains(errs, "0 files") {
+		t.Errorf("exit %d, stderr %q: want a reason for each PATH", code, errs)
+	}
+	_, errs, code = run(t, "hash", "--state-dir", state, src)
+	if code != 0 || strings.Contains(errs, "not stored") || strings.Contains(errs, "skipped") {
+		t.Errorf("a directory's small files and FIFOs: exit %d, stderr %q: want no note", code, errs)
+	}
+	if _, errs, _ = run(t, "hash", "-q", "--state-dir", state, small, fifo); errs != "" {
+		t.Errorf("-q: stderr %q", errs)
+	}
+}

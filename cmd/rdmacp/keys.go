@@ -29,7 +29,7 @@ func identityOf(c *cli.Context) (string, error) {
 
 // keysFlag is serve's --keys.
 func keysFlag() cli.Flag {
-	return &cli.StringFlag{Name: "keys", Usage: "keys file: each client's name, key and rights per export, and exports' allowed hosts (see README); instead of --secret-file. SIGHUP reloads it"}
+	return &cli.StringFlag{Name: "keys", Usage: "keys file: each client's name, key and rights per export, and exports' allowed hosts (see docs/guide.md, Clients, keys and rights); instead of --secret-file. SIGHUP reloads it"}
 }
 
 // serveKeys reads the keys the target authenticates against: --keys (or

@@ -6,6 +6,14 @@ package main
 
 import "github.com/rdmacp/rdmacp/initiator"
 
+// demoLine ends demo --json: the check the demo exists for.
+type demoLine struct {
+	Type      string `json:"message_type"` // "demo"
+	Source    string `json:"source_sha256"`
+	Copy      string `json:"copy_sha256"`
+	Identical bool   `json:"identical"`
+}
+
 type benchLine struct {
 	Type         string    `json:"message_type"`
 	Status       string    `json:"status"`

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"os"
@@ -242,5 +243,79 @@ func TestKilledDaemonPushLeftover(t *testing.T) {
 	}
 	if n := names(dir); len(n) != 1 || n[0] != "small" {
 		t.Errorf("after a push into the directory: %v, want only small (%s gone)\n%s", n, left[0], s.logs)
+	}
+}
+
+// A DEST with a trailing slash names a directory, as for a pull and for
+// cp: "cp f HOST:data/other/" where other is a file is refused (exit 5)
+// and leaves other as it was; it once overwrote it. Into a directory
+// the file keeps its own name.
+func TestPushTrailingSlash(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	other := filepath.Join(dir, "other")
+	os.WriteFile(other, []byte("keep me"), 0o644)
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "local.bin")
+	writeFile(t, src, 1000)
+
+	_, errs, code := run(t, "cp", src, s.addr+":data/other/")
+	if code != exitRemote || !strings.Contains(errs, "not a directory") {
+		t.Errorf("push into a file's name with a slash: exit %d (want %d), stderr %q", code, exitRemote, errs)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "keep me" {
+		t.Errorf("the file at DEST/ became %d bytes", len(b))
+	}
+	if _, _, code := run(t, "cp", src, s.addr+":data/sub/"); code != 0 {
+		t.Fatalf("push into DIR/: exit %d", code)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sub", "local.bin")); err != nil || fi.Size() != 1000 {
+		t.Errorf("DIR/ did not get DIR/local.bin: %v", err)
+	}
+	_, errs, code = run(t, "cp", src, s.addr+":data/missing/")
+	if code != exitRemote || !strings.Contains(errs, "no such directory") {
+		t.Errorf("push into a missing DIR/: exit %d (want %d), stderr %q", code, exitRemote, errs)
+	}
+	if got := names(dir); len(got) != 2 {
+		t.Errorf("export holds %q, want other and sub", got)
+	}
+}
+
+// Ctrl-C in the middle of a push says "interrupted", not a cascade of
+// "data queue pair N failed ... replaced" warnings: once interrupted, the
+// initiator frees its windows while the target still READs them, and
+// the queue pairs that fail for it are the interrupt's doing, not a
+// fault of the link to report.
+func TestInterruptedPushNoQPWarnings(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := serve(t, dir, nil, "--writable", "data")
+	src := filepath.Join(t.TempDir(), "big")
+	writeFile(t, src, 256<<20)
+	cp := rdmacp("cp", "--qps", "4", src, s.addr+":data/big")
+	var errs bytes.Buffer
+	cp.Stderr = &errs
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
+		if len(n) > 0 || time.Now().After(deadline) {
+			cp.Process.Kill()
+			cp.Wait()
+			t.Fatalf("no temporary file to catch: %v", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // windows registered and being READ
+	cp.Process.Signal(syscall.SIGINT)
+	cp.Wait()
+	code := cp.ProcessState.ExitCode()
+	if code != exitInterrupts {
+		t.Skipf("the push ended (exit %d) before SIGINT came: %q", code, errs.String())
+	}
+	if strings.Contains(errs.String(), "queue pair") || !strings.Contains(errs.String(), "rdmacp: interrupted") {
+		t.Errorf("interrupted push: stderr %q, want \"interrupted\" and no queue pair warnings", errs.String())
 	}
 }

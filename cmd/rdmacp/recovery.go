@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -44,7 +45,7 @@ func timeoutConfig(c *cli.Context, cfg *initiator.Config) error {
 	} else if cfg.RetryFor, err = parseDuration(c.String("retry-for")); err != nil {
 		return usagef("--retry-for: %v", err)
 	}
-	rep := &recoveries{json: c.Bool("json"), stdout: c.App.Writer, stderr: c.App.ErrWriter}
+	rep := &recoveries{json: c.Bool("json"), stdout: c.App.Writer, stderr: c.App.ErrWriter, ctx: c.Context}
 	c.App.Metadata = map[string]any{"recoveries": rep}
 	cfg.Recovered = rep.report
 	return nil
@@ -61,6 +62,12 @@ func recoveriesOf(c *cli.Context) *recoveries {
 type recoveries struct {
 	json           bool
 	stdout, stderr io.Writer
+	// ctx is the command's: once it has ended (SIGINT, SIGTERM) the
+	// initiator frees windows the target may still be READing, and the
+	// queue pairs that fail for it are the interrupt's doing. Reported,
+	// they were a cascade of "failed ... replaced" warnings above
+	// "rdmacp: interrupted"; they are not a fault of the link.
+	ctx context.Context
 
 	mu    sync.Mutex
 	count int // recoveries that worked: a QP replaced, a session re-established
@@ -69,6 +76,9 @@ type recoveries struct {
 func (r *recoveries) report(ev initiator.Recovery) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.ctx != nil && r.ctx.Err() != nil {
+		return
+	}
 	if ev.Outcome == "replaced" || ev.Outcome == "reconnected" {
 		r.count++
 	}

@@ -33,7 +33,7 @@ func serveCommand() *cli.Command {
 			&cli.GenericFlag{Name: "listen", Value: &listenValue{}, Usage: fmt.Sprintf("address to listen on (default 127.0.0.1:%d, or :%d with a secret); repeat it for a rail per address: initiators are told them all", target.DefaultPort, target.DefaultPort)},
 			&cli.StringSliceFlag{Name: "export", Aliases: []string{"e"}, Usage: "NAME=PATH: a file or directory to export (repeatable)"},
 			&cli.StringSliceFlag{Name: "writable", Aliases: []string{"w"}, Usage: "NAME: let initiators push files into directory export NAME (repeatable); exports are read-only otherwise"},
-			&cli.StringFlag{Name: "config", Usage: "JSON config file (see README); flags override it"},
+			&cli.StringFlag{Name: "config", Usage: "JSON config file (see docs/guide.md, rdmacp serve, and contrib/rdmacp.json); flags override it"},
 			secretFlag(),
 			keysFlag(),
 			&cli.StringFlag{Name: "chunk-size", Value: flagSize(target.Defaults().ChunkSize), Usage: "default bytes per verified chunk"},
@@ -410,7 +410,7 @@ func servePolicy(c *cli.Context, file serveFile) (target.Config, error) {
 	}
 	alg, err := chunker.ParseAlgorithm(pick("digest", file.Digest))
 	if err != nil {
-		return target.Config{}, usagef("--digest: %v", err)
+		return target.Config{}, digestError(pick("digest", file.Digest))
 	}
 	lim, err := limitsOf(c, file)
 	if err != nil {
