@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/internal/rig"
 	"github.com/rdmacp/rdmacp/initiator/tree"
+	"github.com/rdmacp/rdmacp/protocol"
 )
 
 // makeTree fills dir with a tree exercising what -r must keep; it returns
@@ -333,6 +335,50 @@ func TestGetTreeManyDirectories(t *testing.T) {
 					t.Fatalf("%s destination: %v %+v", what, err, tr)
 				}
 				checkTree(t, src, filepath.Join(out, "t"), files)
+			}
+		})
+	}
+}
+
+// Each directory is reported once, however the walk leaves it: an empty
+// directory inside one whose only entries are directories was finished
+// twice, and its parent's count of what it waits for went wrong with it
+// (cp -rv listed a/b/ twice, and counted 6 directories of 4).
+func TestGetTreeReportsEachDirectoryOnce(t *testing.T) {
+	for _, tp := range treePaths {
+		t.Run(tp.name, func(t *testing.T) {
+			e := rig.Start(t, nil)
+			src := filepath.Join(e.Dir, "nest")
+			for _, d := range []string{"a/b/c", "x"} {
+				if err := os.MkdirAll(filepath.Join(src, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			files := map[string][]byte{"a/f": rig.RandomFile(t, filepath.Join(src, "a/f"), 10)}
+			s := e.Dial(t, nil)
+			if tp.noWalk {
+				tree.ListTrees(s)
+			}
+			seen := map[string]int{}
+			var mu sync.Mutex
+			out := t.TempDir()
+			tr, err := tree.Get(context.Background(), s, "data/nest", out, tree.Options{File: func(r tree.FileResult) {
+				if r.Type == protocol.FileDir {
+					mu.Lock()
+					seen[r.Path]++
+					mu.Unlock()
+				}
+			}})
+			if err != nil || tr.Failed != 0 {
+				t.Fatalf("%v %+v", err, tr)
+			}
+			checkTree(t, src, filepath.Join(out, "nest"), files)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, d := range []string{".", "a", "a/b", "a/b/c", "x"} {
+				if seen[d] != 1 {
+					t.Errorf("directory %q reported %d times, want once (all: %v)", d, seen[d], seen)
+				}
 			}
 		})
 	}

@@ -25,6 +25,7 @@ type openDir struct {
 	it     initiator.Item // rel, entry, existed
 	held   int            // its entries not reported yet, and its directories not finished
 	closed bool           // the walk has left it: nothing more will come in it
+	done   bool           // finished: its metadata set and reported
 	kids   []string
 }
 
@@ -106,6 +107,12 @@ func (c *treeCopy) maybeFinish(d *openDir) {
 // finishLocked sets directory d's mode, metadata and mtime, reports it,
 // and forgets it.
 func (c *treeCopy) finishLocked(d *openDir) {
+	// Once: closing a directory closes its kids first, and the last of
+	// them to finish may finish it before closeLocked's own maybeFinish.
+	if d.done {
+		return
+	}
+	d.done = true
 	delete(c.open, d.it.Rel)
 	rel, e := d.it.Rel, d.it.Entry
 	mt := time.Unix(0, e.MtimeNs)
