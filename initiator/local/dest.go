@@ -174,6 +174,10 @@ func (l *Landing) Commit(e protocol.Entry) error {
 func createTemp(dst string, size int64) (*os.File, error) {
 	name := filepath.Join(filepath.Dir(dst), leftover.Name(filepath.Base(dst)))
 	f, err := OpenRegular(name, OpenMode{Flag: os.O_RDWR | os.O_CREATE | os.O_EXCL, Perm: 0o600})
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		// The user named dst, not the temporary file beside it.
+		return nil, &fs.PathError{Op: "create", Path: dst, Err: pe.Err}
+	}
 	if err != nil {
 		return nil, err
 	}
