@@ -425,8 +425,11 @@ func (q *qp) completeFront(s verbs.Status) {
 	q.moved()
 }
 
-func (q *qp) moved() {
-	q.progress = time.Now()
+func (q *qp) moved() { q.movedAt(time.Now()) }
+
+// movedAt is moved for a caller that has read the clock already.
+func (q *qp) movedAt(now time.Time) {
+	q.progress = now
 	q.retries = 0
 	q.rnrRetries = 0
 }

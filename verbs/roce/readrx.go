@@ -127,7 +127,7 @@ func (q *qp) onReadResponse(p *packet) {
 		// A repair done: the next run, whose hole is as old, goes now.
 		q.repairRead(w, now, q.dev.cfg.RetransmitTimeout)
 	}
-	q.moved()
+	q.movedAt(now)
 	q.completeReady()
 }
 
@@ -178,7 +178,8 @@ func (r *readRx) missing(now time.Time) {
 // the READs that end at or before psn: those still missing some have a
 // hole.
 func (q *qp) readsSentThrough(psn uint32) {
-	now := time.Now()
+	// Called for every READ response: the clock is read only for a
+	// READ that newly has a hole.
 	for _, w := range q.inflight {
 		if psnDiff(psn, w.last()) < 0 {
 			return
@@ -187,7 +188,7 @@ func (q *qp) readsSentThrough(psn uint32) {
 			w.rx.tail = true
 			w.rx.hi = w.npsn
 			if w.rx.got < w.npsn {
-				w.rx.missing(now)
+				w.rx.missing(time.Now())
 			}
 		}
 	}
