@@ -196,6 +196,14 @@ func (fr *frameReader) readIntoThen(p []byte, n, extra int) error {
 // 0.18 (tcpstream's receiver: 407 KB per read).
 const specSegs = 15
 
+// specMisses is how many Read Response segments cut other than predicted
+// make the reader stop predicting for the QP. The prediction is the
+// longest segment the peer has cut short of a response's end (segMax):
+// a sender that cuts along its source's 4 KiB spans (our span sums) sends
+// a READ that starts off a span boundary with a shorter first segment and
+// full ones after it, and a peer's first READ may be such a one.
+const specMisses = 3
+
 // frameBufSize is a frameReader's buffer: a whole untagged FPDU (a
 // Send or Read Request, checked before it is acted on) with room to
 // spare for the next header, or the trailers and headers of the
@@ -298,10 +306,23 @@ func (fr *frameReader) readSpec(p []byte, trail int, segs []specSeg, extra int) 
 // header in iov[first], the region that starts at buffer offset reg) on
 // back into the buffer, in stream order: the rest of iov[first], then
 // the payloads and regions after it.
+//
+// One readv may have filled several predicted payloads before the
+// header that broke the prediction could be checked, so the bytes to put
+// back can be more than the buffer holds: it grows to hold them all (at
+// most one speculative readv, about 1 MiB, once a QP: the reader stops
+// predicting after specMisses). Copying into the buffer's room alone lost
+// the rest, and the QP waited for bytes it had thrown away.
 func (fr *frameReader) unspeculate(iov [][]byte, got []int, reg, from, first int) {
 	tail := append([]byte(nil), iov[first][from-reg:got[first]]...)
 	for i := first + 1; i < len(iov); i++ {
 		tail = append(tail, iov[i][:got[i]]...)
+	}
+	if from+len(tail) > len(fr.buf) {
+		fr.buf = append(fr.buf[:from:from], tail...)
+		fr.w = len(fr.buf)
+		fr.buf = fr.buf[:cap(fr.buf)]
+		return
 	}
 	fr.w = from + copy(fr.buf[from:], tail)
 }

@@ -74,9 +74,11 @@ type qp struct {
 	readReqMSN      uint32
 	// pre holds Read Response segments already placed by a speculative
 	// read (see readSpec), to be checked and completed in turn.
-	pre     []preSeg
-	noSpec  bool // the peer's segments did not come as predicted
-	specBuf []specSeg
+	pre      []preSeg
+	noSpec   bool // the peer's segments did not come as predicted, specMisses times
+	specMiss int
+	segMax   int // the longest Read Response segment not the last of its response
+	specBuf  []specSeg
 	// shift is the crc32c.Shift of the last Read Response payload's
 	// length, shiftLen: nearly all have the same one (sumPlaced).
 	shift    crc32c.Shift

@@ -297,8 +297,10 @@ func (q *qp) placeAhead(fr *frameReader, h *header, b []byte, n, pad int, segs [
 	if err != nil {
 		return err
 	}
-	if got < 0 { // a header other than predicted: stop predicting
-		q.noSpec, got = true, -got-1
+	if got < 0 { // a header other than predicted: a few of those and stop predicting
+		got = -got - 1
+		q.specMiss++
+		q.noSpec = q.specMiss >= specMisses
 	}
 	to := h.to + uint64(n)
 	for _, sg := range segs[:got] {
@@ -341,8 +343,11 @@ func (q *qp) predict(h *header, n int, rem uint64) []specSeg {
 	}
 	segs := q.specBuf[:0]
 	to := h.to + uint64(n)
+	if !h.last {
+		q.segMax = max(q.segMax, n)
+	}
 	for len(segs) < specSegs && rem > 0 {
-		ln := int(min(uint64(n), rem))
+		ln := int(min(uint64(q.segMax), rem))
 		nh := header{tagged: true, last: uint64(ln) == rem, op: opReadResp, stag: h.stag, to: to}
 		sg := specSeg{n: ln}
 		nh.put(sg.hdr[:], ln)
