@@ -74,3 +74,29 @@ func Combine(crc1, crc2 uint32, len2 int64) uint32 { return ShiftOf(len2).Combin
 // zero, so all that moves is the initial all-ones register, carried n
 // bytes on, then the final inversion.
 func Zeros(n int64) uint32 { return ShiftOf(n).Combine(0xffffffff, 0xffffffff) }
+
+// ShiftTable is a Shift unrolled into four tables of 256 products, one
+// per byte of the register: Combine is then four lookups (a few ns)
+// instead of gfMul's 32 steps (about 50 ns). It costs 4 KiB; make one
+// for a length that recurs on a hot path, such as a span of bytes whose
+// CRC is kept (verbs.SpanSize).
+type ShiftTable [4][256]uint32
+
+// Table unrolls s.
+func (s Shift) Table() *ShiftTable {
+	t := new(ShiftTable)
+	for k := range t {
+		for b := range 256 {
+			// The register's byte k holds coefficients x^(8k)..x^(8k+7)
+			// in reflected order (bit 31 is x^0).
+			t[k][b] = gfMul(uint32(s), uint32(b)<<(8*k))
+		}
+	}
+	return t
+}
+
+// Combine returns the CRC-32C of A‖B from crc1 = CRC-32C(A) and crc2 =
+// CRC-32C(B), where B is as long as the table's Shift.
+func (t *ShiftTable) Combine(crc1, crc2 uint32) uint32 {
+	return t[0][crc1&0xff] ^ t[1][crc1>>8&0xff] ^ t[2][crc1>>16&0xff] ^ t[3][crc1>>24] ^ crc2
+}

@@ -81,3 +81,40 @@ func BenchmarkShiftCombine(b *testing.B) {
 	}
 	_ = c
 }
+
+// A ShiftTable combines as its Shift does, and as the CRC of the joined
+// bytes: spans of one length chained onto a running CRC.
+func TestShiftTable(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int64{0, 1, 7, 512, 4096, 61440} {
+		s := ShiftOf(n)
+		tab := s.Table()
+		for range 200 {
+			a, b := r.Uint32(), r.Uint32()
+			if got, want := tab.Combine(a, b), s.Combine(a, b); got != want {
+				t.Fatalf("n=%d: table %#x, shift %#x", n, got, want)
+			}
+		}
+	}
+	buf := make([]byte, 5*4096+100)
+	for i := range buf {
+		buf[i] = byte(r.Uint32())
+	}
+	tab := ShiftOf(4096).Table()
+	sum := Update(0, buf[:100])
+	for off := 100; off < len(buf); off += 4096 {
+		sum = tab.Combine(sum, Checksum(buf[off:off+4096]))
+	}
+	if want := crc32.Checksum(buf, crc32.MakeTable(crc32.Castagnoli)); sum != want {
+		t.Fatalf("chained spans %#x, want %#x", sum, want)
+	}
+}
+
+func BenchmarkShiftTableCombine(b *testing.B) {
+	tab := ShiftOf(4096).Table()
+	c := uint32(0x12345678)
+	for b.Loop() {
+		c = tab.Combine(c, 0x9abcdef0)
+	}
+	_ = c
+}

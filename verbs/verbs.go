@@ -139,6 +139,27 @@ type MR interface {
 	Close() error
 }
 
+// SpanSize is the span of SpanSums: a page, so that a region that maps a
+// file from any page on has its spans on the file's own 4 KiB boundaries.
+const SpanSize = 4096
+
+// SpanSums hands a provider the CRC-32C of a registered region's bytes a
+// span at a time (SpanSize bytes from the region's first byte), so that
+// a provider that checksums what it sends (iwarp-soft's MPA CRC) can
+// combine them instead of reading the bytes once more before sending
+// them. A provider that can use them gives its MRs a method
+// SetSpanSums(SpanSums) (nil detaches); the region's owner decides where
+// the sums come from and when they stop holding. Sums that no longer
+// match the bytes make the peer fail the connection (MPA: a CRC error is
+// fatal), so an owner whose source may change detaches them when a
+// connection that used them fails.
+type SpanSums interface {
+	// Spans fills dst with the CRC-32C of the region's whole spans
+	// first, first+1, …; false if it lacks one of them, and the provider
+	// reads those bytes instead.
+	Spans(first int, dst []uint32) bool
+}
+
 // MW is a type-2 memory window: bound to one QP and a sub-range of an MR
 // with a SendWR of OpBindMW, and invalidated with OpLocalInv.
 type MW interface {

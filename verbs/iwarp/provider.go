@@ -233,12 +233,34 @@ type mr struct {
 	access verbs.Access
 	stag   uint32
 
+	// sums, when set, gives the CRC-32C of buf's spans to the writer's
+	// MPA CRC (SetSpanSums).
+	sums atomic.Pointer[verbs.SpanSums]
+
 	users   atomic.Int64
 	drained chan struct{} // closed once users is mrClosing alone
 	drain   sync.Once
 }
 
 const mrClosing = 1 << 62
+
+// SetSpanSums attaches s (nil detaches): Read Responses from m then take
+// their MPA CRC from s's spans where it has them (verbs.SpanSums).
+func (m *mr) SetSpanSums(s verbs.SpanSums) {
+	if s == nil {
+		m.sums.Store(nil)
+		return
+	}
+	m.sums.Store(&s)
+}
+
+// spanSums is what is attached to m, or nil.
+func (m *mr) spanSums() verbs.SpanSums {
+	if p := m.sums.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // errDeregistered is a transfer cut short by MR.Close: the region it was
 // copying from or into went while it waited on the socket.

@@ -91,6 +91,7 @@ type qp struct {
 	wg       sync.WaitGroup
 
 	respBytes atomic.Uint64            // Read Response payload sent (ReadResponseBytes)
+	spanBytes atomic.Uint64            // of which CRC'd from SpanSums (SpanSumBytes)
 	pace      atomic.Pointer[paceFunc] // paces Read Responses, nil: not (pace.go)
 }
 

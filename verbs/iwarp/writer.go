@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -32,6 +33,9 @@ type fpdus struct {
 	bytes   int
 	total   int // bufs ever added
 	sent    int // bufs ever written whole
+
+	spans     []uint32       // payloadSum's
+	spanBytes *atomic.Uint64 // payload CRC'd from SpanSums, not read; nil: not counted
 
 	// The socket, and writev's call and state, kept so that a write
 	// allocates nothing. rc is nil if the conn has no socket (then a
@@ -76,6 +80,61 @@ func (f *fpdus) full() bool { return len(f.bufs) >= 3*flushFPDUs || f.bytes >= f
 // add appends one FPDU: header h, optional body (part of the ULPDU
 // header area, e.g. a read request), and payload.
 func (f *fpdus) add(h *header, body []byte, payload []byte) {
+	f.addSpans(h, body, payload, spanned{})
+}
+
+// spanned is where an FPDU's payload lies in a region with SpanSums:
+// sums nil where it has none.
+type spanned struct {
+	sums verbs.SpanSums
+	off  int // the payload's offset in the region
+}
+
+// spanShift chains a span's CRC onto a running one (verbs.SpanSize).
+var spanShift = crc32c.ShiftOf(verbs.SpanSize).Table()
+
+// payloadSum extends sum, an FPDU's CRC so far, by payload: its whole
+// spans from sp.sums where they are there (a few ns each, the bytes not
+// read), the rest by reading it.
+func (f *fpdus) payloadSum(sum uint32, payload []byte, sp spanned) uint32 {
+	if sp.sums == nil {
+		return crc32c.UpdateCold(sum, payload)
+	}
+	head := min(len(payload), (verbs.SpanSize-sp.off%verbs.SpanSize)%verbs.SpanSize)
+	k := (len(payload) - head) / verbs.SpanSize
+	if k == 0 {
+		return crc32c.UpdateCold(sum, payload)
+	}
+	if cap(f.spans) < k {
+		f.spans = make([]uint32, k)
+	}
+	spans := f.spans[:k]
+	if !sp.sums.Spans((sp.off+head)/verbs.SpanSize, spans) {
+		return crc32c.UpdateCold(sum, payload)
+	}
+	sum = crc32c.UpdateCold(sum, payload[:head])
+	for _, c := range spans {
+		sum = spanShift.Combine(sum, c)
+	}
+	if f.spanBytes != nil {
+		f.spanBytes.Add(uint64(k * verbs.SpanSize))
+	}
+	return crc32c.UpdateCold(sum, payload[head+k*verbs.SpanSize:])
+}
+
+// spanCut shortens an FPDU's payload of n bytes at region offset off,
+// with more of the message after it, to end on a span boundary, so that
+// the next one starts on one (61,440 bytes, 15 spans, from an aligned
+// start): any cut is the sender's to choose.
+func spanCut(off, n int) int {
+	if end := (off + n) &^ (verbs.SpanSize - 1); end > off {
+		return end - off
+	}
+	return n
+}
+
+// addSpans is add with the payload's spans.
+func (f *fpdus) addSpans(h *header, body []byte, payload []byte, sp spanned) {
 	if cap(f.scratch)-len(f.scratch) < hdrRoom+trailRoom {
 		f.scratch = make([]byte, 0, 3*flushFPDUs*(hdrRoom+trailRoom)/2)
 	}
@@ -93,7 +152,7 @@ func (f *fpdus) add(h *header, body []byte, payload []byte) {
 	var sum uint32
 	if f.crc {
 		sum = crc32.Update(0, castagnoli, hb)
-		sum = crc32c.UpdateCold(sum, payload)
+		sum = f.payloadSum(sum, payload, sp)
 		sum = crc32.Update(sum, castagnoli, tb[:pad])
 	}
 	// The CRC goes least significant byte first, as iSCSI's does
@@ -252,19 +311,29 @@ func (f *fpdus) holdAll() bool {
 // (acquired; nil if data is empty). tag makes each segment's header
 // given the offset in the message and whether it is the last.
 func (f *fpdus) message(c net.Conn, m *mr, data []byte, tag func(off int, last bool) header) error {
+	var sp spanned
 	if m != nil {
 		f.held = append(f.held, heldMR{m: m, end: -1, on: true})
 		defer func() { f.held[len(f.held)-1].end = f.total }()
+		if f.crc && len(data) > 0 {
+			if sp.sums = m.spanSums(); sp.sums != nil {
+				sp.off = int(uintptr(unsafe.Pointer(&data[0])) - uintptr(unsafe.Pointer(&m.buf[0])))
+			}
+		}
 	}
-	off := 0
+	off, base := 0, sp.off
 	for {
 		n := min(len(data)-off, maxPayload)
 		if f.seg != nil {
 			n = min(n, f.seg(off))
 		}
+		if sp.sums != nil && off+n < len(data) {
+			n = spanCut(base+off, n)
+		}
 		last := off+n == len(data)
 		h := tag(off, last)
-		f.add(&h, nil, data[off:off+n])
+		sp.off = base + off
+		f.addSpans(&h, nil, data[off:off+n], sp)
 		off += n
 		if last {
 			return nil
@@ -282,6 +351,7 @@ func (q *qp) writer() {
 	debug.SetPanicOnFault(true)
 	f := newFPDUs(q.crc, q.conn)
 	f.seg = q.dev.cfg.testSegment
+	f.spanBytes = &q.spanBytes
 	for {
 		select {
 		case <-q.wake:
