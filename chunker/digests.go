@@ -74,6 +74,12 @@ var maxRead int64 = 4 << 20
 // ctx's error if ctx is done. A file shorter than l.Size is an error
 // wrapping ErrChanged. For None it reads nothing.
 func HashFile(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, workers int) (Digests, error) {
+	return hashFile(ctx, r, l, alg, workers, nil)
+}
+
+// hashFile is HashFile that, given spans (CRC32C only), also fills them
+// with the CRC-32C of each whole SpanSize span of r from its start.
+func hashFile(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, workers int, spans []uint32) (Digests, error) {
 	if err := l.Validate(); err != nil {
 		return Digests{}, err
 	}
@@ -119,7 +125,12 @@ func HashFile(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, worke
 					return
 				}
 				off, length := l.Chunk(i)
-				if err := h.hash(ctx, r, off, length, out.b[i*size:(i+1)*size]); err != nil {
+				var cs []uint32 // chunk i's spans
+				if spans != nil {
+					first := Spans(off)
+					cs = spans[first:min(first+Spans(length), len(spans))]
+				}
+				if err := h.hash(ctx, r, off, length, out.b[i*size:(i+1)*size], cs); err != nil {
 					fail(fmt.Errorf("chunker: chunk %d: %w", i, err))
 					return
 				}
@@ -139,9 +150,10 @@ func HashFile(ctx context.Context, r io.ReaderAt, l Layout, alg Algorithm, worke
 
 // chunkHasher is one worker's buffer and hash state.
 type chunkHasher struct {
-	alg Algorithm
-	buf []byte
-	b3  *blake3.Hasher
+	alg   Algorithm
+	buf   []byte
+	b3    *blake3.Hasher
+	spans spanSummer
 }
 
 func newChunkHasher(alg Algorithm, bufSize int) *chunkHasher {
@@ -153,9 +165,10 @@ func newChunkHasher(alg Algorithm, bufSize int) *chunkHasher {
 }
 
 // hash reads length bytes at off and writes their digest into dst, which is
-// exactly one digest long.
-func (h *chunkHasher) hash(ctx context.Context, r io.ReaderAt, off, length int64, dst []byte) error {
-	if int64(len(h.buf)) >= length {
+// exactly one digest long; with spans (CRC32C), also the CRC-32C of each
+// whole span of the chunk, from which its digest is chained.
+func (h *chunkHasher) hash(ctx context.Context, r io.ReaderAt, off, length int64, dst []byte, spans []uint32) error {
+	if spans == nil && int64(len(h.buf)) >= length {
 		// The whole chunk fits: one read, one-shot sum.
 		p := h.buf[:length]
 		if err := readFull(ctx, r, p, off); err != nil {
@@ -168,23 +181,31 @@ func (h *chunkHasher) hash(ctx context.Context, r io.ReaderAt, off, length int64
 	if h.b3 != nil {
 		h.b3.Reset()
 	}
+	summer := spans != nil && h.alg == CRC32C
+	if summer {
+		h.spans.reset(spans)
+	}
 	for done := int64(0); done < length; {
 		p := h.buf[:min(int64(len(h.buf)), length-done)]
 		if err := readFull(ctx, r, p, off+done); err != nil {
 			return err
 		}
-		switch h.alg {
-		case CRC32C:
+		switch {
+		case summer:
+			h.spans.write(p)
+		case h.alg == CRC32C:
 			crc = crc32c.Update(crc, p) // just read: in cache
-		case BLAKE3:
+		case h.alg == BLAKE3:
 			h.b3.Write(p)
 		}
 		done += int64(len(p))
 	}
-	switch h.alg {
-	case CRC32C:
+	switch {
+	case summer:
+		binary.BigEndian.PutUint32(dst, h.spans.crc())
+	case h.alg == CRC32C:
 		binary.BigEndian.PutUint32(dst, crc)
-	case BLAKE3:
+	case h.alg == BLAKE3:
 		h.b3.Sum(dst[:0])
 	}
 	return nil

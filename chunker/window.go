@@ -17,6 +17,20 @@ import (
 // It is what the target hashes one window at a time, so that what it
 // holds is a window's digests, not a file's.
 func HashRange(ctx context.Context, r io.ReaderAt, l Layout, first, end int, alg Algorithm, workers int, hole func(i int) bool) ([]byte, error) {
+	return HashRangeSpans(ctx, r, l, first, end, alg, workers, hole, nil)
+}
+
+// HashRangeSpans is HashRange that also fills spans (when not nil, and
+// alg is CRC32C: BLAKE3 digests give no span sums, and spans is left as
+// it is) with the CRC-32C of each whole SpanSize span of the range's
+// bytes from chunk first's offset on: len(spans) must be
+// Spans(range length). A hole's spans are a zero span's CRC. The
+// CRC32C digests are chained from the spans, so the spans cost the hash
+// pass next to nothing.
+func HashRangeSpans(ctx context.Context, r io.ReaderAt, l Layout, first, end int, alg Algorithm, workers int, hole func(i int) bool, spans []uint32) ([]byte, error) {
+	if alg != CRC32C {
+		spans = nil
+	}
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -25,16 +39,35 @@ func HashRange(ctx context.Context, r io.ReaderAt, l Layout, first, end int, alg
 	}
 	size := alg.Size()
 	out := make([]byte, (end-first)*size)
-	if size == 0 {
+	if size == 0 || first == end {
 		return out, nil
+	}
+	base, _ := l.Chunk(first)
+	if spans != nil {
+		lastOff, lastLen := l.Chunk(end - 1)
+		if len(spans) != Spans(lastOff+lastLen-base) {
+			return nil, fmt.Errorf("chunker: %d span sums for %d bytes", len(spans), lastOff+lastLen-base)
+		}
+	}
+	// spansOf is chunks [i, j)'s share of spans.
+	spansOf := func(off, length int64) []uint32 {
+		if spans == nil {
+			return nil
+		}
+		k := Spans(off - base)
+		return spans[k:min(k+Spans(length), len(spans))]
 	}
 	// Runs of data chunks are hashed by HashFile over their section of
 	// the file (chunk-aligned, so its chunks are the file's); holes are
 	// filled in between.
 	for i := first; i < end; {
 		if hole != nil && hole(i) {
-			_, n := l.Chunk(i)
+			off, n := l.Chunk(i)
 			copy(out[(i-first)*size:], ZeroDigest(alg, n))
+			hs := spansOf(off, n)
+			for k := range hs {
+				hs[k] = zeroSpan
+			}
 			i++
 			continue
 		}
@@ -45,7 +78,7 @@ func HashRange(ctx context.Context, r io.ReaderAt, l Layout, first, end int, alg
 		off, _ := l.Chunk(i)
 		lastOff, lastLen := l.Chunk(j - 1)
 		length := lastOff + lastLen - off
-		d, err := HashFile(ctx, io.NewSectionReader(r, off, length), Layout{Size: length, ChunkSize: l.ChunkSize}, alg, workers)
+		d, err := hashFile(ctx, io.NewSectionReader(r, off, length), Layout{Size: length, ChunkSize: l.ChunkSize}, alg, workers, spansOf(off, length))
 		if err != nil {
 			return nil, err
 		}

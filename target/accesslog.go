@@ -37,6 +37,7 @@ type sessionStats struct {
 
 	mu       sync.Mutex
 	respSeen uint64 // Read Response bytes already counted (noteReadResponses)
+	spanSeen uint64 // of which CRC'd from span sums
 }
 
 // fileStats is what one handle did, for its access line.

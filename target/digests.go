@@ -46,8 +46,12 @@ type winDigests struct {
 	want    int           // the highest window asked for (-1: none yet)
 	next    int           // the window produce computes next
 	wins    map[int][]byte
-	sum     []byte // the file digest, once every window is in
-	err     error
+	// spans: the CRC-32C of each whole 4 KiB span of the windows hashed
+	// here (CRC32C digests only), kept one window longer than wins (the
+	// initiator reads window n after it has mapped n+1): spans.go.
+	spans map[int][]uint32
+	sum   []byte // the file digest, once every window is in
+	err   error
 	// tainted: a Suspect found a stored digest wrong; the file digest,
 	// fed from the store, can't be vouched for (Close sends none).
 	tainted bool
@@ -57,7 +61,7 @@ type winDigests struct {
 func (ss *session) newWinDigests(f *os.File, l chunker.Layout, alg chunker.Algorithm, dense bool) *winDigests {
 	per := max(1, int(ss.srv.cfg.MaxWindow/uint64(l.ChunkSize)))
 	wd := &winDigests{srv: ss.srv, f: f, work: &ss.work, l: l, alg: alg, dense: dense, per: per,
-		done: make(chan struct{}), changed: make(chan struct{}), want: -1, wins: map[int][]byte{}}
+		done: make(chan struct{}), changed: make(chan struct{}), want: -1, wins: map[int][]byte{}, spans: map[int][]uint32{}}
 	if fi, err := f.Stat(); err == nil {
 		if k, err := chunker.KeyOf(fi, l, alg); err == nil {
 			wd.key, wd.keyed = k, true
@@ -86,7 +90,7 @@ func (wd *winDigests) windows() int { return (wd.l.Chunks() + wd.per - 1) / wd.p
 // MaxDigestMemory.
 func digestWindowBytes(l chunker.Layout, alg chunker.Algorithm, maxWindow uint64) uint64 {
 	per := max(1, maxWindow/uint64(l.ChunkSize))
-	return min(uint64(l.Chunks()), 2*per) * uint64(alg.Size())
+	return min(uint64(l.Chunks()), 2*per)*uint64(alg.Size()) + spanBytes(l, alg, maxWindow)
 }
 
 // heldBytes bounds the digests wd holds.
@@ -116,7 +120,8 @@ func (wd *winDigests) produce(ctx context.Context) {
 			break
 		}
 		var b []byte
-		if b, err = wd.compute(ctx, i); err != nil {
+		var spans []uint32
+		if b, spans, err = wd.compute(ctx, i); err != nil {
 			break
 		}
 		if err = fd.Add(b); err != nil {
@@ -129,6 +134,7 @@ func (wd *winDigests) produce(ctx context.Context) {
 				delete(wd.wins, j) // the initiator has gone past it
 			}
 		}
+		wd.keepSpans(i, spans)
 		wd.next = i + 1
 		if wd.next == wd.windows() {
 			wd.sum, err = fd.Sum()
@@ -170,20 +176,25 @@ func (wd *winDigests) span(i int) (first, end int) {
 }
 
 // compute returns window i's digests: from the store or the cache when
-// they hold them, else hashed (holes not read), and then stored.
-func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
+// they hold them, else hashed (holes not read), and then stored; hashed
+// as CRC32C, also its span sums (spans.go).
+func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, []uint32, error) {
 	first, end := wd.span(i)
 	if b, ok := wd.stored(first, end); ok {
-		return b, nil
+		return b, nil, nil
 	}
 	off, _ := wd.l.Chunk(first)
 	lastOff, lastLen := wd.l.Chunk(end - 1)
 	hole, err := holeChunks(wd.f, wd.dense, off, lastOff+lastLen, wd.l.ChunkSize, first)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := wd.settle(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var spans []uint32
+	if wd.alg == chunker.CRC32C {
+		spans = make([]uint32, chunker.Spans(lastOff+lastLen-off))
 	}
 	start := time.Now()
 	var read int64
@@ -195,15 +206,15 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, error) {
 		}
 		return h
 	}
-	b, err := chunker.HashRange(ctx, wd.reader(), wd.l, first, end, wd.alg, wd.srv.cfg.Cache.Workers(), counted)
+	b, err := chunker.HashRangeSpans(ctx, wd.reader(), wd.l, first, end, wd.alg, wd.srv.cfg.Cache.Workers(), counted, spans)
 	if err != nil {
-		return nil, fmt.Errorf("hashing %s: %w", wd.f.Name(), err)
+		return nil, nil, fmt.Errorf("hashing %s: %w", wd.f.Name(), err)
 	}
 	wd.srv.met.hashSeconds.Add(time.Since(start).Seconds())
 	wd.srv.met.hashBytes.Add(float64(read))
 	wd.hashed.Add(read)
 	wd.save(first, b, start)
-	return b, nil
+	return b, spans, nil
 }
 
 // settle waits out the racy window of a file changed a moment ago, so
@@ -284,7 +295,7 @@ func (wd *winDigests) get(ctx context.Context, first, count int) ([]byte, error)
 		}
 		if i < wd.next { // dropped: asked again (a reconnect, -c then a copy)
 			wd.mu.Unlock()
-			b, err := wd.compute(ctx, i)
+			b, _, err := wd.compute(ctx, i)
 			if err != nil {
 				return nil, err
 			}

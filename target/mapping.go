@@ -135,6 +135,9 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		ss.freeWindow(w)
 		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
 	}
+	if h.wd != nil { // the window starts on a page, so on a span
+		attachSpans(w.mr, spanView{wd: h.wd, base: chunker.Spans(int64(w.off)), off: &ss.spansOff})
+	}
 	rkeys, perr := ss.keys(ctx, w, qps, useMWs)
 	if perr != nil {
 		return perr

@@ -29,6 +29,9 @@ import (
 //     sent in Read Responses, counted by its QPs (ReadResponseBytes) and
 //     gathered per session when a window is unmapped and when the
 //     session ends, by identity.
+//     rdmacp_read_response_span_crc_bytes_total is the part of them whose
+//     MPA CRC came from the span sums the hash pass kept (spans.go),
+//     counted alike (SpanSumBytes).
 //   - rdmacp_port_xmit_bytes_total: an RDMA device's port counter
 //     (sysfs port_xmit_data, in 4-byte units), device-wide: all traffic
 //     of the port, not only rdmacp's.
@@ -42,6 +45,7 @@ type metrics struct {
 	pushed       *prometheus.CounterVec // export
 	served       *prometheus.CounterVec // export, identity
 	readResp     *prometheus.CounterVec // identity
+	spanResp     *prometheus.CounterVec // identity
 	replyErrors  *prometheus.CounterVec // code
 	readErrors   *prometheus.CounterVec // status
 	terminates   *prometheus.CounterVec // code
@@ -68,6 +72,7 @@ func newMetrics(s *Server) *metrics {
 		pushed:      counter("files_pushed_total", "Files pushed into the export and committed, by export.", "export"),
 		served:      counter("served_bytes_total", "Bytes of windows mapped for initiators to READ, by export and client identity.", "export", "identity"),
 		readResp:    counter("read_response_bytes_total", "Bytes the pure-Go iWARP provider sent in Read Responses, by client identity (counted by the provider's QPs).", "identity"),
+		spanResp:    counter("read_response_span_crc_bytes_total", "Of read_response_bytes_total, the bytes whose MPA CRC came from the span sums kept when the file was hashed, not from reading them again.", "identity"),
 		replyErrors: counter("request_errors_total", "Requests answered with an error, by protocol error code.", "code"),
 		readErrors:  counter("read_errors_total", "RDMA READs of the target's own (pulling pushed files) that failed, by completion status.", "status"),
 		terminates:  counter("terminates_total", "Data and control connections that ended with an iWARP Terminate, by its layer, type and code.", "code"),
@@ -79,7 +84,7 @@ func newMetrics(s *Server) *metrics {
 		pushFailures: counter("push_failures_total", "Pushes abandoned (an error, or the session ended before the commit), by export.", "export"),
 		suspects:     counter("suspects_total", "Suspect requests (a chunk that failed its digest on every read), by result: stale (hashed again, the stored digests were wrong and dropped), sound (hashed again, the stored digest was right and kept), refused (over the session's Suspect budget).", "result"),
 	}
-	m.reg.MustRegister(m.sessions, m.refusals, m.windows, m.opened, m.pushed, m.served, m.readResp,
+	m.reg.MustRegister(m.sessions, m.refusals, m.windows, m.opened, m.pushed, m.served, m.readResp, m.spanResp,
 		m.replyErrors, m.readErrors, m.terminates, m.hashSeconds, m.hashBytes, m.pushBytes, m.pushFailures, m.suspects,
 		liveCollector{s}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d := s.cfg.Device; d != nil && d.Provider() != "iwarp" {
@@ -131,32 +136,38 @@ func (m *metrics) terminated(qp verbs.QP) {
 	}
 }
 
-// readResponseBytes sums what qps have sent in Read Responses, where
-// their provider counts it.
-func readResponseBytes(qps []verbs.QP) uint64 {
-	var n uint64
+// readResponseBytes sums what qps have sent in Read Responses, and how
+// much of it was CRC'd from span sums, where their provider counts it.
+func readResponseBytes(qps []verbs.QP) (resp, spans uint64) {
 	for _, qp := range qps {
 		if c, ok := qp.(interface{ ReadResponseBytes() uint64 }); ok {
-			n += c.ReadResponseBytes()
+			resp += c.ReadResponseBytes()
+		}
+		if c, ok := qp.(interface{ SpanSumBytes() uint64 }); ok {
+			spans += c.SpanSumBytes()
 		}
 	}
-	return n
+	return resp, spans
 }
 
 // noteReadResponses adds to the metric what ss's data QPs sent since the
 // last call (at window granularity: an unmap, the session's end).
 func (ss *session) noteReadResponses() {
 	ss.mu.Lock()
-	n := readResponseBytes(ss.data)
+	n, sp := readResponseBytes(ss.data)
 	ss.mu.Unlock()
 	st := &ss.stats
 	st.mu.Lock()
 	// A replaced data QP's count goes with it: never count backwards.
 	d := n - min(n, st.respSeen)
-	st.respSeen = n
+	ds := sp - min(sp, st.spanSeen)
+	st.respSeen, st.spanSeen = n, sp
 	st.mu.Unlock()
 	if d > 0 {
 		ss.srv.met.readResp.WithLabelValues(ss.identity()).Add(float64(d))
+	}
+	if ds > 0 {
+		ss.srv.met.spanResp.WithLabelValues(ss.identity()).Add(float64(ds))
 	}
 }
 

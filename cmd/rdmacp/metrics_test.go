@@ -2,9 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -310,4 +313,126 @@ func TestMetricsCountAuthRefusals(t *testing.T) {
 	if v := value(fams, "rdmacp_sessions_total", nil); v > 0 {
 		t.Errorf("rdmacp_sessions_total = %v after a refused session", v)
 	}
+}
+
+// With the MPA CRC on, the target takes the CRC of what it sends from the
+// span sums its hash pass kept, and does not read the bytes again for it
+// (rdmacp_read_response_span_crc_bytes_total); the copy is byte-exact.
+// With the CRC off there is nothing to take them for. Span sums come
+// from hashing the file: each copy is of a file not hashed before (the
+// digest cache keeps digests, not span sums).
+func TestSpanSumsServeTheMPACRC(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const size = 40<<20 + 12345 // two windows of 32 MiB, a short last span
+	want := writeFile(t, filepath.Join(dir, "off"), size)
+	if err := os.WriteFile(filepath.Join(dir, "on"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := serveJSON(t, dir, "--metrics-listen", "127.0.0.1:0")
+	id := map[string]string{"identity": "default"}
+	for _, crc := range []string{"off", "on"} {
+		before := value(scrape(t, s.metrics), "rdmacp_read_response_span_crc_bytes_total", id)
+		dst := filepath.Join(t.TempDir(), "f")
+		if _, errs, code := runWithin(t, "cp", "--mpa-crc", crc, s.addr+":data/"+crc, dst); code != 0 {
+			t.Fatalf("cp --mpa-crc %s: exit %d: %s", crc, code, errs)
+		}
+		if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("cp --mpa-crc %s: the copy differs (%v)", crc, err)
+		}
+		var after float64
+		deadline := time.Now().Add(5 * time.Second)
+		for { // counted when the session ends
+			after = value(scrape(t, s.metrics), "rdmacp_read_response_span_crc_bytes_total", id)
+			if crc == "off" || after-max(before, 0) >= size*9/10 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		got := after - max(before, 0)
+		switch {
+		case crc == "off" && got > 0:
+			t.Errorf("CRC off: %v bytes CRC'd from span sums", got)
+		case crc == "on" && (got < size*9/10 || got > size):
+			t.Errorf("CRC on: %v of %d bytes CRC'd from span sums, want nearly all", got, size)
+		}
+	}
+}
+
+// A file changed after the target hashed it, while the copy runs: the
+// span sums of the changed window are stale, so the MPA CRC they make
+// fails at the initiator, which ends that connection (MPA says so). The
+// session stops using span sums once the QP is replaced, the chunk is
+// READ again with a CRC over the bytes sent, and the chunk digest finds
+// the change: the chunk is hashed again and READ as it is now, or the
+// copy fails as a changed source with no file landed; nothing hangs.
+// Kept on stale sums, every READ again failed its CRC, on every QP, until
+// a new session hashed the file again.
+//
+// Whether the change lands between the window's hash and its READs is a
+// matter of timing (after its mapping the target sees the change
+// itself), so the copy is tried up to five times, each a failure as a
+// changed source, until one of them went through a CRC error.
+func TestStaleSpanSumsAreDropped(t *testing.T) {
+	t.Parallel()
+	const size = 64 << 20 // two windows; the second changes under way
+	for try := range 5 {
+		dir := t.TempDir()
+		src := filepath.Join(dir, "f")
+		writeFile(t, src, size)
+		s := serveJSON(t, dir)
+		dst := filepath.Join(t.TempDir(), "f")
+		type result struct {
+			errs string
+			code int
+		}
+		done := make(chan result, 1)
+		go func() {
+			// 40 MB/s: the first window takes most of a second.
+			_, errs, code := runWithin(t, "cp", "--mpa-crc", "on", "--bwlimit", "40M", s.addr+":data/f", dst)
+			done <- result{errs, code}
+		}()
+		time.Sleep(time.Duration(200+100*try) * time.Millisecond)
+		fi, err := os.Stat(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(src, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 1<<20), 40<<20); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		// The old mtime back: the target's stat no longer shows the
+		// change, as with a write in the same clock tick as the hash,
+		// and only the bytes can.
+		if err := os.Chtimes(src, fi.ModTime(), fi.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		switch r.code {
+		case 0: // the chunk was hashed again (Suspect) and READ as it is now
+			want, _ := os.ReadFile(src)
+			if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("try %d: cp succeeded, but the copy is not the source as it is now (%v)", try, err)
+			}
+		case exitChanged, exitVerify:
+			if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("try %d: %s after a failed copy: %v", try, dst, err)
+			}
+		default:
+			t.Fatalf("try %d: cp: exit %d, want 0, %d (changed) or %d (verify): %s", try, r.code, exitChanged, exitVerify, r.errs)
+		}
+		// The change is 1 MiB at a 1 MiB boundary: one READ's worth.
+		if n := strings.Count(r.errs, "CRC mismatch"); n > 0 {
+			if n > 1 || strings.Contains(r.errs, "re-established") {
+				t.Fatalf("try %d: %d CRC errors: the stale span sums were used again: %s", try, n, r.errs)
+			}
+			return
+		}
+		t.Logf("try %d: the change was seen before a READ used its span sums: %s", try, r.errs)
+	}
+	t.Fatal("no try went through a CRC error over stale span sums")
 }
