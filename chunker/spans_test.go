@@ -62,3 +62,45 @@ func TestHashRangeSpans(t *testing.T) {
 		t.Fatal("too few span sums taken")
 	}
 }
+
+// The span cache keeps ranges by version and first span, forgets a
+// version whole on Drop, and evicts the least recently used past its
+// bound.
+func TestSpanCache(t *testing.T) {
+	k1 := Key{Dev: 1, Ino: 2, Size: 3, ChunkSize: 4096, Alg: CRC32C}
+	k2 := k1
+	k2.MtimeNs = 5 // another version
+	c := NewSpanCache(3 * (1024*4 + entryOverhead))
+	a := make([]uint32, 1024)
+	a[0] = 7
+	c.Put(k1, 0, a)
+	c.Put(k1, 1024, make([]uint32, 1024))
+	c.Put(k2, 0, make([]uint32, 1024))
+	if got, ok := c.Get(k1, 0); !ok || got[0] != 7 {
+		t.Fatalf("k1 at 0: %v", ok)
+	}
+	if _, ok := c.Get(k1, 1); ok {
+		t.Fatal("a range found by a span inside it")
+	}
+	c.Put(k2, 1024, make([]uint32, 1024)) // evicts the least recently used: k1 at 1024
+	if _, ok := c.Get(k1, 1024); ok {
+		t.Fatal("the least recently used range was kept past the bound")
+	}
+	if _, ok := c.Get(k1, 0); !ok {
+		t.Fatal("a recently used range was evicted")
+	}
+	c.Drop(k2)
+	for _, first := range []int{0, 1024} {
+		if _, ok := c.Get(k2, first); ok {
+			t.Fatalf("k2 at %d kept after Drop", first)
+		}
+	}
+	if _, ok := c.Get(k1, 0); !ok {
+		t.Fatal("Drop of k2 dropped k1")
+	}
+	var nilCache *SpanCache
+	nilCache.Put(k1, 0, a)
+	if _, ok := nilCache.Get(k1, 0); ok {
+		t.Fatal("a nil cache holds something")
+	}
+}

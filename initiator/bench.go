@@ -75,7 +75,7 @@ type BenchResult struct {
 const benchStageLimit = 64 << 20
 
 // Bench measures RDMA READ bandwidth from the target, in the spirit of
-// ib_read_bw: it opens path (without digests), maps one window of it, as
+// ib_read_bw: it opens path, maps one window of it, as
 // large as the target allows and at most the file, and READs that window
 // over and over into a registered staging buffer, keeping every data QP
 // at its depth, with no verification and no file landing. It returns
@@ -101,7 +101,11 @@ func (s *Session) Bench(ctx context.Context, path string, opt BenchOptions) (*Be
 		return nil, errors.New("initiator: bench: negative iterations, duration or interval")
 	}
 
-	m, err := s.call(ctx, &protocol.Open{Path: path, Algorithm: uint8(chunker.None)})
+	// Opened with CRC32C digests, as cp opens a file, so that the target
+	// serves the window as it serves a copy: hashed once (the window
+	// only), and with span sums for the MPA CRC where the transport has
+	// one (target/spans.go). The digests themselves are not asked for.
+	m, err := s.call(ctx, &protocol.Open{Path: path, Algorithm: uint8(chunker.CRC32C)})
 	if err != nil {
 		return nil, err
 	}

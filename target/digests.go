@@ -213,7 +213,7 @@ func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, []uint32, err
 	wd.srv.met.hashSeconds.Add(time.Since(start).Seconds())
 	wd.srv.met.hashBytes.Add(float64(read))
 	wd.hashed.Add(read)
-	wd.save(first, b, start)
+	wd.save(first, b, spans, start)
 	return b, spans, nil
 }
 
@@ -242,11 +242,12 @@ func (wd *winDigests) stored(first, end int) ([]byte, bool) {
 	return nil, false
 }
 
-// save stores chunks first… digests b, hashed from start on, if the file
-// is still the version they were hashed from and old enough to trust.
-func (wd *winDigests) save(first int, b []byte, start time.Time) {
+// save stores chunks first… digests b, and their span sums (nil: none),
+// hashed from start on, if the file is still the version they were
+// hashed from and old enough to trust.
+func (wd *winDigests) save(first int, b []byte, spans []uint32, start time.Time) {
 	st := wd.srv.cfg.Digests
-	if st == nil || !wd.keyed || len(b) == 0 || !chunker.Persistable(wd.key, start) {
+	if (st == nil && spans == nil) || !wd.keyed || len(b) == 0 || !chunker.Persistable(wd.key, start) {
 		return
 	}
 	fi, err := wd.f.Stat()
@@ -254,6 +255,13 @@ func (wd *winDigests) save(first int, b []byte, start time.Time) {
 		return
 	}
 	if k, err := chunker.KeyOf(fi, wd.l, wd.alg); err != nil || k != wd.key {
+		return
+	}
+	if spans != nil {
+		off, _ := wd.l.Chunk(first)
+		wd.srv.cfg.Spans.Put(wd.key, chunker.Spans(off), spans)
+	}
+	if st == nil {
 		return
 	}
 	if err := st.Save(wd.key, first, b); err != nil {
@@ -411,6 +419,9 @@ func (wd *winDigests) dropWrong(i int, fresh []byte) (dropped, matched bool) {
 		if b, ok := st.Load(wd.key, i, 1); ok {
 			judge(b, func() { st.Drop(wd.key.Dev, wd.key.Ino) })
 		}
+	}
+	if dropped {
+		wd.srv.cfg.Spans.Drop(wd.key) // as old as the digests that proved wrong
 	}
 	return dropped, matched
 }

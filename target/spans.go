@@ -50,14 +50,14 @@ func (wd *winDigests) keepSpans(i int, spans []uint32) {
 }
 
 // spansAt fills dst with the sums of the file's whole spans first, …;
-// false if it lacks one.
+// false if it lacks one. They come from this handle's own hash, or from
+// the server's SpanCache where an earlier hash of the same version left
+// them (its digests then come from the Cache or the Store).
 func (wd *winDigests) spansAt(first int, dst []uint32) bool {
 	perWin := chunker.Spans(int64(wd.per) * wd.l.ChunkSize) // windows start on chunk, so span, boundaries
-	wd.mu.Lock()
-	defer wd.mu.Unlock()
 	for len(dst) > 0 {
 		i := first / perWin
-		spans, ok := wd.spans[i]
+		spans, ok := wd.windowSpans(i, i*perWin)
 		k := first - i*perWin
 		if !ok || k >= len(spans) {
 			return false
@@ -66,6 +66,18 @@ func (wd *winDigests) spansAt(first int, dst []uint32) bool {
 		dst, first = dst[n:], first+n
 	}
 	return true
+}
+
+// windowSpans is window i's span sums, whose first is the file's span
+// first.
+func (wd *winDigests) windowSpans(i, first int) ([]uint32, bool) {
+	wd.mu.Lock()
+	spans, ok := wd.spans[i]
+	wd.mu.Unlock()
+	if ok || !wd.keyed {
+		return spans, ok
+	}
+	return wd.srv.cfg.Spans.Get(wd.key, first)
 }
 
 // spanView is a mapped window's verbs.SpanSums: its file's span sums from

@@ -133,7 +133,10 @@ type Config struct {
 	// and initiators use the address they reached.
 	DataAddrs []string
 	Cache     *chunker.Cache // default: a 64 MiB cache
-	Logger    *slog.Logger   // default: discard
+	// Spans keeps files' span sums for the MPA CRC (spans.go) after
+	// their hash; default: 64 MiB, the sums of 64 GiB of files.
+	Spans  *chunker.SpanCache
+	Logger *slog.Logger // default: discard
 }
 
 // Defaults is the target's configuration where nothing says otherwise:
@@ -166,6 +169,9 @@ func Defaults() Config {
 
 // defaultCacheBytes is the in-memory digest cache of a target given none.
 const defaultCacheBytes = 64 << 20
+
+// defaultSpanBytes is the span sum cache of a target given none.
+const defaultSpanBytes = 64 << 20
 
 // orDefault sets *v to def if it is the zero value.
 func orDefault[T comparable](v *T, def T) {
@@ -200,6 +206,9 @@ func (c *Config) setDefaults() {
 	orDefault(&c.DrainTimeout, d.DrainTimeout)
 	if c.Cache == nil {
 		c.Cache = chunker.NewCache(defaultCacheBytes, 2)
+	}
+	if c.Spans == nil {
+		c.Spans = chunker.NewSpanCache(defaultSpanBytes)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

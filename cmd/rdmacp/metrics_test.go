@@ -319,8 +319,8 @@ func TestMetricsCountAuthRefusals(t *testing.T) {
 // span sums its hash pass kept, and does not read the bytes again for it
 // (rdmacp_read_response_span_crc_bytes_total); the copy is byte-exact.
 // With the CRC off there is nothing to take them for. Span sums come
-// from hashing the file: each copy is of a file not hashed before (the
-// digest cache keeps digests, not span sums).
+// from hashing the file; served again, its digests come from the digest
+// cache and its span sums from the span cache.
 func TestSpanSumsServeTheMPACRC(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -331,7 +331,7 @@ func TestSpanSumsServeTheMPACRC(t *testing.T) {
 	}
 	s := serveJSON(t, dir, "--metrics-listen", "127.0.0.1:0")
 	id := map[string]string{"identity": "default"}
-	for _, crc := range []string{"off", "on"} {
+	for _, crc := range []string{"off", "on", "on"} {
 		before := value(scrape(t, s.metrics), "rdmacp_read_response_span_crc_bytes_total", id)
 		dst := filepath.Join(t.TempDir(), "f")
 		if _, errs, code := runWithin(t, "cp", "--mpa-crc", crc, s.addr+":data/"+crc, dst); code != 0 {
