@@ -253,7 +253,9 @@ func (x *export) list(rel string) ([]protocol.Entry, error) {
 		}
 		return []protocol.Entry{e}, nil
 	}
-	d, err := x.root.Open(rel)
+	// O_DIRECTORY: a FIFO opened for reading would block until a writer
+	// came (ls of one hung for --timeout); this fails at once, ENOTDIR.
+	d, err := x.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}
