@@ -326,12 +326,14 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 	if u.start == size {
 		return ps.sums, nil
 	}
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// One window is with the target, one ready, one being prepared.
 	ready := make(chan *pwin, 1)
 	go u.prepare(ctx, ready)
 	defer func() {
+		u.s.hushIfCancelled(outer)
 		cancel()
 		for w := range ready {
 			w.free()
@@ -354,6 +356,9 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 			return nil, w.err
 		}
 		r, err := u.send(ctx, w)
+		// Cancelled, the target may still be READing w: its QPs fail
+		// when w's memory goes, and that is no failure to recover from.
+		u.s.hushIfCancelled(outer)
 		w.free()
 		if err != nil {
 			return nil, err

@@ -855,10 +855,17 @@ func (s *Session) endEngine(ctx context.Context, eng *reads.Engine, err error) {
 		eng.Close()
 		return
 	}
-	if ctx.Err() != nil && s.qps != nil {
-		s.qps.Hush() // cancelled: the QPs go with the session, not as failures
-	}
+	s.hushIfCancelled(ctx)
 	eng.Abort(err)
+}
+
+// hushIfCancelled: once ctx has ended, the data QPs go with the session,
+// and one that fails meanwhile (its READs cut short by the teardown) is
+// neither reported nor replaced: cancelling starts no recovery.
+func (s *Session) hushIfCancelled(ctx context.Context) {
+	if ctx.Err() != nil && s.qps != nil {
+		s.qps.Hush()
+	}
 }
 
 // gens snapshots the data QPs' generations (nil without data QPs).
