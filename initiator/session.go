@@ -15,12 +15,15 @@
 package initiator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -699,8 +702,52 @@ func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error)
 }
 
 // Ls lists path as ls(1) does: a directory's entries, or a file's own
-// entry, named by the path's last element.
+// entry, named by the path's last element. A path that ends in "/" must
+// be a directory (or a symlink to one), as for ls. A path the target
+// refuses (missing, not a directory, not allowed) is an *fs.PathError,
+// "ls data/x: no such file or directory", whose Err unwraps to the
+// target's *protocol.Error.
 func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
+	dir := strings.TrimSuffix(p, "/")
+	if dir != p {
+		ents, err := s.List(ctx, dir)
+		return ents, lsError(p, dir, err)
+	}
+	ents, err := s.ls(ctx, p)
+	return ents, lsError(p, p, err)
+}
+
+// lsError shapes the target's refusal of path p (asked for as asked) as
+// an fs.PathError: "ls data/x: no such file or directory" where the
+// target said "remote error: not found: data/x: no such file or
+// directory". A revocation stays as it is: it is about the session.
+func lsError(p, asked string, err error) error {
+	var pe *protocol.Error
+	var re *RevokedError
+	if !errors.As(err, &pe) || errors.As(err, &re) {
+		return err
+	}
+	return &fs.PathError{Op: "ls", Path: p, Err: &remoteCause{pe: pe, path: asked}}
+}
+
+// remoteCause is a target's error about path, worded without the path
+// (fs.PathError names it) nor the code the message already says.
+type remoteCause struct {
+	pe   *protocol.Error
+	path string
+}
+
+func (c *remoteCause) Error() string {
+	if m, ok := strings.CutPrefix(c.pe.Message, c.path+": "); ok {
+		return m
+	}
+	return cmp.Or(c.pe.Message, c.pe.Code.String())
+}
+
+func (c *remoteCause) Unwrap() error { return c.pe }
+
+// ls is Ls of a path with no trailing slash.
+func (s *Session) ls(ctx context.Context, p string) ([]protocol.Entry, error) {
 	ents, err := s.List(ctx, p)
 	var pe *protocol.Error
 	if err == nil || !errors.As(err, &pe) {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -49,7 +52,15 @@ func runLs(c *cli.Context) error {
 		return err
 	}
 	defer closeSession()
-	ents, err := s.Ls(c.Context, r.path)
+	p := r.path
+	if strings.HasSuffix(c.Args().First(), "/") && p != "" {
+		p += "/" // DIR/ must be a directory, as for ls
+	}
+	ents, err := s.Ls(c.Context, p)
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		pe.Path = c.Args().First() // as the user typed it, host and all
+	}
 	if err != nil {
 		return err
 	}

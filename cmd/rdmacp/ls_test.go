@@ -58,3 +58,53 @@ func TestModeStringTypeLetters(t *testing.T) {
 		}
 	}
 }
+
+// TestLsErrorsLikeLs: ls of a missing path, of a path under a file, and
+// of a symlink with and without a trailing slash answers as ls does,
+// with an error shaped like fs.PathError that names the path as typed
+// (not "remote error: not found: data/x: no such file or directory"),
+// exit 5 (a remote path: the one mapping, exitCode).
+func TestLsErrorsLikeLs(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), 10)
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	writeFile(t, filepath.Join(dir, "d", "inside"), 10)
+	for link, to := range map[string]string{"link": "f", "dangling": "nowhere", "dirlink": "d"} {
+		if err := os.Symlink(to, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := serve(t, dir, nil)
+	for _, c := range []struct {
+		path, out, err string
+		code           int
+	}{
+		{"f", "f\n", "", 0},
+		{"link", "link\n", "", 0},         // the link itself, as ls lists it
+		{"dangling", "dangling\n", "", 0}, // so is one that leads nowhere
+		{"dirlink", "inside\n", "", 0},    // a link to a directory lists the directory
+		{"dirlink/", "inside\n", "", 0},
+		{"nope", "", "no such file or directory", exitRemote},
+		{"nope/x", "", "no such file or directory", exitRemote},
+		{"f/x", "", "not a directory", exitRemote},
+		{"f/", "", "not a directory", exitRemote},
+		{"link/", "", "not a directory", exitRemote},               // ls: cannot access 'link/': Not a directory
+		{"dangling/", "", "no such file or directory", exitRemote}, // ls: cannot access 'dangling/': No such file or directory
+	} {
+		arg := s.addr + ":data/" + c.path
+		out, errs, code := hrun(t, "ls", "-q", arg)
+		want := ""
+		if c.err != "" {
+			want = "rdmacp: ls " + arg + ": " + c.err + "\n"
+		}
+		if out != c.out || errs != want || code != c.code {
+			t.Errorf("ls %s: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", c.path, code, out, errs, c.code, c.out, want)
+		}
+	}
+	arg := s.addr + ":data/nope"
+	out, _, code := hrun(t, "ls", "--json", arg)
+	if want := `{"message_type":"error","error":"ls ` + arg + `: no such file or directory","exit_code":5}` + "\n"; out != want || code != exitRemote {
+		t.Errorf("ls --json of a missing path: exit %d, %q; want %q", code, out, want)
+	}
+}
