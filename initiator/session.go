@@ -717,8 +717,8 @@ func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
 	return ents, lsError(p, p, err)
 }
 
-// lsError shapes the target's refusal of path p (asked for as asked) as
-// an fs.PathError: "ls data/x: no such file or directory" where the
+// lsError shapes the target's refusal of asked (the path that was
+// listed; p is the caller's, trailing slash and all) as an fs.PathError: "ls data/x: no such file or directory" where the
 // target said "remote error: not found: data/x: no such file or
 // directory". A revocation stays as it is: it is about the session.
 func lsError(p, asked string, err error) error {
