@@ -153,6 +153,8 @@ func fsError(p string, err error) *protocol.Error {
 		return errf(protocol.CodeNotDir, "%s: not a directory", p)
 	case errors.Is(err, syscall.ELOOP), strings.Contains(err.Error(), "escapes"):
 		return errf(protocol.CodePermission, "%s: leads outside the export", p)
+	case errors.Is(err, syscall.ENXIO): // open(2) of a socket, or of a device with no driver
+		return stableError(p, "is not a regular file or block device")
 	}
 	return errf(protocol.CodeInternal, "%s: %v", p, err)
 }

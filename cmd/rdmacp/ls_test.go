@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,14 @@ func TestLsSpecialFiles(t *testing.T) {
 	for name, mode := range want {
 		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(mode) + `\S* .* ` + name + `$`).MatchString(out) {
 			t.Errorf("ls -l: no line %s... %s in:\n%s", mode, name, out)
+		}
+	}
+	// cp refuses them by name, as a FIFO (a socket was an internal error:
+	// its open fails, ENXIO).
+	for _, name := range []string{"fifo", "sock"} {
+		_, errs, code := hrun(t, "cp", "-q", "--timeout", "5s", s.addr+":data/"+name, filepath.Join(t.TempDir(), name))
+		if want := "rdmacp: remote error: unsupported: data/" + name + " is not a regular file or block device"; code != exitRemote || !strings.HasPrefix(errs, want) {
+			t.Errorf("cp of a %s: exit %d, %q; want exit %d, %q...", name, code, errs, exitRemote, want)
 		}
 	}
 	out, errs, code = hrun(t, "ls", "--json", "-q", s.addr+":data/fifo", "--timeout", "5s")
