@@ -707,18 +707,27 @@ func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error)
 // refuses (missing, not a directory, not allowed) is an *fs.PathError,
 // "ls data/x: no such file or directory", whose Err unwraps to the
 // target's *protocol.Error.
-func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
+func (s *Session) Ls(ctx context.Context, p string, opt LsOptions) ([]protocol.Entry, error) {
 	dir := strings.TrimSuffix(p, "/")
 	if dir != p {
 		ents, err := s.List(ctx, dir)
 		return ents, lsError(p, dir, err)
 	}
-	ents, err := s.ls(ctx, p)
+	ents, err := s.ls(ctx, p, opt)
 	return ents, lsError(p, p, err)
 }
 
+// LsOptions tune Ls.
+type LsOptions struct {
+	// Long is ls -l's way with a symlink named without a trailing
+	// slash: it is listed itself, even one that leads to a directory
+	// (which plain ls lists the contents of).
+	Long bool
+}
+
 // lsError shapes the target's refusal of asked (the path that was
-// listed; p is the caller's, trailing slash and all) as an fs.PathError: "ls data/x: no such file or directory" where the
+// listed; p is the caller's, trailing slash and all) as an
+// fs.PathError: "ls data/x: no such file or directory" where the
 // target said "remote error: not found: data/x: no such file or
 // directory". A revocation stays as it is: it is about the session.
 func lsError(p, asked string, err error) error {
@@ -747,7 +756,14 @@ func (c *remoteCause) Error() string {
 func (c *remoteCause) Unwrap() error { return c.pe }
 
 // ls is Ls of a path with no trailing slash.
-func (s *Session) ls(ctx context.Context, p string) ([]protocol.Entry, error) {
+func (s *Session) ls(ctx context.Context, p string, opt LsOptions) ([]protocol.Entry, error) {
+	if opt.Long && strings.Contains(p, "/") { // an export's own name is no symlink
+		e, err := s.Stat(ctx, p)
+		if err == nil && e.Type == protocol.FileSymlink {
+			e.Name = path.Base(p)
+			return []protocol.Entry{e}, nil
+		}
+	}
 	ents, err := s.List(ctx, p)
 	var pe *protocol.Error
 	if err == nil || !errors.As(err, &pe) {

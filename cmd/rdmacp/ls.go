@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/escape"
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -56,7 +57,7 @@ func runLs(c *cli.Context) error {
 	if strings.HasSuffix(c.Args().First(), "/") && p != "" {
 		p += "/" // DIR/ must be a directory, as for ls
 	}
-	ents, err := s.Ls(c.Context, p)
+	ents, err := s.Ls(c.Context, p, initiator.LsOptions{Long: c.Bool("long") && !c.Bool("json")})
 	var pe *fs.PathError
 	if errors.As(err, &pe) {
 		pe.Path = c.Args().First() // as the user typed it, host and all

@@ -111,8 +111,18 @@ func TestLsErrorsLikeLs(t *testing.T) {
 			t.Errorf("ls %s: exit %d, stdout %q, stderr %q; want exit %d, %q, %q", c.path, code, out, errs, c.code, c.out, want)
 		}
 	}
+	// ls -l lists a symlink named without a slash itself, even one to a
+	// directory, as ls -l does.
+	out, errs, code := hrun(t, "ls", "-l", "-q", s.addr+":data/dirlink")
+	if code != 0 || !regexp.MustCompile(`^lrwxrwxrwx +1 \S+ dirlink -> d\n$`).MatchString(out) {
+		t.Errorf("ls -l of a link to a directory: exit %d, %q, %s", code, out, errs)
+	}
+	out, errs, code = hrun(t, "ls", "-l", "-q", s.addr+":data/dirlink/")
+	if code != 0 || !regexp.MustCompile(`^-rw-r--r-- +10 \S+ inside\n$`).MatchString(out) {
+		t.Errorf("ls -l of a link to a directory, with a slash: exit %d, %q, %s", code, out, errs)
+	}
 	arg := s.addr + ":data/nope"
-	out, _, code := hrun(t, "ls", "--json", arg)
+	out, _, code = hrun(t, "ls", "--json", arg)
 	if want := `{"message_type":"error","error":"ls ` + arg + `: no such file or directory","exit_code":5}` + "\n"; out != want || code != exitRemote {
 		t.Errorf("ls --json of a missing path: exit %d, %q; want %q", code, out, want)
 	}
