@@ -15,11 +15,13 @@ import (
 )
 
 // interruptAtCommit pushes a file through a proxy that delays every
-// chunk by delay, and sends the push SIGINT as soon as the file is in
-// place on the target: the target has renamed it there and sent the
-// commit's answer, which the proxy still holds. then, if set, runs
-// before the signal. It returns the exit code, stdout, stderr, and how
-// long the push took to end after the signal.
+// chunk by delay, and as soon as the file is in place on the target
+// (the target has renamed it there and sent the commit's answer, which
+// the proxy holds for delay) takes the link down, sends the push
+// SIGINT, and runs then (nil: nothing more). Only the first step is
+// timed: the test must see the file within delay of its rename, and
+// polls for it every millisecond. It returns the exit code, stdout,
+// stderr, and how long the push took to end after the signal.
 func interruptAtCommit(t *testing.T, delay time.Duration, then func(*faultproxy.Proxy)) (int, string, string, time.Duration) {
 	t.Helper()
 	dir := t.TempDir()
@@ -56,11 +58,14 @@ func interruptAtCommit(t *testing.T, delay time.Duration, then func(*faultproxy.
 			t.Fatalf("the pushed file did not appear in 60 s: %s", errb.String())
 		}
 	}
+	p.Blackhole() // the commit's answer stays in the proxy
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatalf("SIGINT: %v", err)
+	}
+	t0 := time.Now()
 	if then != nil {
 		then(p)
 	}
-	cmd.Process.Signal(syscall.SIGINT)
-	t0 := time.Now()
 	var code int
 	select {
 	case err := <-done:
@@ -88,7 +93,10 @@ func interruptAtCommit(t *testing.T, delay time.Duration, then func(*faultproxy.
 // the target put in place.
 func TestPushInterruptedAfterCommitSucceeds(t *testing.T) {
 	t.Parallel()
-	code, out, errs, took := interruptAtCommit(t, 300*time.Millisecond, nil)
+	code, out, errs, took := interruptAtCommit(t, 400*time.Millisecond, func(p *faultproxy.Proxy) {
+		time.Sleep(50 * time.Millisecond) // the push waits for the answer
+		p.Resume()
+	})
 	t.Logf("exit %d %v after SIGINT:\n%s%s", code, took, out, errs)
 	if code != 0 || !strings.Contains(out, `"message_type":"summary","status":"ok"`) {
 		t.Errorf("push interrupted after its commit: exit %d, stdout %q; want 0 and the summary", code, out)
@@ -104,7 +112,7 @@ func TestPushInterruptedAfterCommitSucceeds(t *testing.T) {
 // place, not just "interrupted".
 func TestPushInterruptedCommitUnanswered(t *testing.T) {
 	t.Parallel()
-	code, out, errs, took := interruptAtCommit(t, 300*time.Millisecond, (*faultproxy.Proxy).Blackhole)
+	code, out, errs, took := interruptAtCommit(t, 400*time.Millisecond, nil)
 	t.Logf("exit %d %v after SIGINT:\n%s%s", code, took, out, errs)
 	if code != exitInterrupts {
 		t.Errorf("exit %d, want %d", code, exitInterrupts)
