@@ -167,7 +167,7 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions, ps *
 		s.abandon(ctx, pr.Handle)
 		return res, err
 	}
-	m, err = s.call(ctx, &protocol.PushCommit{Handle: pr.Handle, FileDigest: fd})
+	m, err = s.commit(ctx, &protocol.PushCommit{Handle: pr.Handle, FileDigest: fd})
 	if err != nil {
 		return res, err
 	}
@@ -181,6 +181,41 @@ func (s *Session) put(ctx context.Context, src, dst string, opt PutOptions, ps *
 		opt.Progress(Progress{Path: src, Bytes: layout.Size, Total: layout.Size, Retries: res.Retries})
 	}
 	return res, nil
+}
+
+// commitGrace is how long a push still waits for the target's answer to
+// its PushCommit once ctx has ended. The commit was sent: the target
+// decides the outcome (it syncs and renames the file into place, whole,
+// or fails), and only its answer says which. Interrupted at that point,
+// the push reports the answer that comes within commitGrace (success:
+// the file is in place) rather than a failure that is not one. It fits
+// in the 2 s an interrupted command has to end in (cmd/rdmacp's
+// interruptGrace, 1.8 s), with room for the Bye after it.
+const commitGrace = time.Second
+
+// ErrCommitInDoubt: the push was interrupted after its commit was sent
+// and the target did not answer within commitGrace: the destination is
+// in place whole, or not at all, never partial.
+var ErrCommitInDoubt = errors.New("interrupted while the target committed it")
+
+// commit sends m unless ctx has ended, and waits for the target's
+// answer, up to commitGrace after ctx ends.
+func (s *Session) commit(ctx context.Context, m *protocol.PushCommit) (protocol.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err // not sent: the target drops the push with the session
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(commitGrace, cancel)
+		context.AfterFunc(cctx, func() { t.Stop() })
+	})
+	defer stop()
+	r, err := s.call(cctx, m)
+	if err != nil && cctx.Err() != nil {
+		return nil, fmt.Errorf("%w: it is in place whole or not at all, never partial; look before pushing it again (%w)", ErrCommitInDoubt, ctx.Err())
+	}
+	return r, err
 }
 
 // abandon tells the target to drop a push, waiting a little for its word
@@ -291,12 +326,14 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 	if u.start == size {
 		return ps.sums, nil
 	}
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// One window is with the target, one ready, one being prepared.
 	ready := make(chan *pwin, 1)
 	go u.prepare(ctx, ready)
 	defer func() {
+		u.s.hushIfCancelled(outer)
 		cancel()
 		for w := range ready {
 			w.free()
@@ -319,6 +356,9 @@ func (u *upload) run(ctx context.Context) ([]byte, error) {
 			return nil, w.err
 		}
 		r, err := u.send(ctx, w)
+		// Cancelled, the target may still be READing w: its QPs fail
+		// when w's memory goes, and that is no failure to recover from.
+		u.s.hushIfCancelled(outer)
 		w.free()
 		if err != nil {
 			return nil, err

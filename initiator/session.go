@@ -15,12 +15,15 @@
 package initiator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -699,8 +702,68 @@ func (s *Session) Stat(ctx context.Context, path string) (protocol.Entry, error)
 }
 
 // Ls lists path as ls(1) does: a directory's entries, or a file's own
-// entry, named by the path's last element.
-func (s *Session) Ls(ctx context.Context, p string) ([]protocol.Entry, error) {
+// entry, named by the path's last element. A path that ends in "/" must
+// be a directory (or a symlink to one), as for ls. A path the target
+// refuses (missing, not a directory, not allowed) is an *fs.PathError,
+// "ls data/x: no such file or directory", whose Err unwraps to the
+// target's *protocol.Error.
+func (s *Session) Ls(ctx context.Context, p string, opt LsOptions) ([]protocol.Entry, error) {
+	dir := strings.TrimSuffix(p, "/")
+	if dir != p {
+		ents, err := s.List(ctx, dir)
+		return ents, lsError(p, dir, err)
+	}
+	ents, err := s.ls(ctx, p, opt)
+	return ents, lsError(p, p, err)
+}
+
+// LsOptions tune Ls.
+type LsOptions struct {
+	// Long is ls -l's way with a symlink named without a trailing
+	// slash: it is listed itself, even one that leads to a directory
+	// (which plain ls lists the contents of).
+	Long bool
+}
+
+// lsError shapes the target's refusal of asked (the path that was
+// listed; p is the caller's, trailing slash and all) as an
+// fs.PathError: "ls data/x: no such file or directory" where the
+// target said "remote error: not found: data/x: no such file or
+// directory". A revocation stays as it is: it is about the session.
+func lsError(p, asked string, err error) error {
+	var pe *protocol.Error
+	var re *RevokedError
+	if !errors.As(err, &pe) || errors.As(err, &re) {
+		return err
+	}
+	return &fs.PathError{Op: "ls", Path: p, Err: &remoteCause{pe: pe, path: asked}}
+}
+
+// remoteCause is a target's error about path, worded without the path
+// (fs.PathError names it) nor the code the message already says.
+type remoteCause struct {
+	pe   *protocol.Error
+	path string
+}
+
+func (c *remoteCause) Error() string {
+	if m, ok := strings.CutPrefix(c.pe.Message, c.path+": "); ok {
+		return m
+	}
+	return cmp.Or(c.pe.Message, c.pe.Code.String())
+}
+
+func (c *remoteCause) Unwrap() error { return c.pe }
+
+// ls is Ls of a path with no trailing slash.
+func (s *Session) ls(ctx context.Context, p string, opt LsOptions) ([]protocol.Entry, error) {
+	if opt.Long && strings.Contains(p, "/") { // an export's own name is no symlink
+		e, err := s.Stat(ctx, p)
+		if err == nil && e.Type == protocol.FileSymlink {
+			e.Name = path.Base(p)
+			return []protocol.Entry{e}, nil
+		}
+	}
 	ents, err := s.List(ctx, p)
 	var pe *protocol.Error
 	if err == nil || !errors.As(err, &pe) {
@@ -855,10 +918,17 @@ func (s *Session) endEngine(ctx context.Context, eng *reads.Engine, err error) {
 		eng.Close()
 		return
 	}
-	if ctx.Err() != nil && s.qps != nil {
-		s.qps.Hush() // cancelled: the QPs go with the session, not as failures
-	}
+	s.hushIfCancelled(ctx)
 	eng.Abort(err)
+}
+
+// hushIfCancelled: once ctx has ended, the data QPs go with the session,
+// and one that fails meanwhile (its READs cut short by the teardown) is
+// neither reported nor replaced: cancelling starts no recovery.
+func (s *Session) hushIfCancelled(ctx context.Context) {
+	if ctx.Err() != nil && s.qps != nil {
+		s.qps.Hush()
+	}
 }
 
 // gens snapshots the data QPs' generations (nil without data QPs).

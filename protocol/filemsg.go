@@ -31,7 +31,10 @@ const (
 	FileDir      FileType = 2
 	FileSymlink  FileType = 3
 	FileBlockDev FileType = 4
-	FileOther    FileType = 5
+	FileOther    FileType = 5 // a type the sender has no name for
+	FileFIFO     FileType = 6
+	FileSocket   FileType = 7
+	FileCharDev  FileType = 8
 )
 
 func (t FileType) String() string {
@@ -46,6 +49,12 @@ func (t FileType) String() string {
 		return "blockdev"
 	case FileOther:
 		return "other"
+	case FileFIFO:
+		return "fifo"
+	case FileSocket:
+		return "socket"
+	case FileCharDev:
+		return "chardev"
 	}
 	return fmt.Sprintf("FileType(%d)", uint8(t))
 }

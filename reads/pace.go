@@ -11,13 +11,19 @@ import (
 // initiator (cp --bwlimit, and a target's cap, which the initiator
 // honours).
 //
-// A READ may go while the bucket holds any tokens at all, and takes its
-// whole length from it, which may leave it in debt: so a READ larger
-// than the burst still goes (after the debt before it is paid off), and
-// over any span the bytes posted are within one READ and one burst of
-// rate × span. Tokens gather while nothing is posted, up to the burst,
-// so a copy that paused (between windows, for a file's metadata) does
-// not make up for it with a burst above the cap.
+// A READ goes once the bucket holds its length, and takes it. A new
+// bucket is empty, so from its start the bytes posted over any span t
+// are at most rate × t: a copy's average, start included, is the cap or
+// under it. (A bucket that started full and let a READ go on any token
+// at all, in debt, let one burst and one READ more go: a 200 MiB copy at
+// --bwlimit 50M averaged 53.5-53.9 MB/s against the cap's 52.4, 2-3 %
+// over, all of it in its first moments.) A READ larger than the burst
+// goes when the bucket is full and leaves it in debt for the rest, so it
+// is not held for ever: only such READs (at a cap under 10 READs a
+// second) can take a span over rate × t, by the READ less the burst.
+// Tokens gather while nothing is posted, up to the burst, so a copy that
+// paused (between windows, for a file's metadata) makes up the pause's
+// last 100 ms at most, and never goes above rate × t.
 //
 // The zero value and a nil *Pace are no limit. A Pace is safe for
 // concurrent use.
@@ -37,7 +43,7 @@ type Pace struct {
 const PaceBurst = 100 * time.Millisecond
 
 // NewPace makes a bucket for rate bytes per second (≤ 0: no limit),
-// full.
+// empty: its clock starts at the first Take.
 func NewPace(rate int64) *Pace {
 	p := &Pace{}
 	p.Set(rate)
@@ -57,7 +63,7 @@ func (p *Pace) Set(rate int64) {
 	p.rate = float64(rate)
 	p.burst = p.rate * PaceBurst.Seconds()
 	if first {
-		p.tokens, p.last = p.burst, time.Time{}
+		p.tokens, p.last = 0, time.Time{}
 	}
 	p.tokens = min(p.tokens, p.burst)
 }
@@ -84,10 +90,10 @@ func (p *Pace) Take(now time.Time, n int64) (ok bool, wait time.Duration) {
 		return true, 0
 	}
 	p.refill(now)
-	if p.tokens <= 0 {
+	if need := min(float64(n), p.burst); p.tokens < need {
 		// Round up: a timer that fires a nanosecond early finds the
-		// bucket still empty and sets another.
-		return false, time.Duration(-p.tokens/p.rate*float64(time.Second)) + time.Microsecond
+		// bucket still short and sets another.
+		return false, time.Duration((need-p.tokens)/p.rate*float64(time.Second)) + time.Microsecond
 	}
 	p.tokens -= float64(n)
 	return true, 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -589,5 +590,35 @@ func TestOrphanedREADsAreBounded(t *testing.T) {
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("gave up after %v", el)
+	}
+}
+
+// A replacement under way (its first dial failed, the next is due after
+// the backoff) dials no more once the set is hushed: a cancelled
+// transfer starts no QP.
+func TestSetHushStopsReplacements(t *testing.T) {
+	cq := newFakeCQ()
+	var dials atomic.Int32
+	tried := make(chan struct{}, 1)
+	set := NewSet([]verbs.QP{newFakeQP(cq, 0, true)}, func(context.Context, int) (verbs.QP, error) {
+		dials.Add(1)
+		select {
+		case tried <- struct{}{}:
+		default:
+		}
+		return nil, errors.New("target unreachable")
+	}, nil)
+	set.Backoff = 50 * time.Millisecond
+	defer set.Close()
+	set.Failed(0, 0, errors.New("QP died"))
+	select {
+	case <-tried:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no replacement was tried")
+	}
+	set.Hush()
+	time.Sleep(300 * time.Millisecond) // six backoffs
+	if n := dials.Load(); n != 1 {
+		t.Errorf("%d dials, want 1: the set dialled after it was hushed", n)
 	}
 }

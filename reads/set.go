@@ -198,6 +198,9 @@ func (s *Set) replace(i int, cause error) {
 		tries = 5
 	}
 	for try := 1; ; try++ {
+		if s.isHushed() {
+			return // the transfer was cancelled: no QP is dialled after that
+		}
 		qp, err := s.Replace(s.ctx, i)
 		if err == nil {
 			s.mu.Lock()
@@ -227,6 +230,12 @@ func (s *Set) replace(i int, cause error) {
 			return
 		}
 	}
+}
+
+func (s *Set) isHushed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hushed
 }
 
 func (s *Set) report(ev Event) {

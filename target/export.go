@@ -153,6 +153,8 @@ func fsError(p string, err error) *protocol.Error {
 		return errf(protocol.CodeNotDir, "%s: not a directory", p)
 	case errors.Is(err, syscall.ELOOP), strings.Contains(err.Error(), "escapes"):
 		return errf(protocol.CodePermission, "%s: leads outside the export", p)
+	case errors.Is(err, syscall.ENXIO): // open(2) of a socket, or of a device with no driver
+		return stableError(p, "is not a regular file or block device")
 	}
 	return errf(protocol.CodeInternal, "%s: %v", p, err)
 }
@@ -253,7 +255,9 @@ func (x *export) list(rel string) ([]protocol.Entry, error) {
 		}
 		return []protocol.Entry{e}, nil
 	}
-	d, err := x.root.Open(rel)
+	// O_DIRECTORY: a FIFO opened for reading would block until a writer
+	// came (ls of one hung for --timeout); this fails at once, ENOTDIR.
+	d, err := x.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}

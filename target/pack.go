@@ -391,6 +391,12 @@ func modeEntry(name string, mode uint32, size, mtimeNs int64) protocol.Entry {
 		e.Type = protocol.FileSymlink
 	case unix.S_IFBLK:
 		e.Type = protocol.FileBlockDev
+	case unix.S_IFIFO:
+		e.Type = protocol.FileFIFO
+	case unix.S_IFSOCK:
+		e.Type = protocol.FileSocket
+	case unix.S_IFCHR:
+		e.Type = protocol.FileCharDev
 	default:
 		e.Type = protocol.FileOther
 	}

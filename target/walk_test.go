@@ -178,7 +178,7 @@ func TestWalkOrder(t *testing.T) {
 		{"a/b/c.txt", 2, protocol.FileRegular, true, ""},
 		{"a/big", 1, protocol.FileRegular, false, ""}, // after a/b's contents, larger than PackMax
 		{"a/empty", 1, protocol.FileDir, false, ""},   // 3
-		{"a/fifo", 1, protocol.FileOther, false, ""},
+		{"a/fifo", 1, protocol.FileFIFO, false, ""},
 		{"a/link-out", 1, protocol.FileSymlink, false, "../../../../etc/passwd"},
 		{"a/zero", 1, protocol.FileRegular, true, ""},
 		{"link-in", 0, protocol.FileSymlink, false, "a/b"},

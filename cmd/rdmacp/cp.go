@@ -84,7 +84,7 @@ func runCp(c *cli.Context) error {
 	if err != nil && c.Bool("json") && !errors.As(err, &pe) {
 		msg := err.Error()
 		if c.Context.Err() != nil {
-			msg = "interrupted"
+			msg = interrupted(err)
 		}
 		json.NewEncoder(c.App.Writer).Encode(errorLine{Type: "error", Error: msg, ExitCode: exitCode(c.Context, err)})
 	}
@@ -317,6 +317,11 @@ func pushOne(c *cli.Context, srcArg, dstArg string, to remote, stdout io.Writer)
 		return err
 	}
 	dest := to.addr + ":" + res.Dest
+	if c.Context.Err() != nil {
+		// The target answered the commit after SIGINT: the push is done
+		// and the command succeeded; say why it did not stop.
+		fmt.Fprintf(c.App.ErrWriter, "rdmacp: interrupted after the target committed %s: the push is complete\n", escape.String(dest))
+	}
 	secs := res.Elapsed.Seconds()
 	mbps := float64(res.Bytes) / 1e6 / max(secs, 1e-9)
 	if jsonOut {

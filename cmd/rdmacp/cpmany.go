@@ -267,12 +267,19 @@ func (t *tally) cleaned(paths []string) {
 
 // finish prints the summary and returns the error the command exits with.
 func (t *tally) finish(s *initiator.Session, fatal error) error {
-	secs := time.Since(t.start).Seconds()
-	t.sum.Seconds = secs
-	t.sum.MBps = float64(t.sum.Bytes) / 1e6 / max(secs, 1e-9)
 	t.sum.Transport, t.sum.QPs, t.sum.Depth = s.Transport(), s.DataQPs(), s.ReadsPerQP()
 	t.sum.Recoveries = recoveriesOf(t.c).Count()
 	t.sum.Rails, t.sum.RailsSkipped = s.Rails(), s.SkippedRails()
+	return t.end(fatal)
+}
+
+// end prints the summary of what the tally counted, and returns the
+// error the command exits with: finish's, for a command with no session
+// (hash) too.
+func (t *tally) end(fatal error) error {
+	secs := time.Since(t.start).Seconds()
+	t.sum.Seconds = secs
+	t.sum.MBps = float64(t.sum.Bytes) / 1e6 / max(secs, 1e-9)
 	t.repeated()
 	var err error
 	switch {

@@ -21,6 +21,7 @@ import (
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/initiator/tree"
+	"github.com/rdmacp/rdmacp/protocol"
 	"github.com/rdmacp/rdmacp/target"
 )
 
@@ -40,6 +41,7 @@ func hashCommand() *cli.Command {
 			&cli.StringFlag{Name: "chunk-size", Value: "4MiB", Usage: "bytes per chunk: serve's --chunk-size (or the --chunk-size initiators ask for)"},
 			&cli.StringFlag{Name: "digest", Value: "crc32c", Usage: "chunk digest: serve's --digest, crc32c or blake3"},
 			&cli.BoolFlag{Name: "nice", Usage: "hash with one thread at the lowest CPU and I/O priority (what serve --prehash runs)"},
+			&cli.BoolFlag{Name: "json", Usage: "one JSON line per file, then a summary, on stdout (cp's file and summary lines)"},
 			quietFlag(),
 		},
 		Action: runHash,
@@ -121,7 +123,10 @@ func runHash(c *cli.Context) error {
 		lowerPriority()
 		workers = 1
 	}
-	h := &hasher{ctx: c.Context, store: store, cs: cs, alg: alg, workers: workers, quiet: quiet(c)}
+	h := &hasher{ctx: c.Context, store: store, cs: cs, alg: alg, workers: workers, quiet: quiet(c) || c.Bool("json")}
+	if c.Bool("json") {
+		h.tally = newTally(c, c.App.Writer)
+	}
 	return h.run(c.Args().Slice())
 }
 
@@ -133,6 +138,8 @@ type hasher struct {
 	alg     chunker.Algorithm
 	workers int
 	quiet   bool
+	// tally, with --json: a file line for each file and cp's summary.
+	tally *tally
 
 	counts tree.Counts
 	bar    *treeBar
@@ -163,6 +170,10 @@ func (h *hasher) run(paths []string) error {
 				return err
 			}
 			h.failed++
+			if h.tally != nil {
+				h.tally.file(tree.FileResult{Path: p, Type: protocol.FileRegular, Status: tree.StatusFailed, Err: err}, "", "")
+				continue
+			}
 			h.warn(err)
 			if first == nil {
 				first = err
@@ -170,6 +181,9 @@ func (h *hasher) run(paths []string) error {
 		}
 	}
 	h.finish()
+	if h.tally != nil {
+		return h.tally.end(nil)
+	}
 	if !h.quiet {
 		files := "files"
 		if h.counts.DoneFiles.Load() == 1 {
@@ -201,8 +215,13 @@ func (h *hasher) warn(err error) {
 }
 
 // note tells why a PATH named on the command line is not hashed, so
-// that "0 files" does not come unexplained; -q keeps it quiet.
-func (h *hasher) note(format string, args ...any) {
+// that "0 files" does not come unexplained; -q keeps it quiet. With
+// --json it is the path's line, status skipped.
+func (h *hasher) note(p string, typ protocol.FileType, format string, args ...any) {
+	if h.tally != nil {
+		h.tally.file(tree.FileResult{Path: p, Type: typ, Status: tree.StatusSkipped, Err: fmt.Errorf(format, args...)}, "", "")
+		return
+	}
 	if !h.quiet {
 		fmt.Fprintf(os.Stderr, "rdmacp hash: "+format+"\n", args...)
 	}
@@ -229,7 +248,7 @@ func (h *hasher) walk(root string) ([]string, error) {
 		}
 		if fi.Mode().IsRegular() && fi.Size() < chunker.StoreMinFile {
 			if p == root { // named, not found under a directory: say why nothing happens
-				h.note("%s: under %s, not stored (serve hashes a file that small when asked, about as fast as a lookup)", p, formatBytes(chunker.StoreMinFile))
+				h.note(p, protocol.FileRegular, "%s: under %s, not stored (serve hashes a file that small when asked, about as fast as a lookup)", p, formatBytes(chunker.StoreMinFile))
 			}
 			return nil // not stored: hashed when served, about as fast as a lookup
 		}
@@ -238,7 +257,7 @@ func (h *hasher) walk(root string) ([]string, error) {
 			h.counts.Files.Add(1)
 			h.counts.Bytes.Add(fi.Size())
 		} else if p == root && !fi.IsDir() {
-			h.note("%s: not a regular file or block device, skipped (serve exports neither)", p)
+			h.note(p, typeOf(fi), "%s: not a regular file or block device, skipped (serve exports neither)", p)
 		}
 		return nil
 	})
@@ -282,10 +301,39 @@ func (h *hasher) file(p string) error {
 	}
 	h.counts.DoneFiles.Add(1)
 	h.counts.DoneBytes.Add(size)
+	if h.tally != nil {
+		fr := tree.FileResult{Path: p, Type: typeOf(fi), Status: tree.StatusOK, Bytes: size, BytesRead: hashed}
+		if hashed == 0 {
+			fr.Status = tree.StatusUnchanged // its digests were stored already
+		}
+		h.tally.file(fr, "", "")
+	}
 	if h.bar == nil && !h.quiet && hashed > 0 {
 		fmt.Fprintf(os.Stderr, "hashed %s (%s)\n", p, formatSI(hashed))
 	}
 	return nil
+}
+
+// typeOf is the protocol's name for a local file's type, for --json.
+func typeOf(fi fs.FileInfo) protocol.FileType {
+	m := fi.Mode()
+	switch {
+	case m.IsRegular():
+		return protocol.FileRegular
+	case m.IsDir():
+		return protocol.FileDir
+	case m&fs.ModeSymlink != 0:
+		return protocol.FileSymlink
+	case m&fs.ModeNamedPipe != 0:
+		return protocol.FileFIFO
+	case m&fs.ModeSocket != 0:
+		return protocol.FileSocket
+	case m&fs.ModeCharDevice != 0:
+		return protocol.FileCharDev
+	case m&fs.ModeDevice != 0:
+		return protocol.FileBlockDev
+	}
+	return protocol.FileOther
 }
 
 // logEvery spaces the progress lines of a file hashed without a terminal.

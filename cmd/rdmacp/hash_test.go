@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -495,5 +496,75 @@ func TestHashSaysWhyNamedPathSkipped(t *testing.T) {
 	}
 	if _, errs, _ = run(t, "hash", "-q", "--state-dir", state, small, fifo); errs != "" {
 		t.Errorf("-q: stderr %q", errs)
+	}
+}
+
+// TestHashJSON: hash --json writes cp's file lines (hashed: ok; stored
+// already: unchanged; named but not hashed: skipped, with why) and cp's
+// summary, on stdout and nothing else; a PATH that is not there is an
+// error line with the exit code.
+func TestHashJSON(t *testing.T) {
+	t.Parallel()
+	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
+	oldFile(t, filepath.Join(src, "a"), 300<<10)
+	oldFile(t, filepath.Join(src, "tiny"), 1000)
+	if err := unix.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, tiny, fifo := filepath.Join(src, "a"), filepath.Join(src, "tiny"), filepath.Join(src, "fifo")
+	lines := func(out string) []map[string]any {
+		var ls []map[string]any
+		for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("not a JSON line: %q", l)
+			}
+			ls = append(ls, m)
+		}
+		return ls
+	}
+	out, errs, code := run(t, "hash", "--json", "--state-dir", state, "--chunk-size", "64K", a, tiny, fifo)
+	if code != 0 || errs != "" {
+		t.Fatalf("hash --json: exit %d, stderr %q", code, errs)
+	}
+	got := lines(out)
+	want := []map[string]any{
+		{"message_type": "file", "path": tiny, "type": "file", "status": "skipped"},
+		{"message_type": "file", "path": fifo, "type": "fifo", "status": "skipped"},
+		{"message_type": "file", "path": a, "type": "file", "status": "ok", "bytes": float64(300 << 10), "bytes_read": float64(300 << 10)},
+		{"message_type": "summary", "status": "ok", "files": 3.0, "files_ok": 1.0, "files_skipped": 2.0, "bytes": float64(300 << 10), "exit_code": 0.0},
+	}
+	check := func(got, want []map[string]any) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%d lines, want %d: %s", len(got), len(want), out)
+		}
+		for i := range want {
+			for k, v := range want[i] {
+				if got[i][k] != v {
+					t.Errorf("line %d: %s = %v, want %v (%v)", i, k, got[i][k], v, got[i])
+				}
+			}
+		}
+	}
+	check(got, want)
+	if _, ok := got[3]["transport"]; ok {
+		t.Errorf("hash's summary names a transport: %v", got[3])
+	}
+	if e, _ := got[0]["error"].(string); !strings.Contains(e, "not stored") {
+		t.Errorf("a skipped file's line does not say why: %v", got[0])
+	}
+	out, errs, code = run(t, "hash", "--json", "--state-dir", state, "--chunk-size", "64K", a)
+	if code != 0 || errs != "" {
+		t.Fatalf("second hash --json: exit %d, stderr %q", code, errs)
+	}
+	check(lines(out), []map[string]any{
+		{"message_type": "file", "path": a, "status": "unchanged", "bytes_read": 0.0},
+		{"message_type": "summary", "status": "ok", "files_unchanged": 1.0, "bytes_read": 0.0},
+	})
+	out, _, code = run(t, "hash", "--json", "--state-dir", state, filepath.Join(src, "missing"))
+	check(lines(out), []map[string]any{{"message_type": "error", "exit_code": float64(code)}})
+	if code != exitLocalIO {
+		t.Errorf("hash of a missing path: exit %d, want %d", code, exitLocalIO)
 	}
 }

@@ -2,13 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/rdmacp/rdmacp/escape"
+	"github.com/rdmacp/rdmacp/initiator"
 	"github.com/rdmacp/rdmacp/protocol"
 )
 
@@ -49,7 +53,15 @@ func runLs(c *cli.Context) error {
 		return err
 	}
 	defer closeSession()
-	ents, err := s.Ls(c.Context, r.path)
+	p := r.path
+	if strings.HasSuffix(c.Args().First(), "/") && p != "" {
+		p += "/" // DIR/ must be a directory, as for ls
+	}
+	ents, err := s.Ls(c.Context, p, initiator.LsOptions{Long: c.Bool("long") && !c.Bool("json")})
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		pe.Path = c.Args().First() // as the user typed it, host and all
+	}
 	if err != nil {
 		return err
 	}
@@ -80,19 +92,12 @@ func runLs(c *cli.Context) error {
 
 // modeString is ls -l's first column: the type and the permission bits,
 // with setuid, setgid and sticky in the execute places (s, S, t, T).
-// Other files (FIFOs, sockets, character devices: protocol.FileOther)
-// show '?', as ls does for a type it can't name.
+// A type the target could not name (protocol.FileOther, or a value this
+// build does not know) shows '?', as ls does for a type it can't name.
 func modeString(t protocol.FileType, mode uint32) string {
 	b := []byte("?rwxrwxrwx")
-	switch t {
-	case protocol.FileDir:
-		b[0] = 'd'
-	case protocol.FileSymlink:
-		b[0] = 'l'
-	case protocol.FileBlockDev:
-		b[0] = 'b'
-	case protocol.FileRegular:
-		b[0] = '-'
+	if c, ok := typeLetter[t]; ok {
+		b[0] = c
 	}
 	for i := range 9 {
 		if mode&(1<<(8-i)) == 0 {
@@ -113,6 +118,17 @@ func modeString(t protocol.FileType, mode uint32) string {
 	special(0o2000, 6, 's')
 	special(0o1000, 9, 't')
 	return string(b)
+}
+
+// typeLetter is ls -l's letter for each file type.
+var typeLetter = map[protocol.FileType]byte{
+	protocol.FileRegular:  '-',
+	protocol.FileDir:      'd',
+	protocol.FileSymlink:  'l',
+	protocol.FileBlockDev: 'b',
+	protocol.FileCharDev:  'c',
+	protocol.FileFIFO:     'p',
+	protocol.FileSocket:   's',
 }
 
 // lossless is s as escape.String writes it when s is not valid UTF-8,

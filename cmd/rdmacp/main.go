@@ -115,11 +115,21 @@ func main() {
 	err := runApp(ctx, newApp(), os.Args)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		fmt.Fprintln(os.Stderr, "rdmacp: interrupted")
+		fmt.Fprintln(os.Stderr, "rdmacp:", escape.String(interrupted(err)))
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "rdmacp:", escape.String(err.Error()))
 	}
 	os.Exit(exitCode(ctx, err))
+}
+
+// interrupted is what an interrupted command says of err: "interrupted",
+// unless what it was doing when interrupted leaves its outcome to be
+// looked at (a push whose commit went unanswered): then err says so.
+func interrupted(err error) string {
+	if errors.Is(err, initiator.ErrCommitInDoubt) {
+		return err.Error()
+	}
+	return "interrupted"
 }
 
 // interruptGrace is how long cp has, after SIGINT or SIGTERM, to clean up
@@ -159,7 +169,7 @@ func runApp(ctx context.Context, app *cli.App, argv []string) error {
 	if err != nil && jsonWanted(argv) && !w.seen && !errors.As(err, &part) {
 		msg := err.Error()
 		if ctx.Err() != nil {
-			msg = "interrupted"
+			msg = interrupted(err)
 		}
 		json.NewEncoder(w).Encode(errorLine{Type: "error", Error: msg, ExitCode: exitCode(ctx, err)})
 	}

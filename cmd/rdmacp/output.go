@@ -125,10 +125,12 @@ type manySummary struct {
 	BytesRead int64   `json:"bytes_read"`
 	Seconds   float64 `json:"seconds"`
 	MBps      float64 `json:"mb_per_s"`
-	Transport string  `json:"transport"`
-	QPs       int     `json:"qps"`
-	Depth     int     `json:"depth"`
-	ExitCode  int     `json:"exit_code"`
+	// The session's: cp always has one, hash --json (this summary too)
+	// none, and leaves them out.
+	Transport string `json:"transport,omitempty"`
+	QPs       int    `json:"qps,omitempty"`
+	Depth     int    `json:"depth,omitempty"`
+	ExitCode  int    `json:"exit_code"`
 	// Recoveries: data QPs replaced and sessions re-established.
 	Recoveries int              `json:"recoveries"`
 	Rails      []initiator.Rail `json:"rails,omitempty"` // see railflags.go
