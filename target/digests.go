@@ -420,8 +420,11 @@ func (wd *winDigests) dropWrong(i int, fresh []byte) (dropped, matched bool) {
 			judge(b, func() { st.Drop(wd.key.Dev, wd.key.Ino) })
 		}
 	}
-	if dropped {
-		wd.srv.cfg.Spans.Drop(wd.key) // as old as the digests that proved wrong
+	if dropped { // the span sums are as old as the digests that proved wrong
+		wd.srv.cfg.Spans.Drop(wd.key)
+		wd.mu.Lock()
+		clear(wd.spans)
+		wd.mu.Unlock()
 	}
 	return dropped, matched
 }

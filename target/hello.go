@@ -175,9 +175,6 @@ func (ss *session) reserve(req verbs.ConnRequest, index int) (verbs.PendingQP, *
 	}
 	if old != nil {
 		old.Close() // dead already: this frees it before its successor connects
-		// It may have died of an MPA CRC error over span sums gone
-		// stale: the READs it failed come again, over the bytes.
-		ss.spansOff.Store(true)
 	}
 	d, err := ss.onDevice(ss.srv.deviceOf(req))
 	if err != nil {

@@ -57,9 +57,6 @@ type session struct {
 	joining map[int]bool // indexes connecting now (join)
 	frozen  bool
 	closing bool
-	// spansOff: a data QP was replaced, so windows give the transport
-	// no span sums from then on (spans.go). Read by the QPs' writers.
-	spansOff atomic.Bool
 
 	hmu sync.Mutex // held while a request is served, and to revoke
 	// work counts what the session's serving code has done (progress.go).

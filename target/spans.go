@@ -1,8 +1,6 @@
 package target
 
 import (
-	"sync/atomic"
-
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -15,12 +13,13 @@ import (
 // past the caches, the target's largest cost after the kernel's copy
 // with the CRC on (docs/performance.md, "Cheaper MPA CRC").
 //
-// Sums go stale if the file changes after it was hashed. The peer then
-// sees an MPA CRC error, which is fatal to the connection; the
-// initiator replaces the QP and reads the chunk again, and the session
-// stops using span sums from the first replacement on (spansOff), so the
-// second try checksums the bytes sent and the chunk digest finds the
-// change, as without span sums.
+// Sums go stale if the file changes after it was hashed without its
+// mtime or ctime showing it. The peer then sees an MPA CRC error, which
+// is fatal to the connection; the provider, told so by the peer's
+// Terminate, detaches the sums of every window of the session (iwarp
+// refuseSpanSums), the initiator READs the chunk again on another QP
+// over a CRC of the bytes sent, its digest finds the change, and the
+// Suspect that follows drops the sums with the digests (dropWrong).
 
 // chunker and verbs cut spans alike: this fails to compile otherwise.
 const _ = uint(chunker.SpanSize-verbs.SpanSize) + uint(verbs.SpanSize-chunker.SpanSize)
@@ -81,15 +80,14 @@ func (wd *winDigests) windowSpans(i, first int) ([]uint32, bool) {
 }
 
 // spanView is a mapped window's verbs.SpanSums: its file's span sums from
-// the window's first span on, while its session uses them.
+// the window's first span on.
 type spanView struct {
 	wd   *winDigests
-	base int          // the window's first span in the file
-	off  *atomic.Bool // the session's spansOff
+	base int // the window's first span in the file
 }
 
 func (v spanView) Spans(first int, dst []uint32) bool {
-	return !v.off.Load() && v.wd.spansAt(v.base+first, dst)
+	return v.wd.spansAt(v.base+first, dst)
 }
 
 // spanSetter is an MR whose provider takes span sums (iwarp-soft's).

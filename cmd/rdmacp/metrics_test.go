@@ -361,13 +361,13 @@ func TestSpanSumsServeTheMPACRC(t *testing.T) {
 
 // A file changed after the target hashed it, while the copy runs: the
 // span sums of the changed window are stale, so the MPA CRC they make
-// fails at the initiator, which ends that connection (MPA says so). The
-// session stops using span sums once the QP is replaced, the chunk is
-// READ again with a CRC over the bytes sent, and the chunk digest finds
-// the change: the chunk is hashed again and READ as it is now, or the
-// copy fails as a changed source with no file landed; nothing hangs.
-// Kept on stale sums, every READ again failed its CRC, on every QP, until
-// a new session hashed the file again.
+// fails at the initiator, which ends that connection (MPA says so). Told
+// so by its Terminate, the target's provider detaches the session's span
+// sums, the chunk is READ again on another QP with a CRC over the bytes
+// sent, and the chunk digest finds the change: the chunk is hashed again
+// and READ as it is now, or the copy fails as a changed source with no
+// file landed; nothing hangs. Kept on stale sums, every READ again failed
+// its CRC, on every QP, until a new session hashed the file again.
 //
 // Whether the change lands between the window's hash and its READs is a
 // matter of timing (after its mapping the target sees the change
@@ -425,9 +425,11 @@ func TestStaleSpanSumsAreDropped(t *testing.T) {
 		default:
 			t.Fatalf("try %d: cp: exit %d, want 0, %d (changed) or %d (verify): %s", try, r.code, exitChanged, exitVerify, r.errs)
 		}
-		// The change is 1 MiB at a 1 MiB boundary: one READ's worth.
+		// The change is 1 MiB at a 1 MiB boundary: one READ's worth. Its
+		// retry may reach another QP before the target has read the first
+		// one's Terminate: two errors at most.
 		if n := strings.Count(r.errs, "CRC mismatch"); n > 0 {
-			if n > 1 || strings.Contains(r.errs, "re-established") {
+			if n > 2 || strings.Contains(r.errs, "re-established") {
 				t.Fatalf("try %d: %d CRC errors: the stale span sums were used again: %s", try, n, r.errs)
 			}
 			return

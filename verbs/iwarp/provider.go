@@ -254,6 +254,22 @@ func (m *mr) SetSpanSums(s verbs.SpanSums) {
 	m.sums.Store(&s)
 }
 
+// refuseSpanSums detaches the span sums of every region of pd: a peer
+// found an FPDU CRC wrong, and a CRC made from sums that no longer match
+// the bytes (a source changed after it was summed) looks the same. The
+// other connections of pd, which READs failed on this one move to, then
+// CRC the bytes they send; an owner may attach sums again to regions it
+// registers later.
+func (d *device) refuseSpanSums(p *pd) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, r := range d.regions {
+		if m, ok := r.(*mr); ok && m.pd == p {
+			m.SetSpanSums(nil)
+		}
+	}
+}
+
 // spanSums is what is attached to m, or nil.
 func (m *mr) spanSums() verbs.SpanSums {
 	if p := m.sums.Load(); p != nil {

@@ -33,6 +33,9 @@ func (q *qp) reader() {
 	var te *termError
 	switch {
 	case errors.As(err, &te) && te.remote:
+		if te.layer == layerLLP && te.etype == llpMPA && te.code == llpBadCRC {
+			q.dev.refuseSpanSums(q.pd)
+		}
 		q.fail(q.explain(te), q.culprit(), termStatus(te))
 	case errors.As(err, &te):
 		f := &fpdus{crc: q.crc}

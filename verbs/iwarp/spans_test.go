@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rdmacp/rdmacp/crc32c"
 	"github.com/rdmacp/rdmacp/verbs"
@@ -139,6 +140,13 @@ func TestReadStaleSpanSums(t *testing.T) {
 	var te interface{ TerminateCode() string }
 	if err := a.qp.Err(); !errors.As(err, &te) || !strings.Contains(err.Error(), "CRC") {
 		t.Fatalf("QP error %v, want an MPA CRC error", err)
+	}
+	// Told by the peer's Terminate, the responder detaches the sums of
+	// its PD's regions: other connections then CRC the bytes they send.
+	for deadline := time.Now().Add(5 * time.Second); smr.(*mr).spanSums() != nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the span sums a peer refused stay attached")
+		}
 	}
 
 	a2, b2 := pair(t, Config{CRC: CRCOn}, 8)
