@@ -61,7 +61,7 @@ func (d packDirs) open(x *export, rel string) (int, error) {
 		}
 		d[dir] = df
 	}
-	fd, err := unix.Openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := x.atime.openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK)
 	if err == unix.ELOOP {
 		f, err := x.open(rel)
 		if err != nil {
