@@ -16,7 +16,8 @@
 # CPU is user + system seconds per 1,000 files copied: of cp, the median
 # of its runs (the first copy of a size lands in memory never touched, and
 # in this VM is slower for it); of the daemon, all its runs, its walk
-# included, divided by runs x files.
+# included, divided by runs x files; "both" adds the two, and the ratio
+# line gives rsync's over rdmacp's too: the ratio a loaded run tends to.
 #
 # -o BIN adds BIN (another rdmacp, say a build of main) as "before", run
 # in turn with the others in each round, with its own daemon: a before
@@ -38,11 +39,11 @@ go build -o "$bin" ./cmd/rdmacp
 go build -o "$gen" ./test/trees/gentree
 now() { date +%s.%N; }
 maxrss() { awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$1"; } # MiB
-cpus() { awk '/User time|System time/ { s += $NF } END { printf "%.3f", s }' "$1"; } # user + sys
+cpus() { awk '/User time|System time/ { s += $NF } END { printf "%.2f", s }' "$1"; } # user + sys (GNU time gives 1/100 s)
 tools="rdmacp${old:+ before} rsync"
 median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-9s %-7s %9s %12s %12s %14s %14s\n' files tool seconds "cp MiB" "daemon MiB" "cp CPU s/1k" "daemon s/1k"
+printf '%-9s %-7s %9s %12s %12s %14s %14s %12s\n' files tool seconds "cp MiB" "daemon MiB" "cp CPU s/1k" "daemon s/1k" "both s/1k"
 for n in $sizes; do
   rm -rf "$dir/export"
   "$gen" -files "$n" -per 100 -size "$bytes" "$dir/export/s"
@@ -104,15 +105,19 @@ CONF
   declare -A dm=([rdmacp]=$(maxrss "$dir/serve.time") [rsync]=$(maxrss "$dir/rsyncd.time"))
   declare -A dc=([rdmacp]=$(cpus "$dir/serve.time") [rsync]=$(cpus "$dir/rsyncd.time"))
   [ -z "$old" ] || { dm[before]=$(maxrss "$dir/before.time"); dc[before]=$(cpus "$dir/before.time"); }
-  declare -A med=()
+  declare -A med=() both=()
   for tool in $tools; do
     med[$tool]=$(echo "${t[$tool]}" | median)
-    printf '%-9s %-7s %9s %12s %12s %14s %14s   (runs:%s)\n' "$n" $tool "${med[$tool]}" "${m[$tool]}" "${dm[$tool]}" \
-      "$(awk -v c="$(echo "${c[$tool]}" | median)" -v k="$n" 'BEGIN { printf "%.3f", c / k * 1000 }')" \
-      "$(awk -v c="${dc[$tool]}" -v k="$((runs * n))" 'BEGIN { printf "%.3f", c / k * 1000 }')" "${t[$tool]}"
+    ck=$(awk -v c="$(echo "${c[$tool]}" | median)" -v k="$n" 'BEGIN { printf "%.4f", c / k * 1000 }')
+    dk=$(awk -v c="${dc[$tool]}" -v k="$((runs * n))" 'BEGIN { printf "%.4f", c / k * 1000 }')
+    both[$tool]=$(awk -v a="$ck" -v b="$dk" 'BEGIN { printf "%.4f", a + b }')
+    printf '%-9s %-7s %9s %12s %12s %14s %14s %12s   (runs:%s; cp CPU s:%s)\n' "$n" $tool "${med[$tool]}" "${m[$tool]}" "${dm[$tool]}" \
+      "$ck" "$dk" "${both[$tool]}" "${t[$tool]}" "${c[$tool]}"
   done
-  awk -v r="${med[rsync]}" -v p="${med[rdmacp]}" -v n="$n" 'BEGIN { printf "%-9s rsync / rdmacp: %.2fx\n", n, r / p }'
-  [ -z "$old" ] || awk -v r="${med[rsync]}" -v p="${med[before]}" -v n="$n" 'BEGIN { printf "%-9s rsync / before: %.2fx\n", n, r / p }'
-  unset t m c dm dc med
+  # Under load the times tend to the ratio of the CPU both ends spend
+  # (docs/performance.md, "Small files"): printed beside the times' ratio.
+  awk -v r="${med[rsync]}" -v p="${med[rdmacp]}" -v rc="${both[rsync]}" -v pc="${both[rdmacp]}" -v n="$n" 'BEGIN { printf "%-9s rsync / rdmacp: %.2fx (CPU, both ends: %.2fx)\n", n, r / p, rc / pc }'
+  [ -z "$old" ] || awk -v r="${med[rsync]}" -v p="${med[before]}" -v rc="${both[rsync]}" -v pc="${both[before]}" -v n="$n" 'BEGIN { printf "%-9s rsync / before: %.2fx (CPU, both ends: %.2fx)\n", n, r / p, rc / pc }'
+  unset t m c dm dc med both
   echo "load average after $n files: $(cut -d' ' -f1-3 /proc/loadavg)"
 done

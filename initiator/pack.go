@@ -218,7 +218,8 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 	var eng *reads.Engine // none for the first try, the READ of the whole window
 	check := func(g *reads.Group) (bool, error) {
 		f := files[g.Tag]
-		sum := chunker.Sum(alg, packedData(buf, f))
+		var room [32]byte // BLAKE3's, the longest; the sum is compared, not kept
+		sum := chunker.AppendSum(room[:0], alg, packedData(buf, f))
 		if eng != nil {
 			return eng.Check(g, sum, f.Digest, retries)
 		}
@@ -240,11 +241,15 @@ func (s *Session) checkPacked(ctx context.Context, w protocol.Window, gens []uin
 		return !ok && err == nil
 	}
 	var again []*reads.Group
+	// One group a file, in one slice: a group made apart for each file
+	// was an allocation a file, for the few that are read again.
+	groups := make([]reads.Group, len(files))
 	for i, f := range files {
 		if f == nil {
 			continue
 		}
-		if g := (&reads.Group{Tag: i}); judge(g) {
+		g := &groups[i]
+		if g.Tag = i; judge(g) {
 			again = append(again, g)
 		}
 	}

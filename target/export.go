@@ -28,6 +28,7 @@ type export struct {
 	Export
 	root     *os.Root // nil for a single-file export
 	dev, ino uint64   // of a single-file export, as pinned
+	atime    noAtime  // how its files are opened for reading (files.go)
 }
 
 // singleFlags open a single-file export: the last element may not be a

@@ -3,11 +3,41 @@ package target
 import (
 	"context"
 	"errors"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmacp/rdmacp/blockdev"
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/protocol"
 )
+
+// noAtime opens an export's files and directories with O_NOATIME while
+// the kernel allows it, so that serving them leaves their access times
+// alone: no inode dirtied per file read (on a disk file system, no journal
+// write for it; touch_atime was 1-2.6% of the daemon's CPU copying 300,000
+// files in tmpfs). The kernel allows it to the file's owner and to a
+// holder of CAP_FOWNER (root) and refuses anyone else with EPERM; the first
+// open that fails so and works without the flag turns it off for the
+// export, so a daemon that may not use it pays one open again, not one a
+// file.
+type noAtime struct{ off atomic.Bool }
+
+// openat opens name in directory dirfd with flags (O_NOATIME added while
+// it works).
+func (n *noAtime) openat(dirfd int, name string, flags int) (int, error) {
+	if !n.off.Load() {
+		fd, err := unix.Openat(dirfd, name, flags|unix.O_NOATIME, 0)
+		if err != unix.EPERM {
+			return fd, err
+		}
+		if fd, err = unix.Openat(dirfd, name, flags, 0); err == nil {
+			n.off.Store(true) // O_NOATIME's refusal, not the file's
+		}
+		return fd, err
+	}
+	return unix.Openat(dirfd, name, flags, 0)
+}
 
 // A session's requests about files: List, Stat, Open (a handle, its
 // digests), Digests, Extents, and closing a handle.

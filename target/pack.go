@@ -61,7 +61,7 @@ func (d packDirs) open(x *export, rel string) (int, error) {
 		}
 		d[dir] = df
 	}
-	fd, err := unix.Openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := x.atime.openat(int(df.Fd()), base, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK)
 	if err == unix.ELOOP {
 		f, err := x.open(rel)
 		if err != nil {
@@ -302,6 +302,10 @@ const packReaders = 4
 func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.PackedFile, alg chunker.Algorithm) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	// The digests, each in its own part of one slice: a slice a file was
+	// an allocation a file.
+	dsize := alg.Size()
+	sums := make([]byte, len(files)*dsize)
 	for range min(packReaders, len(files)) {
 		wg.Go(func() {
 			for {
@@ -325,7 +329,7 @@ func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.
 					clear(data) // no bytes of an earlier pack in the window
 					*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
 				default:
-					pf.Digest = chunker.Sum(alg, data)
+					pf.Digest = chunker.AppendSum(sums[k*dsize:k*dsize:(k+1)*dsize], alg, data)
 				}
 			}
 		})

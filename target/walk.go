@@ -277,7 +277,7 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 	var st unix.Stat_t
 	switch {
 	case de.typ == unix.DT_DIR:
-		fd, err := unix.Openat(d.fd, name, oflags|unix.O_DIRECTORY, 0)
+		fd, err := w.x.atime.openat(d.fd, name, oflags|unix.O_DIRECTORY)
 		if err == unix.ENOTDIR || err == unix.ELOOP {
 			return w.changed(d, name), nil
 		}
@@ -303,7 +303,7 @@ func (w *walker) entry(d *walkDir, de dirent) (we walkEntry, sub *walkDir) {
 		}
 		return we, &walkDir{fd: fd, dev: st.Dev, ino: st.Ino, rel: path.Join(d.rel, name), wrel: path.Join(d.wrel, name), ents: ents}
 	case de.typ == unix.DT_REG && w.packMax > 0:
-		fd, err := unix.Openat(d.fd, name, oflags, 0)
+		fd, err := w.x.atime.openat(d.fd, name, oflags)
 		if err == unix.ELOOP {
 			return w.changed(d, name), nil
 		}

@@ -128,8 +128,8 @@ type Result struct {
 
 // pending is a verified file or a symlink waiting to be renamed into place.
 type pending struct {
-	res    *FileResult
-	tmp    string // in the root; "" for a symlink not yet made
+	res    FileResult // held by value: a pointer cost a heap FileResult a file
+	tmp    string     // in the root; "" for a symlink not yet made
 	rel    string
 	link   string         // a symlink's target
 	rs     *local.Resumer // with Partial: the sidecar to drop once renamed
@@ -464,7 +464,7 @@ func (c *treeCopy) close() {
 // same reports a file -c found already the same at its destination,
 // which gets -a's metadata there and may be -H's link target.
 func (c *treeCopy) same(p pending, rel string) {
-	fr := *p.res
+	fr := p.res
 	if err := c.meta.inPlace(c.root, rel); err != nil {
 		fr.Status, fr.Err = StatusFailed, err
 	}
@@ -576,7 +576,7 @@ func (c *treeCopy) place(it initiator.Item) bool {
 			return false
 		}
 		fr.Status = StatusOK
-		c.wait(pending{res: &fr, rel: it.Rel, link: it.Entry.Target})
+		c.wait(pending{res: fr, rel: it.Rel, link: it.Entry.Target})
 	case protocol.FileRegular:
 		c.found(it)
 		return true
@@ -636,7 +636,7 @@ func (s *session) treeFile(ctx context.Context, dr *dirRoots, src string, it ini
 	fr.BytesRead = res.BytesRead
 	if errors.Is(err, initiator.ErrSame) {
 		fr.Status, fr.Bytes, fr.Digest = StatusSame, res.Bytes, res.Digest
-		return pending{res: fr}, nil
+		return pending{res: *fr}, nil
 	}
 	if err != nil {
 		return pending{}, err
@@ -664,7 +664,7 @@ func (s *session) treeFile(ctx context.Context, dr *dirRoots, src string, it ini
 		rs.Save() // every chunk marked: a rerun reads none of it
 	}
 	if dr.final {
-		return pending{res: fr, rel: it.Rel, placed: true, mtime: e.MtimeNs}, nil
+		return pending{res: *fr, rel: it.Rel, placed: true, mtime: e.MtimeNs}, nil
 	}
-	return pending{res: fr, tmp: path.Join(path.Dir(it.Rel), tmp), rel: it.Rel, rs: rs, mtime: e.MtimeNs}, nil
+	return pending{res: *fr, tmp: path.Join(path.Dir(it.Rel), tmp), rel: it.Rel, rs: rs, mtime: e.MtimeNs}, nil
 }

@@ -155,7 +155,7 @@ func TestTreeMetaPlacedLinks(t *testing.T) {
 	m := newTreeMeta(s)
 	m.links = []hardLink{{rel: "b", to: "a"}, {rel: "old", to: "a"}, {rel: "c", to: "gone"}}
 	m.targets["a"], m.targets["gone"] = true, true
-	res := m.placed(root, []pending{{res: &FileResult{Status: StatusOK}, rel: "a"}, {res: &FileResult{Status: StatusFailed}, rel: "gone"}}, true)
+	res := m.placed(root, []pending{{res: FileResult{Status: StatusOK}, rel: "a"}, {res: FileResult{Status: StatusFailed}, rel: "gone"}}, true)
 	if len(res) != 3 || res[0].Status != StatusOK || res[1].Status != StatusOK || res[2].Status != StatusFailed {
 		t.Fatalf("%+v", res)
 	}

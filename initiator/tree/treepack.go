@@ -148,7 +148,7 @@ func (c *treeCopy) writeJobs(jobs []packedJob) {
 		// the whole-file digest as ever; for blake3 a plain BLAKE3 of the
 		// file, not the chunk-list form a file copied with Open reports.
 		fr.Digest = chunker.FormatDigest(c.s.cfg.Algorithm, j.f.Digest)
-		p := pending{res: &fr, rel: j.rel, placed: c.dr.final, mtime: j.f.Entry.MtimeNs}
+		p := pending{res: fr, rel: j.rel, placed: c.dr.final, mtime: j.f.Entry.MtimeNs}
 		if !c.dr.final {
 			p.tmp = path.Join(path.Dir(j.rel), j.name)
 		}

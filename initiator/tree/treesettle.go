@@ -138,16 +138,16 @@ func (c *treeCopy) rename(p *pending) {
 // made with it.
 func (c *treeCopy) settled(waiting []pending, final bool) error {
 	done := c.meta.placed(c.root, waiting, final) // the hard links' results
-	for _, p := range waiting {
-		if p.res.Status == StatusOK && p.res.Type == protocol.FileRegular {
+	for i := range waiting {
+		if p := &waiting[i]; p.res.Status == StatusOK && p.res.Type == protocol.FileRegular {
 			c.jn.Add(p.rel, uint64(p.res.Bytes), p.mtime)
 		}
 	}
 	if err := c.jn.Sync(); err != nil {
 		return err
 	}
-	for _, p := range waiting {
-		c.report(*p.res)
+	for i := range waiting {
+		c.report(waiting[i].res)
 	}
 	for _, fr := range done {
 		c.report(fr)
