@@ -37,6 +37,9 @@ type winDigests struct {
 	// hashed counts the file bytes read to hash (holes and stored or
 	// cached windows cost nothing), for the access log.
 	hashed atomic.Int64
+	// spanGen counts the times the file's span sums were dropped
+	// (dropWrong), so that spanViews drop the ones they hold too.
+	spanGen atomic.Uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -425,6 +428,7 @@ func (wd *winDigests) dropWrong(i int, fresh []byte) (dropped, matched bool) {
 		wd.mu.Lock()
 		clear(wd.spans)
 		wd.mu.Unlock()
+		wd.spanGen.Add(1)
 	}
 	return dropped, matched
 }

@@ -136,7 +136,7 @@ func (ss *session) mapWindow(ctx context.Context, m *protocol.Map) protocol.Mess
 		return errf(protocol.CodeInternal, "register %s: %v", h.path, err)
 	}
 	if h.wd != nil { // the window starts on a page, so on a span
-		attachSpans(w.mr, spanView{wd: h.wd, base: chunker.Spans(int64(w.off))})
+		attachSpans(w.mr, &spanView{wd: h.wd, base: chunker.Spans(int64(w.off))})
 	}
 	rkeys, perr := ss.keys(ctx, w, qps, useMWs)
 	if perr != nil {

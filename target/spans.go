@@ -1,6 +1,8 @@
 package target
 
 import (
+	"sync/atomic"
+
 	"github.com/rdmacp/rdmacp/chunker"
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -48,46 +50,60 @@ func (wd *winDigests) keepSpans(i int, spans []uint32) {
 	}
 }
 
-// spansAt fills dst with the sums of the file's whole spans first, …;
-// false if it lacks one. They come from this handle's own hash, or from
-// the server's SpanCache where an earlier hash of the same version left
-// them (its digests then come from the Cache or the Store).
-func (wd *winDigests) spansAt(first int, dst []uint32) bool {
-	perWin := chunker.Spans(int64(wd.per) * wd.l.ChunkSize) // windows start on chunk, so span, boundaries
+// spanView is a mapped window's verbs.SpanSums: its file's span sums from
+// the window's first span on. The provider asks once an FPDU, 16 times a
+// MiB from every QP's writer: the view keeps the digest window's sums it
+// last found, so that asking takes a lock (wd.mu, the server's
+// SpanCache) only when the READs move into the next digest window, or
+// after a Suspect dropped the file's sums (wd.spanGen).
+type spanView struct {
+	wd   *winDigests
+	base int // the window's first span in the file
+	last atomic.Pointer[windowSums]
+}
+
+// windowSums is a digest window's span sums, from the file's span first
+// on, as of wd.spanGen gen.
+type windowSums struct {
+	first int
+	spans []uint32
+	gen   uint64
+}
+
+func (v *spanView) Spans(first int, dst []uint32) bool {
+	f := v.base + first
+	gen := v.wd.spanGen.Load()
 	for len(dst) > 0 {
-		i := first / perWin
-		spans, ok := wd.windowSpans(i, i*perWin)
-		k := first - i*perWin
-		if !ok || k >= len(spans) {
-			return false
+		w := v.last.Load()
+		if w == nil || w.gen != gen || f < w.first || f >= w.first+len(w.spans) {
+			if w = v.wd.windowSums(f, gen); w == nil {
+				return false
+			}
+			v.last.Store(w)
 		}
-		n := copy(dst, spans[k:])
-		dst, first = dst[n:], first+n
+		n := copy(dst, w.spans[f-w.first:])
+		dst, f = dst[n:], f+n
 	}
 	return true
 }
 
-// windowSpans is window i's span sums, whose first is the file's span
-// first.
-func (wd *winDigests) windowSpans(i, first int) ([]uint32, bool) {
+// windowSums is the span sums of the digest window that holds the file's
+// span f: from this handle's own hash, or from the server's SpanCache
+// where an earlier hash of the same version left them (its digests then
+// come from the Cache or the Store); nil if neither has them.
+func (wd *winDigests) windowSums(f int, gen uint64) *windowSums {
+	perWin := chunker.Spans(int64(wd.per) * wd.l.ChunkSize) // windows start on chunk, so span, boundaries
+	i := f / perWin
 	wd.mu.Lock()
 	spans, ok := wd.spans[i]
 	wd.mu.Unlock()
-	if ok || !wd.keyed {
-		return spans, ok
+	if !ok && wd.keyed {
+		spans, ok = wd.srv.cfg.Spans.Get(wd.key, i*perWin)
 	}
-	return wd.srv.cfg.Spans.Get(wd.key, first)
-}
-
-// spanView is a mapped window's verbs.SpanSums: its file's span sums from
-// the window's first span on.
-type spanView struct {
-	wd   *winDigests
-	base int // the window's first span in the file
-}
-
-func (v spanView) Spans(first int, dst []uint32) bool {
-	return v.wd.spansAt(v.base+first, dst)
+	if !ok || f-i*perWin >= len(spans) {
+		return nil
+	}
+	return &windowSums{first: i * perWin, spans: spans, gen: gen}
 }
 
 // spanSetter is an MR whose provider takes span sums (iwarp-soft's).
