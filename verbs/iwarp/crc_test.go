@@ -1,11 +1,7 @@
 package iwarp
 
 import (
-	"context"
-	"io"
-	"math/rand/v2"
 	"testing"
-	"time"
 
 	"github.com/rdmacp/rdmacp/verbs"
 )
@@ -22,71 +18,16 @@ func TestReadResponsesInPiecesCRC(t *testing.T) {
 	}
 }
 
+// readResponsesInPieces: 4 READs of 1 MiB, each answered in segments of
+// maxPayload, written in pieces.
 func readResponsesInPieces(t *testing.T, seed uint64) {
-	r := fzRawPair(t, true, nil)
 	const size, reads = 1 << 20, 4
-	sink := buffer(t, reads*size)
-	m, err := r.pd.RegMR(sink, verbs.AccessLocalWrite)
-	if err != nil {
-		t.Fatal(err)
+	cut := append(repeat(maxPayload, size/maxPayload), size%maxPayload)
+	cuts := make([][]int, reads)
+	for i := range cuts {
+		cuts[i] = cut
 	}
-	data := fzPattern(reads*size, byte(seed))
-	var wrs []verbs.SendWR
-	for i := range reads {
-		wrs = append(wrs, verbs.SendWR{ID: uint64(i), Op: verbs.OpRead, RKey: 0x1234, RemoteAddr: uint64(i * size),
-			Local: verbs.SGE{Addr: m.Addr() + uint64(i*size), Length: size, LKey: m.LKey()}})
-	}
-	if _, err := r.q.PostSend(wrs); err != nil {
-		t.Fatal(err)
-	}
-	// The responses, as the package's own encoder frames them.
-	r.c.SetDeadline(time.Now().Add(10 * time.Second))
-	var stream []byte
-	req := make([]byte, fpduLen(untaggedHdrLen+readReqLen))
-	for range reads {
-		if _, err := io.ReadFull(r.c, req); err != nil {
-			t.Fatal(err)
-		}
-		rr, err := parseReadReq(req[mpaLenLen+untaggedHdrLen : mpaLenLen+untaggedHdrLen+readReqLen])
-		if err != nil {
-			t.Fatal(err)
-		}
-		for off := 0; off < int(rr.size); off += maxPayload {
-			n := min(maxPayload, int(rr.size)-off)
-			h := header{tagged: true, last: off+n == int(rr.size), op: opReadResp, stag: rr.sinkSTag, to: rr.sinkTO + uint64(off)}
-			src := int(rr.srcTO) + off
-			stream = append(stream, fzFPDU(true, h, nil, data[src:src+n])...)
-		}
-	}
-	rng := rand.New(rand.NewPCG(seed, 0))
-	for len(stream) > 0 {
-		n := min(len(stream), 1+rng.IntN(3*maxPayload))
-		if _, err := r.c.Write(stream[:n]); err != nil {
-			t.Fatal(err)
-		}
-		stream = stream[n:]
-		time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out := make([]verbs.Completion, reads)
-	for got := 0; got < reads; {
-		k, _ := r.scq.Poll(out[got:])
-		for _, c := range out[got : got+k] {
-			if c.Status != verbs.StatusSuccess {
-				t.Fatalf("seed %d: READ %d completed with %v; QP: %v", seed, c.WRID, c.Status, r.q.Err())
-			}
-		}
-		got += k
-		if got < reads {
-			if err := r.scq.Wait(ctx); err != nil {
-				t.Fatalf("seed %d: %d of %d READs completed; QP: %v", seed, got, reads, r.q.Err())
-			}
-		}
-	}
-	if i := firstDiff(sink, data); i >= 0 {
-		t.Fatalf("seed %d: sink differs at byte %d", seed, i)
-	}
+	readCuts(t, cuts, true, seed)
 }
 
 // BenchmarkReadCRC: 1 MiB READs over one QP, 4 in flight, from a 32 MiB
