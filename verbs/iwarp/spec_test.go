@@ -277,3 +277,67 @@ func TestResponseInFewReadvs(t *testing.T) {
 		t.Fatalf("%d readvs for a response of %d segments all in the socket, want at most 3", fr.readvs, nseg)
 	}
 }
+
+// A header other than predicted, found only after one readv has filled
+// many predicted payloads, puts every byte after it back, far more than
+// the frame buffer holds (it grows): a peer whose segments change length
+// mid-response loses nothing. The stream is all in a 1 MiB pipe before
+// the read, so the readv takes all of it, every run.
+func TestReadSpecPutsBackMoreThanTheBuffer(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	if _, err := unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20); err != nil {
+		t.Skipf("a 1 MiB pipe: %v", err)
+	}
+	r := rand.New(rand.NewPCG(5, 9))
+	fill := func(b []byte) []byte {
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return b
+	}
+	cur := fill(make([]byte, maxPayload))
+	stream := append([]byte(nil), cur...)
+	segs := make([]specSeg, 12) // 13 segments of maxPayload: under the pipe's 1 MiB
+	for j := range segs {
+		stream = append(stream, fill(make([]byte, crcLen))...) // its predecessor's trailer, no pad
+		var h [specHdr]byte
+		fill(h[:])
+		segs[j] = specSeg{hdr: h, n: maxPayload, pay: make([]byte, maxPayload)}
+		if j == 0 {
+			h[5] ^= 1 // the first predicted header is not what comes
+		}
+		stream = append(stream, h[:]...)
+		stream = append(stream, fill(make([]byte, maxPayload))...)
+	}
+	stream = append(stream, fill(make([]byte, crcLen))...)
+	if _, err := pw.Write(stream); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+
+	fr := newFrameReader(pr, frameBufSize)
+	got := make([]byte, len(cur))
+	n, err := fr.readSpec(got, crcLen, segs, specHdr)
+	if err != nil || n != -1 {
+		t.Fatalf("readSpec: %d, %v; want -1 (the first predicted header differs)", n, err)
+	}
+	if !bytes.Equal(got, cur) {
+		t.Fatal("the current payload differs")
+	}
+	held := fr.buf[fr.r:fr.w]
+	if len(held) <= frameBufSize {
+		t.Fatalf("the readv left %d bytes to put back: the case needs more than the %d-byte buffer", len(held), frameBufSize)
+	}
+	rest, err := io.ReadAll(pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := append(held, rest...); !bytes.Equal(after, stream[len(cur):]) {
+		t.Fatalf("after the put-back the stream differs: %d bytes held + %d still in the pipe, want %d", len(held), len(rest), len(stream)-len(cur))
+	}
+}
