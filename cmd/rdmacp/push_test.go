@@ -131,6 +131,14 @@ func pushUntilTemp(t *testing.T, s *server, dir string) *exec.Cmd {
 	if err := cp.Start(); err != nil {
 		t.Fatal(err)
 	}
+	awaitTemp(t, cp, dir)
+	return cp
+}
+
+// awaitTemp waits, at most 10 s, until the push cp (started) has its
+// temporary file, alone, in the export dir; else it kills cp and fails.
+func awaitTemp(t *testing.T, cp *exec.Cmd, dir string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
 		if len(n) > 0 || time.Now().After(deadline) {
@@ -140,7 +148,6 @@ func pushUntilTemp(t *testing.T, s *server, dir string) *exec.Cmd {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return cp
 }
 
 func TestKillInitiatorMidPush(t *testing.T) {
@@ -299,15 +306,7 @@ func TestInterruptedPushNoQPWarnings(t *testing.T) {
 	if err := cp.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for n := names(dir); len(n) != 1 || !strings.HasSuffix(n[0], ".part"); n = names(dir) {
-		if len(n) > 0 || time.Now().After(deadline) {
-			cp.Process.Kill()
-			cp.Wait()
-			t.Fatalf("no temporary file to catch: %v", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	awaitTemp(t, cp, dir)
 	time.Sleep(50 * time.Millisecond) // windows registered and being READ
 	cp.Process.Signal(syscall.SIGINT)
 	cp.Wait()
