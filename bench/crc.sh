@@ -67,26 +67,12 @@ for k in "${!names[@]}"; do
   spid[$k]=$!
   wait_port "${port[$k]}"
 done
-# CPU seconds (user+system) a live process has used so far.
-pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 perGB() { awk -v c="$1" -v b="$2" 'BEGIN { printf "%.2f", c / (b / 1e9) }'; }
 
 stream() { # prints MB/s, receiver and sender CPU s/GB
-  local addr rpid
-  rm -f "$dir/recv.err"
-  # Port 0, and the address from its "listening" line: a port found
-  # free beforehand can be taken (as an ephemeral port) before the
-  # receiver binds it, and the round then measured nothing.
-  "$ts" recv -listen 127.0.0.1:0 -n "$qps" -ring $((depth << 20)) >"$dir/recv.json" 2>"$dir/recv.err" &
-  rpid=$!
-  for _ in $(seq 500); do
-    addr=$(awk '/^listening/ { print $2 }' "$dir/recv.err" 2>/dev/null)
-    [ -n "$addr" ] || ! kill -0 $rpid 2>/dev/null && break
-    sleep 0.02
-  done
-  [ -n "$addr" ] || { echo "tcpstream recv did not listen: $(cat "$dir/recv.err")" >&2; exit 1; }
-  "$ts" send -connect "$addr" -n "$qps" -duration "${secs}s" -window $((size << 20)) >"$dir/send.json" || exit 1
-  wait $rpid || { echo "tcpstream recv: $(cat "$dir/recv.err")" >&2; exit 1; }
+  recv_start "$dir/recv.json" "$dir/recv.err" "$ts" -n "$qps" -ring $((depth << 20)) || exit 1
+  "$ts" send -connect "$recv_addr" -n "$qps" -duration "${secs}s" -window $((size << 20)) >"$dir/send.json" || exit 1
+  wait $recv_pid || { echo "tcpstream recv: $(cat "$dir/recv.err")" >&2; exit 1; }
   awk -v g="$(jget gb_per_s "$dir/recv.json")" 'BEGIN { printf "%.0f", g * 1000 }'
   printf ' %.2f %s' "$(jget cpu_seconds_per_gb "$dir/recv.json")" "$(perGB "$(jget cpu_seconds "$dir/send.json")" "$(jget bytes "$dir/recv.json")")"
 }
@@ -102,7 +88,6 @@ bench() { # build crc(on|off): prints MB/s, initiator and target CPU s/GB
     "$(perGB "$(awk -v a="$c0" -v b="$(pcpu "${spid[$1]}")" 'BEGIN { print b - a }')" "$(jget bytes "$dir/bench.json")")"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%s (%s-%s)", m, a[1], a[NR]}'; }
 
 declare -A col
 echo "# $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $qps QPs x $depth / $qps streams, ${secs}s each, $rounds rounds"
@@ -136,11 +121,11 @@ for i in $(seq "$rounds"); do
   echo "$line"
 done
 echo "# load at the end $(cut -d' ' -f1-3 /proc/loadavg); medians (min-max) of $rounds rounds"
-echo "tcpstream, $qps streams: $(echo "${col[stream]}" | median) MB/s; CPU s/GB receiver $(echo "${col[stream.cr]}" | median), sender $(echo "${col[stream.cs]}" | median)"
+echo "tcpstream, $qps streams: $(echo "${col[stream]}" | median_range) MB/s; CPU s/GB receiver $(echo "${col[stream.cr]}" | median_range), sender $(echo "${col[stream.cs]}" | median_range)"
 for n in "${names[@]}"; do
   for c in off on; do
     printf '%s: CRC %-3s %s MB/s = %s x tcpstream (by CPU s/GB of both sides: %s); CPU s/GB initiator %s, target %s\n' "$n" $c \
-      "$(echo "${col[$n.$c]}" | median)" "$(echo "${col[$n.$c.r]}" | median)" "$(echo "${col[$n.$c.cr]}" | median)" \
-      "$(echo "${col[$n.$c.ci]}" | median)" "$(echo "${col[$n.$c.ct]}" | median)"
+      "$(echo "${col[$n.$c]}" | median_range)" "$(echo "${col[$n.$c.r]}" | median_range)" "$(echo "${col[$n.$c.cr]}" | median_range)" \
+      "$(echo "${col[$n.$c.ci]}" | median_range)" "$(echo "${col[$n.$c.ct]}" | median_range)"
   done
 done

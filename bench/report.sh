@@ -82,8 +82,6 @@ samples=$dir/samples.tsv
 rec() { printf '%s\t%s\n' "$1" "$2" >>"$samples"; }
 mbps() { awk -v b="$1" -v t0="$2" -v t1="$3" 'BEGIN { printf "%.1f", b / (t1 - t0) / 1e6 }'; }
 perGB() { awk -v c="$1" -v b="$2" 'BEGIN { printf "%.3f", c / (b / 1e9) }'; }
-# CPU seconds (user+system) a live process has used so far.
-pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 # user+system seconds and peak RSS (KiB) from /usr/bin/time -f '%U %S %M'
 trss() { awk '{ print $3 }' "$1"; }
 settle() { sync; sleep 0.3; }

@@ -38,7 +38,6 @@ go build -o "$dir/tcpstream" ./bench/tcpstream
 mkdir -p "$dir/export" "$dir/out"
 src=$dir/src bytes=$((size << 20))
 head -c $bytes /dev/urandom >"$src"
-pcpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.3f", ($12 + $13) / hz }' "/proc/$1/stat"; }
 perGB() { awk -v c="$1" -v b=$bytes 'BEGIN { printf "%.3f", c / (b / 1e9) }'; }
 declare -A port spid
 for k in "${!names[@]}"; do
@@ -50,20 +49,10 @@ done
 
 declare -A mb tcpu icpu ratio cratio
 stream() { # sets t0 t1 rc sc (receiver, sender CPU s)
-  local np rpid
-  for _ in 1 2 3 4 5; do
-    np=$(free_port)
-    rm -f "$dir/recv.err"
-    "$dir/tcpstream" recv -listen 127.0.0.1:$np -n 4 -o "$dir/out/f" -fsync=false >"$dir/recv.json" 2>"$dir/recv.err" &
-    rpid=$!
-    for _ in $(seq 500); do grep -q listening "$dir/recv.err" 2>/dev/null && break; kill -0 $rpid 2>/dev/null || break; sleep 0.02; done
-    grep -q listening "$dir/recv.err" 2>/dev/null && break
-    kill $rpid 2>/dev/null || true
-    wait $rpid || true
-  done
+  recv_start "$dir/recv.json" "$dir/recv.err" "$dir/tcpstream" -n 4 -o "$dir/out/f" -fsync=false || exit 1
   t0=$(now)
-  /usr/bin/time -o "$dir/time" -f '%U %S' "$dir/tcpstream" send -connect 127.0.0.1:$np -n 4 -i "$dir/export/f" >/dev/null
-  wait $rpid
+  /usr/bin/time -o "$dir/time" -f '%U %S' "$dir/tcpstream" send -connect "$recv_addr" -n 4 -i "$dir/export/f" >/dev/null
+  wait $recv_pid
   t1=$(now)
   rc=$(jget cpu_seconds "$dir/recv.json") sc=$(tcpu "$dir/time")
 }
@@ -111,13 +100,12 @@ for r in $(seq 0 "$rounds"); do
   done
   echo "$line; tcpstream ${this[tcpstream]} MB/s; load $(cut -d' ' -f1 /proc/loadavg)"
 done
-med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { printf "%s (%s-%s)", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[1], v[NR] }'; }
 echo "medians of $rounds, $size MiB, cp flags: $cpflags"
 printf '%-22s %-24s %-22s %-22s\n' method "MB/s" "target (sender) s/GB" "initiator (receiver) s/GB"
 for m in "${!mb[@]}"; do
-  printf '%-22s %-24s %-22s %-22s\n' "$m" "$(echo "${mb[$m]}" | med)" "$(echo "${tcpu[$m]}" | med)" "$(echo "${icpu[$m]}" | med)"
+  printf '%-22s %-24s %-22s %-22s\n' "$m" "$(echo "${mb[$m]}" | median_range)" "$(echo "${tcpu[$m]}" | median_range)" "$(echo "${icpu[$m]}" | median_range)"
 done | sort
 for n in "${names[@]}"; do
   m="rdmacp $n"
-  echo "$m / tcpstream: MB/s $(echo "${ratio[$m]}" | med), by CPU of both ends $(echo "${cratio[$m]}" | med)"
+  echo "$m / tcpstream: MB/s $(echo "${ratio[$m]}" | median_range), by CPU of both ends $(echo "${cratio[$m]}" | median_range)"
 done
