@@ -169,7 +169,10 @@ kill_initiator() {
 	local dir=$1 bin=$2 log=$W/serve.$1.log c0 v t ok=0
 	shift 2
 	c0=$(grep -c 'msg="session closed' "$log")
-	"$bin" cp "$@" --secret-file "$W/secret" --json --qps 4 --depth 8 "$SIW_ADDR:${PORT[$dir]}:data/big" "$DST/killed" >"$W/kill.$dir" 2>&1 &
+	# --bwlimit: 64 MiB take 8 s, so the kill lands mid-copy. Unpaced,
+	# the copy had read all 64 MiB when the first status line came, the
+	# kill landed as it ended, and once no session end was seen.
+	"$bin" cp "$@" --secret-file "$W/secret" --json --qps 4 --depth 8 --bwlimit 8M "$SIW_ADDR:${PORT[$dir]}:data/big" "$DST/killed" >"$W/kill.$dir" 2>&1 &
 	v=$!
 	for _ in $(seq 200); do
 		grep -q '"message_type":"status".*"bytes":[1-9]' "$W/kill.$dir" 2>/dev/null && break
