@@ -70,6 +70,8 @@ func Persistable(k Key, hashStart time.Time) bool { return k.settled(hashStart) 
 // share a directory (a daemon and rdmacp hash): slots of one version are
 // the same whoever writes them, and files are created whole under a
 // temporary name and linked into place, never replaced under a writer.
+// The span sums of CRC32C digests live in a DirStore of their own in the
+// subdirectory "spans", under a bound of their own (spanstore.go).
 type DirStore struct {
 	dir string
 	max int64
@@ -79,6 +81,8 @@ type DirStore struct {
 	mu      sync.Mutex
 	total   int64                // bytes of store files, as last counted plus growth since
 	touched map[string]time.Time // when this process last moved a file's mtime
+
+	spans *DirStore // span sums, in the subdirectory spansDir (spanstore.go); nil in that one
 }
 
 // storeMagic opens every store file; the last byte is the format.
@@ -121,6 +125,18 @@ func (e *StoreDirError) Error() string {
 // to another user: whoever can write there can make the daemon serve
 // digests of their choosing, and the initiator would reject good data.
 func OpenDirStore(dir string, maxBytes int64) (*DirStore, error) {
+	s, err := openDir(dir, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.openSpans(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openDir is OpenDirStore without the span sums' subdirectory.
+func openDir(dir string, maxBytes int64) (*DirStore, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultStoreMax
 	}
@@ -482,6 +498,9 @@ func (s *DirStore) forEachOf(dev, ino uint64, fn func(p string)) {
 
 // Drop implements Store.
 func (s *DirStore) Drop(dev, ino uint64) {
+	if s.spans != nil {
+		s.spans.Drop(dev, ino)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forEachOf(dev, ino, s.removeLocked)
@@ -612,15 +631,21 @@ func Persist(ctx context.Context, f *os.File, l Layout, alg Algorithm, s Store, 
 		off := int64(first) * l.ChunkSize
 		length := min(int64(count)*l.ChunkSize, l.Size-off)
 		if _, ok := s.Load(k, first, count); !ok {
-			// HashRange is what the target hashes a window with; holes are
-			// read here (zeros, no disk I/O), their digests the same.
-			d, err := HashRange(ctx, f, l, first, first+count, alg, workers, nil)
+			// HashRangeSpans is what the target hashes a window with; holes
+			// are read here (zeros, no disk I/O), their digests the same.
+			ss, spans := persistSpans(s, alg, length)
+			d, err := HashRangeSpans(ctx, f, l, first, first+count, alg, workers, nil, spans)
 			if err != nil {
 				return hashed, fmt.Errorf("hashing %s: %w", f.Name(), err)
 			}
 			hashed += length
 			if err := s.Save(k, first, d); err != nil {
 				return hashed, fmt.Errorf("storing the digests of %s: %w", f.Name(), err)
+			}
+			if spans != nil {
+				if err := ss.SaveSpans(k, Spans(off), spans); err != nil {
+					return hashed, fmt.Errorf("storing the span sums of %s: %w", f.Name(), err)
+				}
 			}
 		}
 		done += length
@@ -637,6 +662,21 @@ func Persist(ctx context.Context, f *os.File, l Layout, alg Algorithm, s Store, 
 		return hashed, fmt.Errorf("chunker: hashing %s: %w", f.Name(), ErrChanged)
 	}
 	return hashed, nil
+}
+
+// spanStore is a Store that keeps span sums too (DirStore).
+type spanStore interface {
+	SaveSpans(k Key, first int, sums []uint32) error
+}
+
+// persistSpans is s as a spanStore and room for the span sums of length
+// bytes, if s keeps them and alg has them (CRC32C); else nil, nil.
+func persistSpans(s Store, alg Algorithm, length int64) (spanStore, []uint32) {
+	ss, ok := s.(spanStore)
+	if !ok || alg != CRC32C {
+		return nil, nil
+	}
+	return ss, make([]uint32, Spans(length))
 }
 
 func statKey(f *os.File, l Layout, alg Algorithm) (Key, error) {

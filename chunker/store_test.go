@@ -32,7 +32,7 @@ func openTestStore(t *testing.T, max int64) *DirStore {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.min = 0 // the tests' files are small
+	s.min, s.spans.min = 0, 0 // the tests' files are small
 	return s
 }
 

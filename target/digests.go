@@ -184,7 +184,7 @@ func (wd *winDigests) span(i int) (first, end int) {
 func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, []uint32, error) {
 	first, end := wd.span(i)
 	if b, ok := wd.stored(first, end); ok {
-		return b, nil, nil
+		return b, wd.storedSpans(first, end), nil
 	}
 	off, _ := wd.l.Chunk(first)
 	lastOff, lastLen := wd.l.Chunk(end - 1)
@@ -263,6 +263,11 @@ func (wd *winDigests) save(first int, b []byte, spans []uint32, start time.Time)
 	if spans != nil {
 		off, _ := wd.l.Chunk(first)
 		wd.srv.cfg.Spans.Put(wd.key, chunker.Spans(off), spans)
+		if ss, ok := st.(spanStore); ok {
+			if err := ss.SaveSpans(wd.key, chunker.Spans(off), spans); err != nil {
+				wd.srv.cfg.Logger.Warn("storing span sums failed", "path", wd.f.Name(), "err", err)
+			}
+		}
 	}
 	if st == nil {
 		return

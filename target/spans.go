@@ -106,6 +106,38 @@ func (wd *winDigests) windowSums(f int, gen uint64) *windowSums {
 	return &windowSums{first: i * perWin, spans: spans, gen: gen}
 }
 
+// spanStore is a digest store that keeps span sums too (a
+// chunker.DirStore): digests loaded from it come with the span sums
+// saved beside them, so a file served again after a restart is sent
+// with CRCs chained from its spans, not read once more for them.
+type spanStore interface {
+	SaveSpans(k chunker.Key, first int, sums []uint32) error
+	LoadSpans(k chunker.Key, first, n int) ([]uint32, bool)
+}
+
+// storedSpans is the span sums of chunks [first, end), whose digests came
+// from the Cache or the Store, from the Store, for keepSpans; nil where
+// the SpanCache holds them already (windowSums looks there), or nothing
+// does.
+func (wd *winDigests) storedSpans(first, end int) []uint32 {
+	ss, ok := wd.srv.cfg.Digests.(spanStore)
+	if !ok || !wd.keyed || wd.alg != chunker.CRC32C {
+		return nil
+	}
+	off, _ := wd.l.Chunk(first)
+	lastOff, lastLen := wd.l.Chunk(end - 1)
+	sf, n := chunker.Spans(off), chunker.Spans(lastOff+lastLen-off)
+	if _, ok := wd.srv.cfg.Spans.Get(wd.key, sf); ok || n == 0 {
+		return nil
+	}
+	spans, ok := ss.LoadSpans(wd.key, sf, n)
+	if !ok {
+		return nil
+	}
+	wd.srv.cfg.Spans.Put(wd.key, sf, spans)
+	return spans
+}
+
 // spanSetter is an MR whose provider takes span sums (iwarp-soft's).
 type spanSetter interface{ SetSpanSums(verbs.SpanSums) }
 

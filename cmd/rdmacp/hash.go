@@ -53,7 +53,7 @@ func stateDirFlag() cli.Flag {
 }
 
 func maxStateSizeFlag() cli.Flag {
-	return &cli.StringFlag{Name: "max-state-size", Value: "256MiB", Usage: "bytes of digests the state directory may hold; past it, the least recently used files' digests go"}
+	return &cli.StringFlag{Name: "max-state-size", Value: "256MiB", Usage: "bytes of digests the state directory may hold, and as much again of span sums (spans/); past either bound, the least recently used files' go"}
 }
 
 // defaultStateDir is where digests persist when no --state-dir is

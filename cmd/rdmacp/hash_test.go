@@ -401,6 +401,35 @@ func restartHashesNothing(t *testing.T, size int) {
 	}
 }
 
+// TestServeRestartKeepsSpanSums: the span sums a daemon keeps from its
+// hash pass persist beside the digests, so after a restart a copy with
+// the MPA CRC on still takes nearly all its CRCs from them instead of
+// reading the bytes once more (#27). Without them stored, the restarted
+// daemon, its digests from the store and no hash pass, CRC'd every byte.
+func TestServeRestartKeepsSpanSums(t *testing.T) {
+	t.Parallel()
+	src, state := t.TempDir(), filepath.Join(t.TempDir(), "state")
+	const size = 40<<20 + 12345 // two windows of 32 MiB, a short last span
+	want := oldFile(t, filepath.Join(src, "f"), size)
+	for _, run := range []string{"first serve", "after a restart"} {
+		s := serveJSON(t, src, "--metrics-listen", "127.0.0.1:0", "--state-dir", state)
+		dst := filepath.Join(t.TempDir(), "f")
+		if _, errs, code := runWithin(t, "cp", "--mpa-crc", "on", s.addr+":data/f", dst); code != 0 {
+			t.Fatalf("%s: cp: exit %d: %s", run, code, errs)
+		}
+		if got, err := os.ReadFile(dst); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: the copy differs (%v)", run, err)
+		}
+		if got := spanCRCBytes(t, s, 0, size); got < size*9/10 || got > size {
+			t.Errorf("%s: %v of %d bytes CRC'd from span sums, want nearly all", run, got, size)
+		}
+		s.stop()
+	}
+	if fis, err := os.ReadDir(filepath.Join(state, "spans")); err != nil || len(fis) != 1 {
+		t.Errorf("state/spans holds %d files (%v), want the one file's span sums", len(fis), err)
+	}
+}
+
 // TestHashNice: rdmacp hash --nice (what serve --prehash runs) puts every
 // thread at nice 19 in the idle I/O class, while it hashes.
 func TestHashNice(t *testing.T) {
