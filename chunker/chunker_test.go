@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -303,13 +304,21 @@ func TestHashFileBadArgs(t *testing.T) {
 type countingReader struct {
 	r     io.ReaderAt
 	reads atomic.Int64
-	hook  func()
+	hook  func() // run by the first read, before any other is counted
+	mu    sync.Mutex
 }
 
+// ReadAt counts the read; the first runs hook, and the others wait for it
+// under mu: without that, a worker descheduled between counting the
+// first read and running hook let the other read all 99 chunks first,
+// and a cancel "on the first read" came after the last (1 run in ~3,000
+// under -race).
 func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.mu.Lock()
 	if c.reads.Add(1) == 1 && c.hook != nil {
 		c.hook()
 	}
+	c.mu.Unlock()
 	return c.r.ReadAt(p, off)
 }
 
