@@ -509,7 +509,14 @@ func (c *Conn) run() {
 	}
 	c.mu.Lock()
 	if c.closed {
+		// Shut down while dialling: the upstream end goes as the client's
+		// went. A reset closed it with a FIN, and the upstream read EOF
+		// (TestReset, once in a loaded go test ./...).
+		reset := c.reset
 		c.mu.Unlock()
+		if reset {
+			nc.(*net.TCPConn).SetLinger(0)
+		}
 		nc.Close()
 		return
 	}
