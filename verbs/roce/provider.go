@@ -403,8 +403,22 @@ func pktinfoDst(oob []byte) (netip.Addr, bool) {
 // send writes one datagram from src to dst.
 func (d *device) send(b []byte, src netip.Addr, dst netip.AddrPort) error {
 	if w := d.cfg.testWire; w != nil {
+		// A test wire may deliver later (a packet held back to reorder):
+		// only a delivery made before w returns reports its error here.
+		var mu sync.Mutex
 		var err error
-		w(append([]byte(nil), b...), func(b []byte) { err = d.sendNow(b, src, dst) })
+		returned := false
+		w(append([]byte(nil), b...), func(b []byte) {
+			e := d.sendNow(b, src, dst)
+			mu.Lock()
+			if !returned {
+				err = e
+			}
+			mu.Unlock()
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		returned = true
 		return err
 	}
 	return d.sendNow(b, src, dst)
