@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/rdmacp/rdmacp/initiator/local"
 
@@ -129,45 +128,10 @@ var mapsCheaper = func(tmpfs bool, dev uint64) string {
 	switch {
 	case !tmpfs:
 		return "not a tmpfs: staging costs less here"
-	case !hugeTmpfs(dev):
+	case !local.HugeTmpfs(dev):
 		return "tmpfs without huge pages: staging costs less here"
 	}
 	return ""
-}
-
-// hugeTmpfs reports whether the tmpfs of device dev is mounted with
-// huge pages (huge=always or huge=within_size), from mountinfo.
-func hugeTmpfs(dev uint64) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	return hugeIn(string(b), unix.Major(dev), unix.Minor(dev))
-}
-
-// hugeIn is hugeTmpfs on mountinfo's text.
-func hugeIn(mountinfo string, major, minor uint32) bool {
-	id := fmt.Sprintf("%d:%d", major, minor)
-	for line := range strings.Lines(mountinfo) {
-		f := strings.Fields(line)
-		if len(f) < 3 || f[2] != id {
-			continue
-		}
-		_, super, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		sf := strings.Fields(super)
-		if len(sf) < 3 || sf[0] != "tmpfs" {
-			continue
-		}
-		for o := range strings.SplitSeq(sf[2], ",") {
-			if o == "huge=always" || o == "huge=within_size" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // mapRegion maps and registers the region starting at off.
