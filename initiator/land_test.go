@@ -285,7 +285,7 @@ func TestMappedLandingWithAPinningDevice(t *testing.T) {
 // with huge pages); a pinning device's rule still holds.
 func mapAnywhere(tb testing.TB) {
 	old := mapsCheaper
-	mapsCheaper = func(bool, uint64) string { return "" }
+	mapsCheaper = func(bool, *os.File) string { return "" }
 	tb.Cleanup(func() { mapsCheaper = old })
 }
 

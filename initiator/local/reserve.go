@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -52,7 +53,7 @@ func reservesLazily(f *os.File) (bool, int64) {
 	var st unix.Stat_t
 	var sf unix.Statfs_t
 	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG ||
-		unix.Fstatfs(fd, &sf) != nil || sf.Type != unix.TMPFS_MAGIC || HugeTmpfs(st.Dev) {
+		unix.Fstatfs(fd, &sf) != nil || sf.Type != unix.TMPFS_MAGIC || HugeTmpfs(f) {
 		return false, 0
 	}
 	if sf.Blocks == 0 { // size=0: a tmpfs without a limit
@@ -80,15 +81,40 @@ func roomFor(f *os.File, need, room int64) error {
 	return nil
 }
 
-// HugeTmpfs reports whether the tmpfs of device dev is mounted with
-// huge pages (huge=always or huge=within_size), from mountinfo.
-func HugeTmpfs(dev uint64) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+// HugeTmpfs reports whether f is in a tmpfs mounted with huge pages
+// (huge=always or huge=within_size), from mountinfo. A tree copy asks
+// for every file, so the answer is kept per mount, by the mount's unique
+// id (Linux 6.8 and later; before, mountinfo is read each time): a
+// device number alone is reused by the next tmpfs mounted.
+func HugeTmpfs(f *os.File) bool {
+	fd := int(f.Fd())
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID_UNIQUE, &st); err != nil {
+		return false
+	}
+	dev := unix.Mkdev(st.Dev_major, st.Dev_minor)
+	key := mountKey{dev, st.Mnt_id}
+	unique := st.Mask&unix.STATX_MNT_ID_UNIQUE != 0
+	if h, ok := hugeByMount.Load(key); ok && unique {
+		return h.(bool)
+	}
+	b, err := readMountinfo()
 	if err != nil {
 		return false
 	}
-	return hugeIn(string(b), unix.Major(dev), unix.Minor(dev))
+	h := hugeIn(string(b), st.Dev_major, st.Dev_minor)
+	if unique {
+		hugeByMount.Store(key, h)
+	}
+	return h
 }
+
+type mountKey struct{ dev, mnt uint64 }
+
+var (
+	hugeByMount   sync.Map // mountKey → HugeTmpfs's answer
+	readMountinfo = func() ([]byte, error) { return os.ReadFile("/proc/self/mountinfo") }
+)
 
 // hugeIn is HugeTmpfs on mountinfo's text.
 func hugeIn(mountinfo string, major, minor uint32) bool {

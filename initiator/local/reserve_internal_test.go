@@ -104,3 +104,33 @@ func TestHugeTmpfsFromMountinfo(t *testing.T) {
 		t.Error("ext4 taken for a huge tmpfs")
 	}
 }
+
+func TestHugeTmpfsReadsMountinfoOnce(t *testing.T) {
+	// Asked for every file of a tree: mountinfo is read once per mount,
+	// and a new mount (which may reuse the device number) is asked anew.
+	small := smallTmpfs(t, "size=8m,huge=never")
+	f := newSized(t, filepath.Join(small, "a"), 4096)
+	var st unix.Statx_t
+	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID_UNIQUE, &st); err != nil || st.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
+		t.Skip("no unique mount ids here (Linux 6.8): mountinfo is read every time")
+	}
+	old := readMountinfo
+	defer func() { readMountinfo = old }()
+	reads := 0
+	readMountinfo = func() ([]byte, error) { reads++; return old() }
+	for range 3 {
+		if HugeTmpfs(f) {
+			t.Fatal("a huge=never tmpfs taken for a huge one")
+		}
+	}
+	if reads != 1 {
+		t.Errorf("mountinfo read %d times for one mount, want 1", reads)
+	}
+	f.Close()
+	syscall.Unmount(small, syscall.MNT_DETACH) // its device number is free for the next
+	huge := smallTmpfs(t, "size=8m,huge=always")
+	g := newSized(t, filepath.Join(huge, "a"), 4096)
+	if !HugeTmpfs(g) {
+		t.Error("a huge=always tmpfs mounted next taken for a huge=never one")
+	}
+}
