@@ -47,7 +47,7 @@ func DataQP(s *Session, i int) verbs.QP {
 // for the rest of the test (landmap.go's mapsCheaper).
 func MapAnywhere(t *testing.T) {
 	old := mapsCheaper
-	mapsCheaper = func(bool, uint64) string { return "" }
+	mapsCheaper = func(bool, *os.File) string { return "" }
 	t.Cleanup(func() { mapsCheaper = old })
 }
 

@@ -285,29 +285,8 @@ func TestMappedLandingWithAPinningDevice(t *testing.T) {
 // with huge pages); a pinning device's rule still holds.
 func mapAnywhere(tb testing.TB) {
 	old := mapsCheaper
-	mapsCheaper = func(bool, uint64) string { return "" }
+	mapsCheaper = func(bool, *os.File) string { return "" }
 	tb.Cleanup(func() { mapsCheaper = old })
-}
-
-func TestHugeTmpfsFromMountinfo(t *testing.T) {
-	const mi = `21 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
-45 27 0:40 / /mnt/huge rw,relatime - tmpfs tmpfs rw,size=3145728k,huge=always
-46 27 0:41 / /mnt/small rw,relatime - tmpfs tmpfs rw,size=1024k
-47 27 0:42 / /mnt/within rw,relatime shared:5 - tmpfs tmpfs rw,huge=within_size
-48 27 0:43 / /mnt/never rw - tmpfs tmpfs rw,huge=never
-49 27 0:44 / /mnt/odd\040huge=always rw - ext4 /dev/x rw
-`
-	for _, c := range []struct {
-		minor uint32
-		want  bool
-	}{{40, true}, {41, false}, {42, true}, {43, false}, {44, false}, {99, false}} {
-		if got := hugeIn(mi, 0, c.minor); got != c.want {
-			t.Errorf("0:%d: huge %v, want %v", c.minor, got, c.want)
-		}
-	}
-	if hugeIn(mi, 252, 0) {
-		t.Error("ext4 taken for a huge tmpfs")
-	}
 }
 
 // chunkSum combines a chunk's digest from its READs' sums, the last READ

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/rdmacp/rdmacp/initiator/local"
 
@@ -32,7 +31,7 @@ import (
 // interleaved runs; in a tmpfs mounted huge=always one fault maps 2 MiB,
 // and it took about 5-10% less. On disk file systems O_DIRECT from
 // staging has no copy either and costs less still (0.6 s/GB). So a
-// mapped landing is used in tmpfs with huge pages (hugeTmpfs), staging
+// mapped landing is used in tmpfs with huge pages (local.HugeTmpfs), staging
 // elsewhere.
 //
 // What stays as it was: the temporary file, its fsync and rename (fsync
@@ -108,7 +107,7 @@ func mapLanding(out *local.Sink, layout chunker.Layout, slots int, pins bool, re
 	if pins && !tmpfs {
 		return nil, "the device would pin the page cache of a file system that tracks dirty pages"
 	}
-	if why := mapsCheaper(tmpfs, st.Dev); why != "" {
+	if why := mapsCheaper(tmpfs, out.File); why != "" {
 		return nil, why
 	}
 	m := &fileMap{f: out.File, name: out.File.Name(), size: layout.Size, span: landSpan(slots, layout.ChunkSize), reg: reg, populate: true, log: log}
@@ -124,50 +123,15 @@ func mapLanding(out *local.Sink, layout chunker.Layout, slots int, pins bool, re
 }
 
 // mapsCheaper says why a mapped landing would cost more than staging on
-// the file system of device dev ("" if it would not). Tests replace it.
-var mapsCheaper = func(tmpfs bool, dev uint64) string {
+// f's file system ("" if it would not). Tests replace it.
+var mapsCheaper = func(tmpfs bool, f *os.File) string {
 	switch {
 	case !tmpfs:
 		return "not a tmpfs: staging costs less here"
-	case !hugeTmpfs(dev):
+	case !local.HugeTmpfs(f):
 		return "tmpfs without huge pages: staging costs less here"
 	}
 	return ""
-}
-
-// hugeTmpfs reports whether the tmpfs of device dev is mounted with
-// huge pages (huge=always or huge=within_size), from mountinfo.
-func hugeTmpfs(dev uint64) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	return hugeIn(string(b), unix.Major(dev), unix.Minor(dev))
-}
-
-// hugeIn is hugeTmpfs on mountinfo's text.
-func hugeIn(mountinfo string, major, minor uint32) bool {
-	id := fmt.Sprintf("%d:%d", major, minor)
-	for line := range strings.Lines(mountinfo) {
-		f := strings.Fields(line)
-		if len(f) < 3 || f[2] != id {
-			continue
-		}
-		_, super, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		sf := strings.Fields(super)
-		if len(sf) < 3 || sf[0] != "tmpfs" {
-			continue
-		}
-		for o := range strings.SplitSeq(sf[2], ",") {
-			if o == "huge=always" || o == "huge=within_size" {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // mapRegion maps and registers the region starting at off.

@@ -141,25 +141,6 @@ func (l *Landing) prepare(ext *ExtentMap, layout chunker.Layout) error {
 	return nil
 }
 
-// Reserve fallocates the chunks of layout that hold data (all of them
-// when ext is nil: a target that lists no extents, or a device source),
-// so that a full disk shows up before the first byte, and the chunks
-// that stay holes take no space. Chunks are what the fetch writes, whole,
-// so the reservation is exactly what it will write. The extents are
-// already held by the fetch (at most maxExtents), so this costs no
-// memory of its own; adjacent data chunks merge into one fallocate.
-func Reserve(f *os.File, ext *ExtentMap, layout chunker.Layout) error {
-	var err error
-	dataRanges(ext, layout, func(off, n int64) bool {
-		err = unix.Fallocate(int(f.Fd()), 0, off, n)
-		return err == nil
-	})
-	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
-		return nil // the file system reserves nothing; writes find out
-	}
-	return err
-}
-
 // dataRanges calls fn for each run of chunks holding data, merged, in
 // order, until fn returns false.
 func dataRanges(ext *ExtentMap, layout chunker.Layout, fn func(off, n int64) bool) {
