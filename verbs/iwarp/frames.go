@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +30,7 @@ type frameReader struct {
 	rv struct {
 		fn  func(fd uintptr) bool
 		iov [][]byte
+		vec [2*specSegs + 2]unix.Iovec // iov as the kernel takes it (x/sys's Readv allocates it a call)
 		n   int
 		err error
 	}
@@ -52,7 +54,7 @@ func newFrameReader(c io.Reader, size int) *frameReader {
 			}
 			fr.memOn = true
 		}
-		fr.rv.n, fr.rv.err = unix.Readv(int(fd), fr.rv.iov)
+		fr.rv.n, fr.rv.err = fr.readvNow(fd)
 		if fr.rv.err != unix.EAGAIN {
 			return true
 		}
@@ -101,6 +103,26 @@ func (fr *frameReader) readv(iov [][]byte) (int, error) {
 		return 0, oe
 	}
 	return fr.rv.n, nil
+}
+
+// readvNow is one readv(2) of rv.iov (at most len(rv.vec) slices),
+// empty slices left out.
+func (fr *frameReader) readvNow(fd uintptr) (int, error) {
+	vec := fr.rv.vec[:0]
+	for _, b := range fr.rv.iov {
+		if len(b) > 0 {
+			vec = append(vec, unix.Iovec{Base: &b[0]})
+			vec[len(vec)-1].SetLen(len(b))
+		}
+	}
+	if len(vec) == 0 {
+		return 0, nil
+	}
+	n, _, errno := unix.Syscall(unix.SYS_READV, fd, uintptr(unsafe.Pointer(&vec[0])), uintptr(len(vec)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // fill makes at least n bytes available, reading at most n+extra so
