@@ -38,12 +38,11 @@ const (
 // files of at most packMax bytes (none, for 0) come packed, READ and
 // verified; the rest are just entries. Only the entries shard sh has come,
 // besides directories, and none that rules exclude (the target leaves
-// them out: it does not even stat them). While fn runs, the target makes
-// the next batch and its packed files are READ and verified. An error fn
-// returns, or one that breaks the session, stops the walk.
+// them out: it does not even stat them). While fn runs, the batches after
+// it are asked for, READ and verified (see walkPipe). An error fn returns,
+// or one that breaks the session, stops the walk.
 func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard, rules *filter.Filter, fn func([]Walked) error) (err error) {
-	alg := s.cfg.Algorithm
-	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
+	req := &protocol.Walk{Algorithm: uint8(s.cfg.Algorithm), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
 	if sh.N > 1 {
 		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
 	}
@@ -51,97 +50,203 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 	if err != nil {
 		return err
 	}
-	type answer struct {
-		b    *protocol.WalkBatch
-		ents []Walked
-		err  error
-	}
-	var next chan answer // the batch asked for, if any
-	nctx, stop := context.WithCancel(ctx)
+	p := newWalkPipe(s, src)
+	lctx, stop := context.WithCancel(ctx)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		p.run(lctx, b, gens)
+	}()
 	defer func() {
-		stop() // a WalkNext waiting for room need not wait on
-		if next != nil {
-			<-next // its window goes with the walk's Close
-		}
+		stop()  // what the pipe waits on ends with lctx
+		<-ended // its windows go with the walk's Close
 		cerr := s.CloseHandle(ctx, b.Handle)
 		if err == nil {
 			err = cerr
 		}
 	}()
-	t := newWalkTrack(src)
-	// verified is the window of a batch READ and verified, which the
-	// target may free: the next WalkNext releases it, or the one asked for
-	// already, when tried again for want of room for its window.
-	var mu sync.Mutex
-	var verified uint32
-	release := func() uint32 {
-		mu.Lock()
-		defer mu.Unlock()
-		r := verified
-		verified = 0
-		return r
-	}
-	// load checks batch b and READs and verifies its packed files into
-	// sink k. A batch is loaded while the one before it is written out
-	// from the other sink: the READ and the round trip for the next
-	// batch were 10-15% of a 300,000-file copy's time when they waited
-	// for the writing (bench/trees.sh).
-	load := func(ctx context.Context, b *protocol.WalkBatch, gens []uint32, k int) ([]Walked, error) {
-		ents, err := t.batch(b, s.DataQPs(), s.MaxWindow(), alg)
-		if err != nil {
-			return nil, err
+	for {
+		var l walkLoaded
+		select {
+		case l = <-p.out:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		var buf []byte
-		if b.Window.Length > 0 {
-			if buf, err = s.readWindow(ctx, b.Window, gens, k); err != nil {
-				return nil, err
+		if l.err != nil {
+			return l.err
+		}
+		if err := fn(l.ents); err != nil {
+			return err
+		}
+		if l.done {
+			return nil
+		}
+		p.free <- l.sink // never blocks: the channel holds every sink
+	}
+}
+
+// walkPipe keeps a walk's next batch asked for at all times. When a
+// batch's reply comes it is checked and the next one asked for at once,
+// before this one is READ, verified and written out: so the target makes
+// batch i+1 while the initiator READs batch i and writes batch i-1, and fn
+// seldom waits for a batch. When the next was asked for only as a batch
+// began to be written, fn waited for one in about 30% of a 100,000-file
+// walk's batches (1-5 ms each), and each wait left both ends idle: the Go
+// runtime's monitor thread stopped, and restarted with its 20 us sleeps
+// at the next system call (docs/performance.md, "Small files", rounds 4
+// and 5).
+//
+// The bound: a batch is READ only into a free sink of the session's (two),
+// one while fn writes from the other, and the next is asked for only once
+// this one is checked; so at most four batches are out at once (two in
+// the sinks, one READ from, one asked for), and the target holds at most
+// two windows of the walk (the one being READ, and the next), each the
+// size of a batch's packed files (MaxWindow at most).
+type walkPipe struct {
+	s   *Session
+	t   *walkTrack
+	out chan walkLoaded // batches READ and verified, in order
+	// free holds the sinks (indices of s.sinks) no batch fn has yet is
+	// in; fn gives one back once its batch is written.
+	free chan int
+	// verified are the windows of batches READ and verified, which the
+	// target may free: each WalkNext releases the oldest (one window a
+	// request), or one asked for already, when tried again for want of
+	// room for its window.
+	mu       sync.Mutex
+	verified []uint32
+}
+
+// walkLoaded is a batch ready for fn, or why the walk stops.
+type walkLoaded struct {
+	ents []Walked
+	sink int // the sink its packed files' bytes are in
+	done bool
+	err  error
+}
+
+// walkReply is a WalkNext's answer.
+type walkReply struct {
+	b    *protocol.WalkBatch
+	gens []uint32
+	err  error
+}
+
+func newWalkPipe(s *Session, src string) *walkPipe {
+	p := &walkPipe{s: s, t: newWalkTrack(src), out: make(chan walkLoaded, len(s.sinks)), free: make(chan int, len(s.sinks))}
+	for k := range s.sinks {
+		p.free <- k
+	}
+	return p
+}
+
+// release takes the oldest verified window, 0 if none.
+func (p *walkPipe) release() uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.verified) == 0 {
+		return 0
+	}
+	id := p.verified[0]
+	p.verified = append(p.verified[:0], p.verified[1:]...)
+	return id
+}
+
+// run takes the walk from its first batch b to its last, or to the first
+// error, which it hands on as the last batch. It returns only once the
+// WalkNext it sent, if any, is answered or given up with ctx.
+func (p *walkPipe) run(ctx context.Context, b *protocol.WalkBatch, gens []uint32) {
+	maxEntries := uint16(walkFirst)
+	for {
+		next, err := p.stage(ctx, b, gens, &maxEntries)
+		if err != nil || b.Done {
+			if next != nil {
+				<-next // ends with ctx, which the walk cancels as it stops
 			}
+			return
 		}
-		if err := s.checkBatch(ctx, b, gens, k, buf, ents); err != nil {
-			return nil, err
+		r := <-next
+		switch {
+		case r.err != nil:
+			err = r.err
+		case r.b.Handle != b.Handle:
+			err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.b.Handle, b.Handle)
 		}
-		if b.Window.Length > 0 {
-			mu.Lock()
-			verified = b.Window.ID
-			mu.Unlock()
+		if err != nil {
+			p.send(ctx, walkLoaded{err: err})
+			return
 		}
-		return ents, nil
+		b, gens = r.b, r.gens
 	}
-	ents, err := load(ctx, b, gens, 0)
+}
+
+// stage checks batch b, asks for the next one (returning where its reply
+// will come), and READs and verifies b into a free sink for fn. An error
+// has been handed on to fn's side.
+func (p *walkPipe) stage(ctx context.Context, b *protocol.WalkBatch, gens []uint32, maxEntries *uint16) (chan walkReply, error) {
+	s := p.s
+	// Checked before the next is asked for: a batch that does not add up
+	// stops the walk there.
+	ents, err := p.t.batch(b, s.DataQPs(), s.MaxWindow(), s.cfg.Algorithm)
+	if err != nil {
+		p.send(ctx, walkLoaded{err: err})
+		return nil, err
+	}
+	var next chan walkReply
+	if !b.Done {
+		*maxEntries = min(2**maxEntries, walkMost)
+		next = p.ask(ctx, &protocol.WalkNext{Handle: b.Handle, Release: p.release(), MaxEntries: *maxEntries})
+	}
+	var k int
+	select {
+	case k = <-p.free:
+	case <-ctx.Done():
+		return next, ctx.Err()
+	}
+	err = p.load(ctx, b, gens, k, ents)
+	if !p.send(ctx, walkLoaded{ents: ents, sink: k, done: b.Done, err: err}) && err == nil {
+		err = ctx.Err()
+	}
+	return next, err
+}
+
+// ask sends m from a goroutine of its own and returns where its reply
+// will come.
+func (p *walkPipe) ask(ctx context.Context, m *protocol.WalkNext) chan walkReply {
+	next := make(chan walkReply, 1)
+	go func() {
+		b, gens, err := p.s.walkCall(ctx, m, p.release)
+		next <- walkReply{b, gens, err}
+	}()
+	return next
+}
+
+// load READs batch b's window into sink k and verifies its packed files,
+// giving ents their bytes; the window is then the target's to free.
+func (p *walkPipe) load(ctx context.Context, b *protocol.WalkBatch, gens []uint32, k int, ents []Walked) error {
+	if b.Window.Length == 0 {
+		return p.s.checkBatch(ctx, b, gens, k, nil, ents)
+	}
+	buf, err := p.s.readWindow(ctx, b.Window, gens, k)
 	if err != nil {
 		return err
 	}
-	k := 0 // the sink ents' bytes are in
-	maxEntries := uint16(walkFirst)
-	for {
-		if !b.Done {
-			maxEntries = min(2*maxEntries, walkMost)
-			next = make(chan answer, 1)
-			go func(m *protocol.WalkNext, k int) {
-				r, gens, err := s.walkCall(nctx, m, release)
-				var ents []Walked
-				switch {
-				case err != nil:
-				case r.Handle != m.Handle:
-					err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.Handle, m.Handle)
-				default:
-					ents, err = load(nctx, r, gens, k)
-				}
-				next <- answer{r, ents, err}
-			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries}, 1-k)
-		}
-		if err := fn(ents); err != nil {
-			return err
-		}
-		if b.Done {
-			return nil
-		}
-		a := <-next
-		next = nil
-		if a.err != nil {
-			return a.err
-		}
-		b, ents, k = a.b, a.ents, 1-k
+	if err := p.s.checkBatch(ctx, b, gens, k, buf, ents); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.verified = append(p.verified, b.Window.ID)
+	p.mu.Unlock()
+	return nil
+}
+
+// send hands l to fn's side, false if the walk stopped first.
+func (p *walkPipe) send(ctx context.Context, l walkLoaded) bool {
+	select {
+	case p.out <- l:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

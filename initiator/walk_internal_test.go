@@ -401,3 +401,45 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 		t.Errorf("batches %v, want %s", got, want)
 	}
 }
+
+// The next batch is asked for as soon as a batch's reply comes, not once
+// fn has written the batch before: while fn still writes the first batch,
+// the target is asked for the second and then the third, so that it is
+// not left idle while the initiator writes (docs/performance.md, "Small
+// files", round 5).
+func TestWalkAsksAhead(t *testing.T) {
+	s, tch := fakeTarget(t)
+	asked := make(chan struct{}) // closed once the third batch is asked for
+	var got [][]string
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Walk(context.Background(), "data/t", 0, Shard{}, nil, func(ws []Walked) error {
+			var rels []string
+			for _, w := range ws {
+				rels = append(rels, w.Item.Rel)
+			}
+			got = append(got, rels)
+			if len(got) == 1 {
+				select { // bounded: the test fails first, waiting for the third ask
+				case <-asked:
+				case <-time.After(10 * time.Second):
+					return errors.New("the third batch was not asked for while the first was written")
+				}
+			}
+			return nil
+		})
+	}()
+	answer(t, tch, func(m *protocol.Walk) protocol.Message { return wBatch(false, 0, wDir(0, "a")) })
+	answer(t, tch, func(m *protocol.WalkNext) protocol.Message { return wBatch(false, 0, wFile(1, "x")) })
+	answer(t, tch, func(m *protocol.WalkNext) protocol.Message {
+		close(asked) // fn is still in the first batch
+		return wBatch(true, 0, wFile(1, "y"), wFile(0, "b"))
+	})
+	answer(t, tch, func(m *protocol.Close) protocol.Message { return &protocol.CloseReply{} })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := "[[a] [a/x] [a/y b]]"; fmt.Sprint(got) != want {
+		t.Errorf("batches %v, want %v", got, want)
+	}
+}
