@@ -52,14 +52,12 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 	}
 	p := newWalkPipe(s, src)
 	lctx, stop := context.WithCancel(ctx)
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		p.run(lctx, b, gens)
-	}()
+	var wg sync.WaitGroup
+	wg.Go(func() { p.ask(lctx, b, gens) })
+	wg.Go(func() { p.load(lctx) })
 	defer func() {
-		stop()  // what the pipe waits on ends with lctx
-		<-ended // its windows go with the walk's Close
+		stop()    // what the pipe waits on ends with lctx
+		wg.Wait() // its windows go with the walk's Close
 		cerr := s.CloseHandle(ctx, b.Handle)
 		if err == nil {
 			err = cerr
@@ -85,36 +83,49 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 	}
 }
 
-// walkPipe keeps a walk's next batch asked for at all times. When a
-// batch's reply comes it is checked and the next one asked for at once,
-// before this one is READ, verified and written out: so the target makes
-// batch i+1 while the initiator READs batch i and writes batch i-1, and fn
-// seldom waits for a batch. When the next was asked for only as a batch
-// began to be written, fn waited for one in about 30% of a 100,000-file
-// walk's batches (1-5 ms each), and each wait left both ends idle: the Go
-// runtime's monitor thread stopped, and restarted with its 20 us sleeps
-// at the next system call (docs/performance.md, "Small files", rounds 4
-// and 5).
+// walkPipe keeps a walk's next batch asked for at all times, in three
+// stages, each a goroutine: ask checks each batch as its reply comes and
+// asks for the next at once; load READs and verifies a batch into a free
+// sink; Walk's own hands it to fn and frees the sink. So the target makes
+// the batches ahead while the initiator READs one and writes another, and
+// fn seldom waits for a batch. When the next batch was asked for only as
+// a batch began to be written, fn waited for one in about 30% of a
+// 100,000-file walk's batches (1-5 ms each), and each wait left both ends
+// idle: the Go runtime's monitor thread stopped, and restarted with its
+// 20 us sleeps at the next system call (docs/performance.md, "Small
+// files", rounds 4 and 5).
 //
-// The bound: a batch is READ only into a free sink of the session's (two),
-// one while fn writes from the other, and the next is asked for only once
-// this one is checked; so at most four batches are out at once (two in
-// the sinks, one READ from, one asked for), and the target holds at most
-// two windows of the walk (the one being READ, and the next), each the
-// size of a batch's packed files (MaxWindow at most).
+// The bound, set by the channels' sizes: a batch is READ only into a free
+// sink of the session's (two); one checked batch waits for load in
+// asked, and ask asks for the next only once that one is taken. So at
+// most three batches are asked for and not yet READ (one asked, one
+// waiting in asked, one that load waits to READ): the target's windows
+// for them, and those READ and not yet released (each WalkNext releases
+// one), are at most five batches' packed files; and the initiator holds
+// the entries of at most six batches (those, and the two in the sinks),
+// each at most a message (64 KiB).
 type walkPipe struct {
-	s   *Session
-	t   *walkTrack
-	out chan walkLoaded // batches READ and verified, in order
+	s     *Session
+	t     *walkTrack
+	asked chan walkReply  // batches checked, for load: room for one
+	out   chan walkLoaded // batches READ and verified, in order
 	// free holds the sinks (indices of s.sinks) no batch fn has yet is
 	// in; fn gives one back once its batch is written.
 	free chan int
 	// verified are the windows of batches READ and verified, which the
 	// target may free: each WalkNext releases the oldest (one window a
-	// request), or one asked for already, when tried again for want of
-	// room for its window.
+	// request), or one READ since, when tried again for want of room for
+	// its window.
 	mu       sync.Mutex
 	verified []uint32
+}
+
+// walkReply is a batch checked, or why the walk stops.
+type walkReply struct {
+	b    *protocol.WalkBatch
+	gens []uint32
+	ents []Walked
+	err  error
 }
 
 // walkLoaded is a batch ready for fn, or why the walk stops.
@@ -125,15 +136,9 @@ type walkLoaded struct {
 	err  error
 }
 
-// walkReply is a WalkNext's answer.
-type walkReply struct {
-	b    *protocol.WalkBatch
-	gens []uint32
-	err  error
-}
-
 func newWalkPipe(s *Session, src string) *walkPipe {
-	p := &walkPipe{s: s, t: newWalkTrack(src), out: make(chan walkLoaded, len(s.sinks)), free: make(chan int, len(s.sinks))}
+	p := &walkPipe{s: s, t: newWalkTrack(src), asked: make(chan walkReply, 1),
+		out: make(chan walkLoaded, len(s.sinks)+1), free: make(chan int, len(s.sinks))}
 	for k := range s.sinks {
 		p.free <- k
 	}
@@ -152,102 +157,93 @@ func (p *walkPipe) release() uint32 {
 	return id
 }
 
-// run takes the walk from its first batch b to its last, or to the first
-// error, which it hands on as the last batch. It returns only once the
-// WalkNext it sent, if any, is answered or given up with ctx.
-func (p *walkPipe) run(ctx context.Context, b *protocol.WalkBatch, gens []uint32) {
+// ask checks the walk's batches, from its first, b, to its last, and
+// hands each to load, asking for the next as soon as one is handed on;
+// it stops at the first error, which it hands on instead.
+func (p *walkPipe) ask(ctx context.Context, b *protocol.WalkBatch, gens []uint32) {
+	s := p.s
 	maxEntries := uint16(walkFirst)
 	for {
-		next, err := p.stage(ctx, b, gens, &maxEntries)
-		if err != nil || b.Done {
-			if next != nil {
-				<-next // ends with ctx, which the walk cancels as it stops
-			}
+		// Checked before the next is asked for: a batch that does not add
+		// up stops the walk there.
+		ents, err := p.t.batch(b, s.DataQPs(), s.MaxWindow(), s.cfg.Algorithm)
+		if !p.pass(ctx, walkReply{b: b, gens: gens, ents: ents, err: err}) || err != nil || b.Done {
 			return
 		}
-		r := <-next
-		switch {
-		case r.err != nil:
-			err = r.err
-		case r.b.Handle != b.Handle:
-			err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.b.Handle, b.Handle)
+		maxEntries = min(2*maxEntries, walkMost)
+		m := &protocol.WalkNext{Handle: b.Handle, Release: p.release(), MaxEntries: maxEntries}
+		r, rgens, err := s.walkCall(ctx, m, p.release)
+		if err == nil && r.Handle != m.Handle {
+			err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.Handle, m.Handle)
 		}
 		if err != nil {
-			p.send(ctx, walkLoaded{err: err})
+			p.pass(ctx, walkReply{err: err})
 			return
 		}
-		b, gens = r.b, r.gens
+		b, gens = r, rgens
 	}
 }
 
-// stage checks batch b, asks for the next one (returning where its reply
-// will come), and READs and verifies b into a free sink for fn. An error
-// has been handed on to fn's side.
-func (p *walkPipe) stage(ctx context.Context, b *protocol.WalkBatch, gens []uint32, maxEntries *uint16) (chan walkReply, error) {
-	s := p.s
-	// Checked before the next is asked for: a batch that does not add up
-	// stops the walk there.
-	ents, err := p.t.batch(b, s.DataQPs(), s.MaxWindow(), s.cfg.Algorithm)
-	if err != nil {
-		p.send(ctx, walkLoaded{err: err})
-		return nil, err
-	}
-	var next chan walkReply
-	if !b.Done {
-		*maxEntries = min(2**maxEntries, walkMost)
-		next = p.ask(ctx, &protocol.WalkNext{Handle: b.Handle, Release: p.release(), MaxEntries: *maxEntries})
-	}
-	var k int
+// pass hands r to load, false if the walk stopped first.
+func (p *walkPipe) pass(ctx context.Context, r walkReply) bool {
 	select {
-	case k = <-p.free:
+	case p.asked <- r:
+		return true
 	case <-ctx.Done():
-		return next, ctx.Err()
+		return false
 	}
-	err = p.load(ctx, b, gens, k, ents)
-	if !p.send(ctx, walkLoaded{ents: ents, sink: k, done: b.Done, err: err}) && err == nil {
-		err = ctx.Err()
-	}
-	return next, err
 }
 
-// ask sends m from a goroutine of its own and returns where its reply
-// will come.
-func (p *walkPipe) ask(ctx context.Context, m *protocol.WalkNext) chan walkReply {
-	next := make(chan walkReply, 1)
-	go func() {
-		b, gens, err := p.s.walkCall(ctx, m, p.release)
-		next <- walkReply{b, gens, err}
-	}()
-	return next
+// load READs each checked batch into a free sink, verifies its packed
+// files and hands it to fn's side, until the last batch or an error.
+func (p *walkPipe) load(ctx context.Context) {
+	for {
+		var r walkReply
+		select {
+		case r = <-p.asked:
+		case <-ctx.Done():
+			return
+		}
+		l := walkLoaded{ents: r.ents, err: r.err}
+		if l.err == nil {
+			select {
+			case l.sink = <-p.free:
+			case <-ctx.Done():
+				return
+			}
+			l.done = r.b.Done
+			l.err = p.loadBatch(ctx, r, l.sink)
+		}
+		select {
+		case p.out <- l: // never waits: room for a batch a sink, and an error
+		case <-ctx.Done():
+			return
+		}
+		if l.err != nil || l.done {
+			return
+		}
+	}
 }
 
-// load READs batch b's window into sink k and verifies its packed files,
-// giving ents their bytes; the window is then the target's to free.
-func (p *walkPipe) load(ctx context.Context, b *protocol.WalkBatch, gens []uint32, k int, ents []Walked) error {
+// loadBatch READs batch r's window into sink k and verifies its packed
+// files, giving r's entries their bytes; the window is then the target's
+// to free.
+func (p *walkPipe) loadBatch(ctx context.Context, r walkReply, k int) error {
+	b := r.b
 	if b.Window.Length == 0 {
-		return p.s.checkBatch(ctx, b, gens, k, nil, ents)
+		return p.s.checkBatch(ctx, b, r.gens, k, nil, r.ents)
 	}
-	buf, err := p.s.readWindow(ctx, b.Window, gens, k)
+	buf, err := p.s.readWindow(ctx, b.Window, r.gens, k)
 	if err != nil {
 		return err
 	}
-	if err := p.s.checkBatch(ctx, b, gens, k, buf, ents); err != nil {
+	if err := p.s.checkBatch(ctx, b, r.gens, k, buf, r.ents); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	p.verified = append(p.verified, b.Window.ID)
 	p.mu.Unlock()
 	return nil
-}
-
-// send hands l to fn's side, false if the walk stopped first.
-func (p *walkPipe) send(ctx context.Context, l walkLoaded) bool {
-	select {
-	case p.out <- l:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // checkBatch verifies the packed files of batch b, whose window's bytes
