@@ -97,13 +97,15 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 //
 // The bound, set by the channels' sizes: a batch is READ only into a free
 // sink of the session's (two); one checked batch waits for load in
-// asked, and ask asks for the next only once that one is taken. So at
-// most three batches are asked for and not yet READ (one asked, one
-// waiting in asked, one that load waits to READ): the target's windows
-// for them, and those READ and not yet released (each WalkNext releases
-// one), are at most five batches' packed files; and the initiator holds
-// the entries of at most six batches (those, and the two in the sinks),
-// each at most a message (64 KiB).
+// asked, and ask asks for the next only once that one is taken, which
+// load does only when the batch before it is READ. So when batch n is
+// asked for, batches up to n-3 are READ, and at most three (n-2 to n)
+// are not. The target holds at most three windows of the walk: a
+// WalkNext makes at most one and releases one READ, if there is one; if
+// there is none, every window left is one of those three. The initiator
+// holds the entries of at most five batches (one asked, one in asked,
+// one load waits to READ, and two in the sinks), each at most a message
+// (64 KiB).
 type walkPipe struct {
 	s     *Session
 	t     *walkTrack
