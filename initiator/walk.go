@@ -38,12 +38,11 @@ const (
 // files of at most packMax bytes (none, for 0) come packed, READ and
 // verified; the rest are just entries. Only the entries shard sh has come,
 // besides directories, and none that rules exclude (the target leaves
-// them out: it does not even stat them). While fn runs, the target makes
-// the next batch and its packed files are READ and verified. An error fn
-// returns, or one that breaks the session, stops the walk.
+// them out: it does not even stat them). While fn runs, the batches after
+// it are asked for, READ and verified (see walkPipe). An error fn returns,
+// or one that breaks the session, stops the walk.
 func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard, rules *filter.Filter, fn func([]Walked) error) (err error) {
-	alg := s.cfg.Algorithm
-	req := &protocol.Walk{Algorithm: uint8(alg), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
+	req := &protocol.Walk{Algorithm: uint8(s.cfg.Algorithm), MaxEntries: walkFirst, PackMax: uint64(max(packMax, 0)), Path: src, Rules: walkRules(rules)}
 	if sh.N > 1 {
 		req.ShardI, req.ShardN = uint32(sh.I), uint32(sh.N)
 	}
@@ -51,98 +50,202 @@ func (s *Session) Walk(ctx context.Context, src string, packMax int64, sh Shard,
 	if err != nil {
 		return err
 	}
-	type answer struct {
-		b    *protocol.WalkBatch
-		ents []Walked
-		err  error
-	}
-	var next chan answer // the batch asked for, if any
-	nctx, stop := context.WithCancel(ctx)
+	p := newWalkPipe(s, src)
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.ask(lctx, b, gens) })
+	wg.Go(func() { p.load(lctx) })
 	defer func() {
-		stop() // a WalkNext waiting for room need not wait on
-		if next != nil {
-			<-next // its window goes with the walk's Close
-		}
+		stop()    // what the pipe waits on ends with lctx
+		wg.Wait() // its windows go with the walk's Close
 		cerr := s.CloseHandle(ctx, b.Handle)
 		if err == nil {
 			err = cerr
 		}
 	}()
-	t := newWalkTrack(src)
-	// verified is the window of a batch READ and verified, which the
-	// target may free: the next WalkNext releases it, or the one asked for
-	// already, when tried again for want of room for its window.
-	var mu sync.Mutex
-	var verified uint32
-	release := func() uint32 {
-		mu.Lock()
-		defer mu.Unlock()
-		r := verified
-		verified = 0
-		return r
+	for {
+		var l walkLoaded
+		select {
+		case l = <-p.out:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if l.err != nil {
+			return l.err
+		}
+		if err := fn(l.ents); err != nil {
+			return err
+		}
+		if l.done {
+			return nil
+		}
+		p.free <- l.sink // never blocks: the channel holds every sink
 	}
-	// load checks batch b and READs and verifies its packed files into
-	// sink k. A batch is loaded while the one before it is written out
-	// from the other sink: the READ and the round trip for the next
-	// batch were 10-15% of a 300,000-file copy's time when they waited
-	// for the writing (bench/trees.sh).
-	load := func(ctx context.Context, b *protocol.WalkBatch, gens []uint32, k int) ([]Walked, error) {
-		ents, err := t.batch(b, s.DataQPs(), s.MaxWindow(), alg)
+}
+
+// walkPipe keeps a walk's next batch asked for at all times, in three
+// stages, each a goroutine: ask checks each batch as its reply comes and
+// asks for the next at once; load READs and verifies a batch into a free
+// sink; Walk's own hands it to fn and frees the sink. So the target makes
+// the batches ahead while the initiator READs one and writes another, and
+// fn seldom waits for a batch. When the next batch was asked for only as
+// a batch began to be written, fn waited for one in about 30% of a
+// 100,000-file walk's batches (1-5 ms each), and each wait left both ends
+// idle: the Go runtime's monitor thread stopped, and restarted with its
+// 20 us sleeps at the next system call (docs/performance.md, "Small
+// files", rounds 4 and 5).
+//
+// The bound, set by the channels' sizes: a batch is READ only into a free
+// sink of the session's (two); one checked batch waits for load in
+// asked, and ask asks for the next only once that one is taken, which
+// load does only when the batch before it is READ. So when batch n is
+// asked for, batches up to n-3 are READ, and at most three (n-2 to n)
+// are not. The target holds at most three windows of the walk: a
+// WalkNext makes at most one and releases one READ, if there is one; if
+// there is none, every window left is one of those three. The initiator
+// holds the entries of at most five batches (one asked, one in asked,
+// one load waits to READ, and two in the sinks), each at most a message
+// (64 KiB).
+type walkPipe struct {
+	s     *Session
+	t     *walkTrack
+	asked chan walkReply  // batches checked, for load: room for one
+	out   chan walkLoaded // batches READ and verified, in order
+	// free holds the sinks (indices of s.sinks) no batch fn has yet is
+	// in; fn gives one back once its batch is written.
+	free chan int
+	// verified are the windows of batches READ and verified, which the
+	// target may free: each WalkNext releases the oldest (one window a
+	// request), or one READ since, when tried again for want of room for
+	// its window.
+	mu       sync.Mutex
+	verified []uint32
+}
+
+// walkReply is a batch checked, or why the walk stops.
+type walkReply struct {
+	b    *protocol.WalkBatch
+	gens []uint32
+	ents []Walked
+	err  error
+}
+
+// walkLoaded is a batch ready for fn, or why the walk stops.
+type walkLoaded struct {
+	ents []Walked
+	sink int // the sink its packed files' bytes are in
+	done bool
+	err  error
+}
+
+func newWalkPipe(s *Session, src string) *walkPipe {
+	p := &walkPipe{s: s, t: newWalkTrack(src), asked: make(chan walkReply, 1),
+		out: make(chan walkLoaded, len(s.sinks)+1), free: make(chan int, len(s.sinks))}
+	for k := range s.sinks {
+		p.free <- k
+	}
+	return p
+}
+
+// release takes the oldest verified window, 0 if none.
+func (p *walkPipe) release() uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.verified) == 0 {
+		return 0
+	}
+	id := p.verified[0]
+	p.verified = append(p.verified[:0], p.verified[1:]...)
+	return id
+}
+
+// ask checks the walk's batches, from its first, b, to its last, and
+// hands each to load, asking for the next as soon as one is handed on;
+// it stops at the first error, which it hands on instead.
+func (p *walkPipe) ask(ctx context.Context, b *protocol.WalkBatch, gens []uint32) {
+	s := p.s
+	maxEntries := uint16(walkFirst)
+	for {
+		// Checked before the next is asked for: a batch that does not add
+		// up stops the walk there.
+		ents, err := p.t.batch(b, s.DataQPs(), s.MaxWindow(), s.cfg.Algorithm)
+		if !p.pass(ctx, walkReply{b: b, gens: gens, ents: ents, err: err}) || err != nil || b.Done {
+			return
+		}
+		maxEntries = min(2*maxEntries, walkMost)
+		m := &protocol.WalkNext{Handle: b.Handle, Release: p.release(), MaxEntries: maxEntries}
+		r, rgens, err := s.walkCall(ctx, m, p.release)
+		if err == nil && r.Handle != m.Handle {
+			err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.Handle, m.Handle)
+		}
 		if err != nil {
-			return nil, err
+			p.pass(ctx, walkReply{err: err})
+			return
 		}
-		var buf []byte
-		if b.Window.Length > 0 {
-			if buf, err = s.readWindow(ctx, b.Window, gens, k); err != nil {
-				return nil, err
-			}
-		}
-		if err := s.checkBatch(ctx, b, gens, k, buf, ents); err != nil {
-			return nil, err
-		}
-		if b.Window.Length > 0 {
-			mu.Lock()
-			verified = b.Window.ID
-			mu.Unlock()
-		}
-		return ents, nil
+		b, gens = r, rgens
 	}
-	ents, err := load(ctx, b, gens, 0)
+}
+
+// pass hands r to load, false if the walk stopped first.
+func (p *walkPipe) pass(ctx context.Context, r walkReply) bool {
+	select {
+	case p.asked <- r:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// load READs each checked batch into a free sink, verifies its packed
+// files and hands it to fn's side, until the last batch or an error.
+func (p *walkPipe) load(ctx context.Context) {
+	for {
+		var r walkReply
+		select {
+		case r = <-p.asked:
+		case <-ctx.Done():
+			return
+		}
+		l := walkLoaded{ents: r.ents, err: r.err}
+		if l.err == nil {
+			select {
+			case l.sink = <-p.free:
+			case <-ctx.Done():
+				return
+			}
+			l.done = r.b.Done
+			l.err = p.loadBatch(ctx, r, l.sink)
+		}
+		select {
+		case p.out <- l: // never waits: room for a batch a sink, and an error
+		case <-ctx.Done():
+			return
+		}
+		if l.err != nil || l.done {
+			return
+		}
+	}
+}
+
+// loadBatch READs batch r's window into sink k and verifies its packed
+// files, giving r's entries their bytes; the window is then the target's
+// to free.
+func (p *walkPipe) loadBatch(ctx context.Context, r walkReply, k int) error {
+	b := r.b
+	if b.Window.Length == 0 {
+		return p.s.checkBatch(ctx, b, r.gens, k, nil, r.ents)
+	}
+	buf, err := p.s.readWindow(ctx, b.Window, r.gens, k)
 	if err != nil {
 		return err
 	}
-	k := 0 // the sink ents' bytes are in
-	maxEntries := uint16(walkFirst)
-	for {
-		if !b.Done {
-			maxEntries = min(2*maxEntries, walkMost)
-			next = make(chan answer, 1)
-			go func(m *protocol.WalkNext, k int) {
-				r, gens, err := s.walkCall(nctx, m, release)
-				var ents []Walked
-				switch {
-				case err != nil:
-				case r.Handle != m.Handle:
-					err = fmt.Errorf("%w: a WalkBatch of walk %d for walk %d", protocol.ErrMalformed, r.Handle, m.Handle)
-				default:
-					ents, err = load(nctx, r, gens, k)
-				}
-				next <- answer{r, ents, err}
-			}(&protocol.WalkNext{Handle: b.Handle, Release: release(), MaxEntries: maxEntries}, 1-k)
-		}
-		if err := fn(ents); err != nil {
-			return err
-		}
-		if b.Done {
-			return nil
-		}
-		a := <-next
-		next = nil
-		if a.err != nil {
-			return a.err
-		}
-		b, ents, k = a.b, a.ents, 1-k
+	if err := p.s.checkBatch(ctx, b, r.gens, k, buf, r.ents); err != nil {
+		return err
 	}
+	p.mu.Lock()
+	p.verified = append(p.verified, b.Window.ID)
+	p.mu.Unlock()
+	return nil
 }
 
 // checkBatch verifies the packed files of batch b, whose window's bytes

@@ -401,3 +401,89 @@ func TestWalkStopsOnABadBatch(t *testing.T) {
 		t.Errorf("batches %v, want %s", got, want)
 	}
 }
+
+// The next batch is asked for as soon as a batch's reply comes, not once
+// fn has written the batch before: while fn still writes the first batch,
+// the target is asked for the second and then the third, so that it is
+// not left idle while the initiator writes (docs/performance.md, "Small
+// files", round 5).
+func TestWalkAsksAhead(t *testing.T) {
+	s, tch := fakeTarget(t)
+	asked := make(chan struct{}) // closed once the third batch is asked for
+	var got [][]string
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Walk(context.Background(), "data/t", 0, Shard{}, nil, func(ws []Walked) error {
+			var rels []string
+			for _, w := range ws {
+				rels = append(rels, w.Item.Rel)
+			}
+			got = append(got, rels)
+			if len(got) == 1 {
+				select { // bounded: the test fails first, waiting for the third ask
+				case <-asked:
+				case <-time.After(10 * time.Second):
+					return errors.New("the third batch was not asked for while the first was written")
+				}
+			}
+			return nil
+		})
+	}()
+	answer(t, tch, func(m *protocol.Walk) protocol.Message { return wBatch(false, 0, wDir(0, "a")) })
+	answer(t, tch, func(m *protocol.WalkNext) protocol.Message { return wBatch(false, 0, wFile(1, "x")) })
+	answer(t, tch, func(m *protocol.WalkNext) protocol.Message {
+		close(asked) // fn is still in the first batch
+		return wBatch(true, 0, wFile(1, "y"), wFile(0, "b"))
+	})
+	answer(t, tch, func(m *protocol.Close) protocol.Message { return &protocol.CloseReply{} })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := "[[a] [a/x] [a/y b]]"; fmt.Sprint(got) != want {
+		t.Errorf("batches %v, want %v", got, want)
+	}
+}
+
+// The walk asks ahead only so far: while fn holds the first batch, the
+// second waits in the other sink, the third to be READ, the fourth to be
+// taken for it, and the fifth is asked for; no sixth is asked for until
+// fn lets a batch go (walkPipe's bound).
+func TestWalkAsksAheadBounded(t *testing.T) {
+	s, tch := fakeTarget(t)
+	hold := make(chan struct{})
+	batches := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Walk(context.Background(), "data/t", 0, Shard{}, nil, func(ws []Walked) error {
+			if batches++; batches == 1 {
+				select { // bounded: the test ends it sooner
+				case <-hold:
+				case <-time.After(10 * time.Second):
+					return errors.New("held too long")
+				}
+			}
+			return nil
+		})
+	}()
+	answer(t, tch, func(m *protocol.Walk) protocol.Message { return wBatch(false, 0, wDir(0, "a")) })
+	for i := range 4 {
+		answer(t, tch, func(m *protocol.WalkNext) protocol.Message {
+			return wBatch(false, 0, wFile(1, fmt.Sprint("f", i)))
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	m, err := tch.Recv(ctx) // a sixth batch asked for while fn holds the first
+	cancel()
+	if err == nil {
+		t.Fatalf("%T %+v asked for while fn held the first of 5 batches", m, m)
+	}
+	close(hold)
+	answer(t, tch, func(m *protocol.WalkNext) protocol.Message { return wBatch(true, 0, wFile(1, "last")) })
+	answer(t, tch, func(m *protocol.Close) protocol.Message { return &protocol.CloseReply{} })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if batches != 6 {
+		t.Errorf("%d batches, want 6", batches)
+	}
+}

@@ -306,35 +306,45 @@ func (ss *session) fill(buf []byte, files []packed, out func(idx int) *protocol.
 	// an allocation a file.
 	dsize := alg.Size()
 	sums := make([]byte, len(files)*dsize)
-	for range min(packReaders, len(files)) {
-		wg.Go(func() {
-			for {
-				k := int(next.Add(1) - 1)
-				if k >= len(files) {
-					return
-				}
-				p := &files[k]
-				pf := out(p.idx)
-				data := buf[pf.Offset : pf.Offset+uint64(p.size)]
-				err := readFull(p.fd, data)
-				ss.work.Add(uint64(len(data)))
-				var st unix.Stat_t
-				serr := unix.Fstat(p.fd, &st)
-				switch {
-				case err != nil && err != io.ErrUnexpectedEOF:
-					clear(data)
-					ss.log.Warn("pack: read failed", "file", pf.Entry.Name, "err", err)
-					*pf = protocol.PackedFile{Code: protocol.CodeInternal, Entry: pf.Entry, Message: "read failed"}
-				case err != nil || serr != nil || st.Size != p.size || st.Mtim != p.st.Mtim:
-					clear(data) // no bytes of an earlier pack in the window
-					*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
-				default:
-					pf.Digest = chunker.AppendSum(sums[k*dsize:k*dsize:(k+1)*dsize], alg, data)
-				}
+	read := func() {
+		for {
+			k := int(next.Add(1) - 1)
+			if k >= len(files) {
+				return
 			}
-		})
+			ss.fillOne(buf, &files[k], out, sums[k*dsize:k*dsize:(k+1)*dsize], alg)
+		}
 	}
+	// The caller is one of the readers: a batch whose files are read
+	// before a helper starts costs no hand-off to wait for them.
+	for range min(packReaders, len(files)) - 1 {
+		wg.Go(read)
+	}
+	read()
 	wg.Wait()
+}
+
+// fillOne reads packed file p into its place in buf and sets its digest
+// (in sum, its part of the batch's digests), or its error if it failed or
+// changed since it was opened.
+func (ss *session) fillOne(buf []byte, p *packed, out func(idx int) *protocol.PackedFile, sum []byte, alg chunker.Algorithm) {
+	pf := out(p.idx)
+	data := buf[pf.Offset : pf.Offset+uint64(p.size)]
+	err := readFull(p.fd, data)
+	ss.work.Add(uint64(len(data)))
+	var st unix.Stat_t
+	serr := unix.Fstat(p.fd, &st)
+	switch {
+	case err != nil && err != io.ErrUnexpectedEOF:
+		clear(data)
+		ss.log.Warn("pack: read failed", "file", pf.Entry.Name, "err", err)
+		*pf = protocol.PackedFile{Code: protocol.CodeInternal, Entry: pf.Entry, Message: "read failed"}
+	case err != nil || serr != nil || st.Size != p.size || st.Mtim != p.st.Mtim:
+		clear(data) // no bytes of an earlier pack in the window
+		*pf = protocol.PackedFile{Code: protocol.CodeChanged, Entry: pf.Entry, Message: "changed while it was packed"}
+	default:
+		pf.Digest = chunker.AppendSum(sum, alg, data)
+	}
 }
 
 // packOne opens one file for pack. All files of a pack must come from one
