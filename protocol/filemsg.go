@@ -1,6 +1,9 @@
 package protocol
 
-import "fmt"
+import (
+	"fmt"
+	"io/fs"
+)
 
 // Messages about files: listing, stat, open, chunk digests, extents, close.
 
@@ -36,6 +39,30 @@ const (
 	FileSocket   FileType = 7
 	FileCharDev  FileType = 8
 )
+
+// FileTypeOf is the FileType of a file whose mode (or fs.DirEntry's
+// Type) is m: what a local file is called beside the entries a target
+// sends. The target, which has the raw st_mode, maps it alike
+// (target.modeEntry).
+func FileTypeOf(m fs.FileMode) FileType {
+	switch {
+	case m.IsRegular():
+		return FileRegular
+	case m.IsDir():
+		return FileDir
+	case m&fs.ModeSymlink != 0:
+		return FileSymlink
+	case m&fs.ModeNamedPipe != 0:
+		return FileFIFO
+	case m&fs.ModeSocket != 0:
+		return FileSocket
+	case m&fs.ModeCharDevice != 0:
+		return FileCharDev
+	case m&fs.ModeDevice != 0:
+		return FileBlockDev
+	}
+	return FileOther
+}
 
 func (t FileType) String() string {
 	switch t {

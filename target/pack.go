@@ -393,7 +393,8 @@ func statEntry(name string, st *unix.Stat_t) protocol.Entry {
 	return modeEntry(name, st.Mode, st.Size, st.Mtim.Nano())
 }
 
-// modeEntry is the entry of a file with st_mode mode, size and mtime.
+// modeEntry is the entry of a file with st_mode mode, size and mtime. Its
+// type is protocol.FileTypeOf's for the same file, from the raw mode.
 func modeEntry(name string, mode uint32, size, mtimeNs int64) protocol.Entry {
 	e := protocol.Entry{Name: name, Mode: mode & 0o7777, Size: uint64(max(size, 0)), MtimeNs: mtimeNs}
 	switch mode & unix.S_IFMT {

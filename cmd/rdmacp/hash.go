@@ -257,7 +257,7 @@ func (h *hasher) walk(root string) ([]string, error) {
 			h.counts.Files.Add(1)
 			h.counts.Bytes.Add(fi.Size())
 		} else if p == root && !fi.IsDir() {
-			h.note(p, typeOf(fi), "%s: not a regular file or block device, skipped (serve exports neither)", p)
+			h.note(p, protocol.FileTypeOf(fi.Mode()), "%s: not a regular file or block device, skipped (serve exports neither)", p)
 		}
 		return nil
 	})
@@ -302,7 +302,7 @@ func (h *hasher) file(p string) error {
 	h.counts.DoneFiles.Add(1)
 	h.counts.DoneBytes.Add(size)
 	if h.tally != nil {
-		fr := tree.FileResult{Path: p, Type: typeOf(fi), Status: tree.StatusOK, Bytes: size, BytesRead: hashed}
+		fr := tree.FileResult{Path: p, Type: protocol.FileTypeOf(fi.Mode()), Status: tree.StatusOK, Bytes: size, BytesRead: hashed}
 		if hashed == 0 {
 			fr.Status = tree.StatusUnchanged // its digests were stored already
 		}
@@ -312,28 +312,6 @@ func (h *hasher) file(p string) error {
 		fmt.Fprintf(os.Stderr, "hashed %s (%s)\n", p, formatSI(hashed))
 	}
 	return nil
-}
-
-// typeOf is the protocol's name for a local file's type, for --json.
-func typeOf(fi fs.FileInfo) protocol.FileType {
-	m := fi.Mode()
-	switch {
-	case m.IsRegular():
-		return protocol.FileRegular
-	case m.IsDir():
-		return protocol.FileDir
-	case m&fs.ModeSymlink != 0:
-		return protocol.FileSymlink
-	case m&fs.ModeNamedPipe != 0:
-		return protocol.FileFIFO
-	case m&fs.ModeSocket != 0:
-		return protocol.FileSocket
-	case m&fs.ModeCharDevice != 0:
-		return protocol.FileCharDev
-	case m&fs.ModeDevice != 0:
-		return protocol.FileBlockDev
-	}
-	return protocol.FileOther
 }
 
 // logEvery spaces the progress lines of a file hashed without a terminal.

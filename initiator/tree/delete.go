@@ -52,7 +52,7 @@ func (c *treeCopy) deleteExtra() ([]FileResult, error) {
 		if c.seen[rel] {
 			return nil
 		}
-		gone = append(gone, extra{rel, typeOf(d)})
+		gone = append(gone, extra{rel, protocol.FileTypeOf(d.Type())})
 		return skip() // all of it goes
 	})
 	if err != nil {
@@ -86,16 +86,4 @@ func underIn(set map[string]bool, rel string) bool {
 		}
 	}
 	return false
-}
-
-func typeOf(d fs.DirEntry) protocol.FileType {
-	switch t := d.Type(); {
-	case t.IsDir():
-		return protocol.FileDir
-	case t&fs.ModeSymlink != 0:
-		return protocol.FileSymlink
-	case t.IsRegular():
-		return protocol.FileRegular
-	}
-	return protocol.FileOther
 }
