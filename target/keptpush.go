@@ -66,6 +66,41 @@ func (s *Server) keepPush(identity string, p *push) {
 	s.cfg.Logger.Info("push kept for its initiator to resume", "path", p.x.Name+"/"+p.dst, "written", p.next, "for", s.cfg.KeepPush)
 }
 
+// pushBegan counts p, a push with a token, as running under it. An
+// initiator that lost its connection may be back, on a new session,
+// before the old session has seen the loss: its push then begins while
+// the old one, not yet kept, still runs under the same token, and finds
+// nothing to resume. Counted, the old one is not kept when its session
+// ends (pushEnded): kept, it held its temporary file open until KeepPush
+// ran out, for a push nobody would resume (the fault matrix's
+// TestPushControlReset saw the daemon's file descriptors stay up).
+func (s *Server) pushBegan(identity string, p *push) {
+	if p.token == ([16]byte{}) || p.live {
+		return
+	}
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	s.live[keptKey{identity, p.token}]++
+	p.live = true
+}
+
+// pushEnded uncounts p, and reports whether another push of its token
+// runs now (so p is not to be kept).
+func (s *Server) pushEnded(identity string, p *push) (superseded bool) {
+	if !p.live {
+		return false
+	}
+	k := keptKey{identity, p.token}
+	s.keptMu.Lock()
+	defer s.keptMu.Unlock()
+	p.live = false
+	if s.live[k]--; s.live[k] <= 0 {
+		delete(s.live, k)
+		return false
+	}
+	return true
+}
+
 // takeKept returns the push kept under identity and token, which is no
 // longer kept, or nil.
 func (s *Server) takeKept(identity string, token [16]byte) *push {

@@ -138,3 +138,42 @@ func TestKeptPushOtherSourceAndExpiry(t *testing.T) {
 	waitLog(t, w, "kept push dropped")
 	clean(t, dir)
 }
+
+// An initiator back on a new session before the target has seen its old
+// one lost: the new push of the same token begins while the old one still
+// runs, so there is nothing to resume and it starts over; the old one,
+// when its session ends, is not kept (it held its temporary file open for
+// KeepPush, for nobody) and its temporary file goes.
+func TestPushSupersededBeforeKept(t *testing.T) {
+	dir, addr, w := keptTarget(t, time.Minute)
+	src := randomBytes(2 * pushChunk)
+	token := [16]byte{7}
+	p := newPeer(t, addr)
+	mr := p.source(src)
+	r := pushTok(t, p, len(src), 1e18, token)
+	if _, err := p.window(r.Handle, mr, 0, pushChunk, sums(src, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	p2 := newPeer(t, addr) // before the first session is lost
+	r2 := pushTok(t, p2, len(src), 1e18, token)
+	if r2.Resumed != 0 {
+		t.Fatalf("Resumed %d from a push still running", r2.Resumed)
+	}
+	p.ch.Close()
+	waitLog(t, w, "push not kept")
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("%d files after the old session ended, want the new push's temporary only", len(ents))
+	}
+	mr2 := p2.source(src)
+	if _, err := p2.window(r2.Handle, mr2, 0, len(src), sums(src, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p2.call(&protocol.PushCommit{Handle: r2.Handle, FileDigest: fileDigest(t, src)}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "f"))
+	if err != nil || !bytes.Equal(got, src) {
+		t.Fatalf("the pushed file differs (%v)", err)
+	}
+	clean(t, dir, "f")
+}

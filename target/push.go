@@ -57,6 +57,7 @@ type push struct {
 	landed   int64    // bytes pulled, verified and written, for the access log
 	token    [16]byte // Push.Token: the push may be kept and resumed (keptpush.go)
 	keep     bool     // its session was lost: keep it when freed
+	live     bool     // counted in Server.live under its token (pushBegan)
 }
 
 // singleName reports whether s is one path element, as a file name must be.
@@ -167,6 +168,7 @@ func (ss *session) resumeKept(p *push) {
 	if p.token == ([16]byte{}) {
 		return
 	}
+	ss.srv.pushBegan(ss.identity(), p)
 	k := ss.srv.takeKept(ss.identity(), p.token)
 	if k == nil {
 		return
@@ -270,10 +272,14 @@ func writeError(p *push, op string, err error) *protocol.Error {
 // kept for its initiator to resume (keptpush.go), its temporary file.
 func (p *push) free(ss *session) {
 	p.freeStaging(ss)
+	superseded := ss.srv.pushEnded(ss.identity(), p)
 	if p.keep {
 		p.keep = false
-		ss.srv.keepPush(ss.identity(), p)
-		return
+		if !superseded {
+			ss.srv.keepPush(ss.identity(), p)
+			return
+		}
+		ss.log.Info("push not kept: a push of the same token has begun on another session", "path", p.x.Name+"/"+p.dst)
 	}
 	p.removeTemp(ss.srv)
 }

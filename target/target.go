@@ -365,6 +365,7 @@ type Server struct {
 
 	keptMu sync.Mutex
 	kept   map[keptKey]*keptPush // pushes of lost sessions: keptpush.go
+	live   map[keptKey]int       // pushes with a token running now, by it: pushBegan
 }
 
 // Fair shares of the window budget. Every authenticated session is
@@ -390,7 +391,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, exports: map[string]*export{}, sessions: map[[16]byte]*session{},
 		slots: map[*session]*slot{}, accounts: map[*session]*account{}, peers: map[string]*peerCount{}, hush: newHushLog(cfg.Logger, hushEvery, hushAddrs),
-		kept: map[keptKey]*keptPush{}}
+		kept: map[keptKey]*keptPush{}, live: map[keptKey]int{}}
 	switch {
 	case cfg.Keys != nil:
 		s.keys = cfg.Keys
