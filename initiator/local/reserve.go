@@ -31,8 +31,8 @@ import (
 // (initiator/landmap.go) lands there through a mapping, where a page the
 // file system can't give is a SIGBUS in the receive copy, not an error.
 func Reserve(f *os.File, ext *ExtentMap, layout chunker.Layout) error {
-	if lazy, room := reservesLazily(f); lazy {
-		return roomFor(f, dataBytes(ext, layout), room)
+	if lazy, room, held := reservesLazily(f); lazy {
+		return roomFor(dataBytes(ext, layout), room, held)
 	}
 	var err error
 	dataRanges(ext, layout, func(off, n int64) bool {
@@ -46,36 +46,30 @@ func Reserve(f *os.File, ext *ExtentMap, layout chunker.Layout) error {
 }
 
 // reservesLazily reports whether f is a regular file in a tmpfs without
-// huge pages (Reserve), and that file system's free bytes (-1: no
-// limit).
-func reservesLazily(f *os.File) (bool, int64) {
+// huge pages (Reserve), that file system's free bytes (-1: no limit) and
+// the bytes f holds already.
+func reservesLazily(f *os.File) (lazy bool, room, held int64) {
 	fd := int(f.Fd())
 	var st unix.Stat_t
 	var sf unix.Statfs_t
 	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG ||
 		unix.Fstatfs(fd, &sf) != nil || sf.Type != unix.TMPFS_MAGIC || HugeTmpfs(f) {
-		return false, 0
+		return false, 0, 0
 	}
+	held = st.Blocks * 512
 	if sf.Blocks == 0 { // size=0: a tmpfs without a limit
-		return true, -1
+		return true, -1, held
 	}
-	return true, int64(sf.Bavail) * sf.Bsize
+	return true, int64(sf.Bavail) * sf.Bsize, held
 }
 
 // roomFor fails with ENOSPC when the free bytes room (-1: no limit) can't
-// take the need bytes f does not hold yet. Unlike a fallocate it holds
-// nothing back from other writers: one that fills the file system during
-// the copy makes a write fail with ENOSPC instead, and the copy fails
-// then, as on a file system without fallocate.
-func roomFor(f *os.File, need, room int64) error {
-	if room < 0 {
-		return nil
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return err
-	}
-	if need-st.Blocks*512 > room {
+// take the need bytes, of which the file holds held already. Unlike a
+// fallocate it holds nothing back from other writers: one that fills the
+// file system during the copy makes a write fail with ENOSPC instead, and
+// the copy fails then, as on a file system without fallocate.
+func roomFor(need, room, held int64) error {
+	if room >= 0 && need-held > room {
 		return unix.ENOSPC
 	}
 	return nil
