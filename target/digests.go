@@ -183,11 +183,11 @@ func (wd *winDigests) span(i int) (first, end int) {
 // as CRC32C, also its span sums (spans.go).
 func (wd *winDigests) compute(ctx context.Context, i int) ([]byte, []uint32, error) {
 	first, end := wd.span(i)
-	if b, ok := wd.stored(first, end); ok {
-		return b, wd.storedSpans(first, end), nil
-	}
 	off, _ := wd.l.Chunk(first)
 	lastOff, lastLen := wd.l.Chunk(end - 1)
+	if b, ok := wd.stored(first, end); ok {
+		return b, wd.storedSpans(off, lastOff+lastLen), nil
+	}
 	hole, err := holeChunks(wd.f, wd.dense, off, lastOff+lastLen, wd.l.ChunkSize, first)
 	if err != nil {
 		return nil, nil, err
@@ -262,9 +262,10 @@ func (wd *winDigests) save(first int, b []byte, spans []uint32, start time.Time)
 	}
 	if spans != nil {
 		off, _ := wd.l.Chunk(first)
-		wd.srv.cfg.Spans.Put(wd.key, chunker.Spans(off), spans)
+		sf := chunker.Spans(off)
+		wd.srv.cfg.Spans.Put(wd.key, sf, spans)
 		if ss, ok := st.(spanStore); ok {
-			if err := ss.SaveSpans(wd.key, chunker.Spans(off), spans); err != nil {
+			if err := ss.SaveSpans(wd.key, sf, spans); err != nil {
 				wd.srv.cfg.Logger.Warn("storing span sums failed", "path", wd.f.Name(), "err", err)
 			}
 		}

@@ -115,18 +115,16 @@ type spanStore interface {
 	LoadSpans(k chunker.Key, first, n int) ([]uint32, bool)
 }
 
-// storedSpans is the span sums of chunks [first, end), whose digests came
-// from the Cache or the Store, from the Store, for keepSpans; nil where
-// the SpanCache holds them already (windowSums looks there), or nothing
-// does.
-func (wd *winDigests) storedSpans(first, end int) []uint32 {
+// storedSpans is the span sums of the window of file bytes [off, stop),
+// whose digests came from the Cache or the Store, from the Store, for
+// keepSpans; nil where the SpanCache holds them already (windowSums looks
+// there), or nothing does.
+func (wd *winDigests) storedSpans(off, stop int64) []uint32 {
 	ss, ok := wd.srv.cfg.Digests.(spanStore)
 	if !ok || !wd.keyed || wd.alg != chunker.CRC32C {
 		return nil
 	}
-	off, _ := wd.l.Chunk(first)
-	lastOff, lastLen := wd.l.Chunk(end - 1)
-	sf, n := chunker.Spans(off), chunker.Spans(lastOff+lastLen-off)
+	sf, n := chunker.Spans(off), chunker.Spans(stop-off)
 	if _, ok := wd.srv.cfg.Spans.Get(wd.key, sf); ok || n == 0 {
 		return nil
 	}
