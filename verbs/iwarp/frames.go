@@ -111,8 +111,7 @@ func (fr *frameReader) readvNow(fd uintptr) (int, error) {
 	vec := fr.rv.vec[:0]
 	for _, b := range fr.rv.iov {
 		if len(b) > 0 {
-			vec = append(vec, unix.Iovec{Base: &b[0]})
-			vec[len(vec)-1].SetLen(len(b))
+			vec = appendIovec(vec, b)
 		}
 	}
 	if len(vec) == 0 {
@@ -123,6 +122,13 @@ func (fr *frameReader) readvNow(fd uintptr) (int, error) {
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// appendIovec appends b, not empty, to vec as readv and writev take it.
+func appendIovec(vec []unix.Iovec, b []byte) []unix.Iovec {
+	v := unix.Iovec{Base: &b[0]}
+	v.SetLen(len(b))
+	return append(vec, v)
 }
 
 // fill makes at least n bytes available, reading at most n+extra so

@@ -237,8 +237,7 @@ func (f *fpdus) writeSome(fd uintptr) bool {
 		}
 		iov := f.wv.iov[:0]
 		for _, b := range f.wv.left[:min(len(f.wv.left), maxIOV)] {
-			iov = append(iov, unix.Iovec{Base: &b[0]})
-			iov[len(iov)-1].SetLen(len(b))
+			iov = appendIovec(iov, b)
 		}
 		f.wv.iov = iov
 		n, _, errno := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
