@@ -43,6 +43,7 @@ func (ss *session) railDrop(m *protocol.RailDrop) protocol.Message {
 		return errf(protocol.CodeUnsupported, "unexpected %v", m.Type())
 	}
 	ss.mu.Lock()
+	ss.awaitJoins() // its join may have completed at the initiator's end only
 	var qp verbs.QP
 	if int(m.Index) < len(ss.data) {
 		qp = ss.data[m.Index]
